@@ -1,0 +1,5 @@
+"""``python -m hscapture`` is the ``hscapture`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Engine adapters that feed :class:`hscapture.Producer` (SGLang lives in ``hscapture.sglang``)."""

@@ -1,0 +1,121 @@
+"""Capture from a plain PyTorch / transformers causal LM through forward hooks.
+
+For offline extraction and for testing the capture path on real models. The hooks only keep a
+reference to each chosen decoder layer's output during the forward pass; after the pass, each
+sequence of the batch is published through the producer (optionally in chunks), exactly as an
+inference-engine adapter would.
+
+Layer convention (``convention`` = :data:`CONVENTION`): layer ``L`` of kind ``residual`` is the
+output of decoder layer ``L`` (0-based), i.e. transformers' ``hidden_states[L + 1]``, before
+the final norm; ``final_norm`` is the model's final norm applied to the last layer's output,
+i.e. ``hidden_states[-1]``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from ..errors import CaptureConfigError
+from ..producer import Producer
+
+__all__ = ["HiddenStateCapture", "CONVENTION", "decoder_layers"]
+
+CONVENTION = "hf: residual L = output of decoder layer L = hidden_states[L+1], pre-norm; " \
+             "final_norm = final norm of the last layer = hidden_states[-1]"
+
+
+def decoder_layers(model: torch.nn.Module) -> tuple[Sequence[torch.nn.Module], torch.nn.Module]:
+    """The decoder layer list and the final norm of a transformers causal LM."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    norm = getattr(base, "norm", None) or getattr(base, "ln_f", None) \
+        or getattr(base, "final_layernorm", None)
+    if layers is None or norm is None:
+        raise CaptureConfigError(
+            f"{type(model).__name__}: expected decoder layers at .model.layers or "
+            f".transformer.h and a final norm at .norm/.ln_f; found layers={layers is not None}, "
+            f"norm={norm is not None}")
+    return layers, norm
+
+
+class HiddenStateCapture:
+    """Publishes chosen layers of every sequence of a forward pass through a Producer.
+
+    ``layers`` are 0-based decoder layer indices (kind ``residual``); ``final_norm=True`` adds
+    the post-norm last layer (kind ``final_norm``). Only forward passes run inside
+    :meth:`request` are captured: any other forward (warm-up, evaluation) produces nothing.
+    """
+
+    def __init__(self, model: torch.nn.Module, producer: Producer, layers: Sequence[int],
+                 *, final_norm: bool = True) -> None:
+        self.model, self.producer = model, producer
+        blocks, norm = decoder_layers(model)
+        n = len(blocks)
+        self.layers = [int(x) for x in layers]
+        bad = [x for x in self.layers if not 0 <= x < n]
+        if bad:
+            raise CaptureConfigError(f"layers {bad}: expected indices in [0, {n})")
+        self.kinds = ["residual"] * len(self.layers) + (["final_norm"] if final_norm else [])
+        self.layer_ids = self.layers + ([n - 1] if final_norm else [])
+        self._outputs: dict[int | str, torch.Tensor] = {}
+        self._active = False
+        self._handles = [blocks[i].register_forward_hook(self._hook(i)) for i in set(self.layers)]
+        if final_norm:
+            self._handles.append(norm.register_forward_hook(self._hook("norm")))
+
+    def _hook(self, key: int | str) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if self._active:
+                self._outputs[key] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    @contextmanager
+    def request(self, rids: Sequence[str | None], input_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, *,
+                chunk_size: int | None = None) -> Iterator[None]:
+        """Capture the forward pass run inside the block, one sample per non-None rid.
+
+        ``input_ids`` is ``[B, S]``; sequences may be right- or left-padded as described by
+        ``attention_mask``. ``chunk_size`` publishes each sequence in chunks of that many
+        tokens (as chunked prefill would). A rid of None is not captured.
+        """
+        if len(rids) != input_ids.shape[0]:
+            raise CaptureConfigError(f"expected {input_ids.shape[0]} rids, found {len(rids)}")
+        self._outputs.clear()
+        self._active = True
+        try:
+            yield
+        finally:
+            self._active = False
+        outputs, self._outputs = self._outputs, {}
+        keys = self.layers + (["norm"] if "final_norm" in self.kinds else [])
+        missing = [k for k in keys if k not in outputs]
+        if missing:
+            raise CaptureConfigError(f"no forward pass inside request() produced layers {missing}")
+        for b, rid in enumerate(rids):
+            if rid is None:
+                continue
+            if attention_mask is None:
+                idx = torch.arange(input_ids.shape[1], device=input_ids.device)
+            else:
+                idx = attention_mask[b].nonzero().flatten()
+            ids = input_ids[b, idx]
+            states = [outputs[k][b, idx] if attention_mask is not None else outputs[k][b]
+                      for k in keys]
+            total = ids.numel()
+            step = chunk_size or total
+            for start in range(0, total, step):
+                end = min(total, start + step)
+                self.producer.capture(
+                    rid, [s[start:end] for s in states], layers=self.layer_ids,
+                    layer_kinds=self.kinds, token_start=start, is_last_chunk=end == total,
+                    token_ids=ids[start:end])
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

@@ -1,0 +1,181 @@
+"""The drain: subscribe and write every complete sample into safetensors shards.
+
+Ring space is released only for samples the shard writer reports durable, so a drain killed at
+any point loses nothing it acknowledged; a restarted drain skips rids already in the index.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import SampleTimeoutError
+from .sample import Sample
+from .shards import ShardWriter
+from .subscriber import Subscriber
+
+__all__ = ["DrainResult", "drain"]
+
+
+@dataclass
+class DrainResult:
+    """What a drain did: samples written, bytes, duplicates skipped, and what it could not get."""
+
+    samples: int = 0
+    bytes: int = 0
+    duplicates: int = 0
+    seconds: float = 0.0
+    dropped: dict[str, str] = field(default_factory=dict)
+    incomplete: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    stopped_by: str = ""
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+class _Progress:
+    """One status line (rewritten on a terminal, printed every few seconds otherwise)."""
+
+    def __init__(self, enabled: bool, stream: Any = None) -> None:
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.enabled and self.stream.isatty()
+        self.last = 0.0
+
+    def update(self, res: DrainResult, sub: Subscriber, start: float, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self.last < (0.2 if self.tty else 5.0)):
+            return
+        self.last = now
+        dt = max(now - start, 1e-9)
+        line = (f"samples {res.samples} ({res.samples / dt:.1f}/s)  "
+                f"{res.bytes / 1e9:.3f} GB ({res.bytes / dt / 1e9:.3f} GB/s)  "
+                f"dropped {len(sub.dropped)}  incomplete {len(sub.incomplete)}  "
+                f"rejected {len(sub.rejected)}  dup {res.duplicates}")
+        if self.tty:
+            self.stream.write("\r" + line.ljust(110))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def drain(
+    endpoints: str | Sequence[str],
+    out_dir: str,
+    *,
+    max_samples: int | None = None,
+    idle_timeout_s: float | None = None,
+    connect_timeout_s: float = 30.0,
+    max_shard_bytes: int = 2 << 30,
+    flush_bytes: int = 256 << 20,
+    flush_interval_s: float = 1.0,
+    metadata: dict[str, str] | None = None,
+    progress: bool = True,
+    stop_event: threading.Event | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> DrainResult:
+    """Drain samples into ``out_dir`` until ``max_samples``, idle timeout, or a stop request.
+
+    SIGINT/SIGTERM (in the main thread) or ``stop_event`` stop it cleanly: the open shard is
+    finished, never lost. Raises :class:`ShardError` for an unwritable directory or a full disk
+    (after finishing every sample written before), :class:`SampleTimeoutError` when no producer
+    shows up within ``connect_timeout_s``.
+    """
+    writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata)
+    stop = stop_event or threading.Event()
+    restore = _install_signal_handlers(stop)
+    res = DrainResult()
+    bar = _Progress(progress)
+    pending: dict[str, list[Sample]] = {}
+    pending_bytes = 0
+    sub = Subscriber(endpoints, auto_release=False)
+    start = time.monotonic()
+
+    def settle(rids: list[str]) -> None:
+        nonlocal pending_bytes
+        for rid in rids:
+            for s in pending.pop(rid, ()):
+                pending_bytes -= s.nbytes
+                s.release()          # durable now: give the ring space back
+
+    try:
+        try:
+            sub.wait_ready(timeout=connect_timeout_s)
+        except SampleTimeoutError:
+            if not stop.is_set():
+                raise
+        last_flush = last_sample = time.monotonic()
+        while not stop.is_set() and (max_samples is None or res.samples < max_samples):
+            sample = sub.poll(timeout=0.05)
+            now = time.monotonic()
+            if sample is None:
+                if idle_timeout_s is not None and now - last_sample > idle_timeout_s:
+                    res.stopped_by = "idle"
+                    break
+            else:
+                last_sample = now
+                if writer.seen(sample.rid) or sample.rid in pending:
+                    res.duplicates += 1
+                    sample.release()
+                else:
+                    writer.add(sample)
+                    if on_sample is not None:
+                        on_sample(sample)
+                    pending.setdefault(sample.rid, []).append(sample)
+                    pending_bytes += sample.nbytes
+                    res.samples += 1
+                    res.bytes += sample.nbytes
+            if pending and (pending_bytes >= flush_bytes or now - last_flush >= flush_interval_s):
+                settle(writer.flush())
+                last_flush = now
+            bar.update(res, sub, start)
+        if not res.stopped_by:
+            res.stopped_by = "signal" if stop.is_set() else "count"
+        settle(writer.flush())
+        # pick up what arrived meanwhile for reporting (drops/incomplete), without new samples
+        sub.pump(0.0)
+    finally:
+        try:
+            settle(writer.close())
+        finally:
+            res.seconds = time.monotonic() - start
+            bar.update(res, sub, start, force=True)
+            bar.done()
+            res.dropped, res.incomplete = dict(sub.dropped), dict(sub.incomplete)
+            res.rejected, res.stats = dict(sub.rejected), sub.stats()
+            for samples in pending.values():   # never durable: stays unreleased, reported
+                res.stats.setdefault("not_written", []).extend(s.rid for s in samples)
+            sub.close()
+            restore()
+    return res
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():          # second Ctrl-C: stop harder
+            raise KeyboardInterrupt
+        stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    return restore
+

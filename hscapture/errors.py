@@ -1,0 +1,135 @@
+"""Typed errors of hscapture.
+
+Every failure a user handles differently has its own class; all derive from
+:class:`HSCaptureError`. Messages say what was expected and what was found.
+
+The native ring (``hscapture._ring``) raises these same classes: its exception
+translator looks them up here by name, so the hierarchy is defined once.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HSCaptureError",
+    "RingError",
+    "SegmentExistsError",
+    "SegmentNotFoundError",
+    "SegmentPermissionError",
+    "LayoutMismatchError",
+    "EpochMismatchError",
+    "OutOfSpaceError",
+    "RecordTooLargeError",
+    "RingFullError",
+    "ConsumerSlotsExhaustedError",
+    "NoticeError",
+    "NoticeVersionError",
+    "StaleEpochError",
+    "SampleMismatchError",
+    "SampleTimeoutError",
+    "IncompleteSampleError",
+    "SampleDroppedError",
+    "ShardError",
+    "EndpointError",
+    "CaptureConfigError",
+    "UnsupportedEngineError",
+]
+
+
+class HSCaptureError(Exception):
+    """Base class of every error hscapture raises on purpose."""
+
+
+# --- the ring ---------------------------------------------------------------
+
+
+class RingError(HSCaptureError):
+    """A shared-memory ring operation failed (generic; see subclasses)."""
+
+
+class SegmentExistsError(RingError):
+    """A segment with this name already exists (segments are created O_EXCL)."""
+
+
+class SegmentNotFoundError(RingError):
+    """No segment with this name exists."""
+
+
+class SegmentPermissionError(RingError):
+    """The segment is owned by another user or has a mode other than 0600."""
+
+
+class LayoutMismatchError(RingError):
+    """The segment's magic or layout version is not the one this build understands."""
+
+
+class EpochMismatchError(RingError):
+    """The segment belongs to another producer incarnation (epoch) than expected."""
+
+
+class OutOfSpaceError(RingError):
+    """Space for the segment could not be reserved (ENOSPC in /dev/shm)."""
+
+
+class RecordTooLargeError(RingError):
+    """A record can never fit: its total size exceeds the ring's capacity."""
+
+
+class RingFullError(RingError):
+    """The ring had no room (raised only where a caller asked to be told by exception)."""
+
+
+class ConsumerSlotsExhaustedError(RingError):
+    """Every consumer slot of the segment is held by a live consumer."""
+
+
+# --- notices ------------------------------------------------------------------
+
+
+class NoticeError(HSCaptureError):
+    """A notice is malformed: not msgpack, a missing or mistyped field, an impossible value."""
+
+
+class NoticeVersionError(NoticeError):
+    """A notice carries a protocol version this build does not speak."""
+
+
+class StaleEpochError(NoticeError):
+    """A notice or record of an old producer incarnation arrived after a newer one."""
+
+
+# --- samples ------------------------------------------------------------------
+
+
+class SampleMismatchError(HSCaptureError):
+    """Notice, ring record and tensors disagree (rid, epoch, seq, length or token count)."""
+
+
+class SampleTimeoutError(HSCaptureError, TimeoutError):
+    """A requested sample did not complete within the timeout."""
+
+
+class IncompleteSampleError(HSCaptureError):
+    """A sample cannot be completed: positions are missing (cached prefix, abort, drop)."""
+
+
+class SampleDroppedError(HSCaptureError):
+    """The producer dropped (part of) this sample, e.g. because the ring was full."""
+
+
+# --- output / wiring ------------------------------------------------------------
+
+
+class ShardError(HSCaptureError):
+    """Writing or reading a shard directory failed (unwritable, full disk, corrupt index)."""
+
+
+class EndpointError(HSCaptureError):
+    """A ZeroMQ endpoint is malformed, unreachable, or not a hscapture producer."""
+
+
+class CaptureConfigError(HSCaptureError):
+    """Capture was configured inconsistently (layers, dtype, shapes, environment)."""
+
+
+class UnsupportedEngineError(HSCaptureError):
+    """The installed inference engine version is outside the supported range."""

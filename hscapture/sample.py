@@ -1,0 +1,74 @@
+"""A captured sample: the hidden states of one request, exactly as the producer published them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["Sample", "layer_name"]
+
+
+def layer_name(layer: int, kind: str) -> str:
+    """The tensor name of one captured layer inside a sample and a shard.
+
+    ``residual`` tensors (output of decoder layer ``L``, pre-norm, HF ``hidden_states[L+1]``)
+    are named ``layer_{L}``; ``final_norm`` (post final norm of the last layer, HF
+    ``hidden_states[-1]``) is named ``final_norm``; any other kind is ``{kind}_{L}``.
+    """
+    if kind == "residual":
+        return f"layer_{layer}"
+    if kind == "final_norm":
+        return "final_norm"
+    return f"{kind}_{layer}"
+
+
+@dataclass
+class Sample:
+    """One request's captured hidden states.
+
+    Guarantees: ``tensors[name]`` has shape ``[num_tokens, hidden]`` for every layer,
+    ``token_ids`` has shape ``[num_tokens]`` and covers positions ``0..num_tokens-1`` exactly
+    once; every chunk it was assembled from agreed with its notice and its ring record on rid,
+    epoch, sequence number, byte length and token count.
+
+    Tensors may be zero-copy views into the shared-memory ring: they stay valid until
+    :meth:`release` is called (or the iterator that produced the sample advances, in
+    auto-release mode). Call :meth:`detach` to get a sample that owns its memory.
+    """
+
+    rid: str
+    producer_id: str
+    epoch: int
+    num_tokens: int
+    token_ids: torch.Tensor
+    tensors: dict[str, torch.Tensor]
+    layers: list[int]
+    layer_kinds: list[str]
+    dtype: str
+    hidden: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    _release: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of hidden-state payload (token ids excluded)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def release(self) -> None:
+        """Give the ring space back. Views into the ring must not be used afterwards."""
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
+
+    @property
+    def released(self) -> bool:
+        return self._release is None
+
+    def detach(self) -> "Sample":
+        """Copy every tensor into process memory and release the ring space."""
+        self.tensors = {k: v.clone() for k, v in self.tensors.items()}
+        self.token_ids = self.token_ids.clone()
+        self.release()
+        return self

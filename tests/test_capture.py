@@ -1,0 +1,410 @@
+"""The capture path end to end: real producer processes, real ring, real ZeroMQ, real shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_support import (  # noqa: E402
+    assert_sample_exact,
+    read_events,
+    source,
+    start_producer,
+)
+
+import hscapture  # noqa: E402
+from hscapture import Producer, Subscriber  # noqa: E402
+from hscapture import notice as nt  # noqa: E402
+from hscapture.errors import (  # noqa: E402
+    CaptureConfigError,
+    IncompleteSampleError,
+    SampleDroppedError,
+    SampleMismatchError,
+    SampleTimeoutError,
+)
+from hscapture.shards import read_index, verify_dir  # noqa: E402
+
+HIDDEN = 64
+LAYERS = [3, 7, 11]
+
+
+@pytest.fixture
+def endpoint(tmp_path):
+    sock_dir = Path("/tmp") / f"hsc-test-{uuid.uuid4().hex[:10]}"
+    sock_dir.mkdir(mode=0o700)
+    yield f"ipc://{sock_dir}/p.sock"
+    for f in sock_dir.iterdir():
+        f.unlink()
+    sock_dir.rmdir()
+
+
+def spec(endpoint, requests, **over):
+    out = {"endpoint": endpoint, "hidden": HIDDEN, "layers": LAYERS, "requests": requests,
+           "threads": 1}
+    out.update(over)
+    return out
+
+
+def test_interleaved_requests_from_several_threads_arrive_exact_and_nothing_else(
+        endpoint, tmp_path):
+    rng = random.Random(1)
+    requests = [[f"req-{i}", rng.choice([1, 2, 17, 300, 1500]), rng.choice([7, 64, 4096])]
+                for i in range(60)]
+    proc = start_producer(spec(endpoint, requests, threads=4, shuffle_chunks=True,
+                               jitter_s=0.002, unrequested=True), tmp_path)
+    try:
+        read_events(proc, "ready")
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(timeout=20)
+            got = {}
+            for sample in sub.samples(limit=len(requests), timeout=60):
+                assert sample.rid not in got, "duplicate sample"
+                assert_sample_exact(sample, sample.rid, dict((r, t) for r, t, _ in requests)[
+                    sample.rid], HIDDEN, LAYERS)
+                got[sample.rid] = sample.num_tokens
+            assert read_events(proc, "dropped")["rids"] == []
+            read_events(proc, "done")
+            sub.pump(0.3)
+            assert sorted(got) == sorted(r for r, _, _ in requests)
+            stats = sub.stats()
+            # the warm-up pass and the unrequested row produced nothing at all
+            assert stats["ready"] == 0 and stats["assembling"] == 0
+            assert not stats["dropped"] and not stats["incomplete"] and not stats["rejected"]
+    finally:
+        proc.wait(timeout=30)
+
+
+def test_capture_rejects_inconsistent_arguments(endpoint):
+    with Producer(endpoint, producer_id="args", capacity=1 << 20) as p:
+        t = torch.zeros(4, 8)
+        with pytest.raises(CaptureConfigError, match="one tensor and one kind per layer"):
+            p.capture("r", [t, t], layers=[1], token_ids=range(4))
+        with pytest.raises(CaptureConfigError, match="expected 4 ids"):
+            p.capture("r", [t], layers=[1], token_ids=range(3))
+        with pytest.raises(CaptureConfigError, match=r"expected \(4, 8\)"):
+            p.capture("r", [t, torch.zeros(4, 9)], layers=[1, 2], token_ids=range(4))
+        with pytest.raises(CaptureConfigError, match="dtype"):
+            p.capture("r", [t.to(torch.int64)], layers=[1], token_ids=range(4))
+
+
+def _inproc_pair(endpoint, **producer_kw):
+    p = Producer(endpoint, producer_id="local", capacity=producer_kw.pop("capacity", 8 << 20),
+                 **producer_kw)
+    sub = Subscriber(endpoint, **producer_kw.pop("sub_kw", {}))
+    sub.wait_ready(timeout=10)
+    return p, sub
+
+
+def _capture(p, rid, tokens, chunk=None, start=0, cached=0, last=True, layers=LAYERS):
+    tensors, ids = source(rid, tokens, HIDDEN, len(layers))
+    chunk = chunk or tokens
+    for s in range(start, tokens, chunk):
+        e = min(tokens, s + chunk)
+        p.capture(rid, [t[s:e] for t in tensors], layers=layers, token_start=s,
+                  is_last_chunk=last and e == tokens, token_ids=ids[s:e], cached_prefix=cached)
+
+
+def test_a_prefix_cache_hole_is_reported_incomplete_never_short(endpoint):
+    p, sub = _inproc_pair(endpoint)
+    with p, sub:
+        _capture(p, "cached", 40, start=16, cached=16)
+        _capture(p, "whole", 40)
+        assert_sample_exact(sub.get("whole", timeout=10), "whole", 40, HIDDEN, LAYERS)
+        with pytest.raises(IncompleteSampleError, match=r"prefix cache hit: positions \[0, 16\)"):
+            sub.get("cached", timeout=5)
+
+
+def test_expect_rejects_a_sample_with_another_token_count(endpoint):
+    p, sub = _inproc_pair(endpoint)
+    with p, sub:
+        sub.expect("r1", 33)
+        _capture(p, "r1", 32)
+        with pytest.raises(SampleMismatchError, match="expected 33 tokens, found 32"):
+            sub.get("r1", timeout=10)
+
+
+def test_a_full_ring_drops_and_the_subscriber_names_every_dropped_rid(endpoint):
+    p, sub = _inproc_pair(endpoint, capacity=1 << 20)
+    with p, sub:
+        held, dropped, accepted = [], [], []
+        for i in range(40):     # 40 x 3 layers x 64 x 64 x 2 B = 24 KiB each... x big tokens
+            rid = f"big-{i}"
+            tensors, ids = source(rid, 256, HIDDEN, len(LAYERS))
+            ok = p.capture(rid, tensors, layers=LAYERS, token_ids=ids)
+            (accepted if ok else dropped).append(rid)
+            s = sub.poll(timeout=0.5 if ok else 0.0)
+            while s is not None:
+                held.append(s)          # never released: the ring fills up
+                s = sub.poll(timeout=0.0)
+        assert dropped, "the ring never filled"
+        deadline = time.monotonic() + 10
+        while set(sub.dropped) != set(dropped) and time.monotonic() < deadline:
+            sub.pump(0.05)
+        assert set(sub.dropped) == set(dropped)
+        with pytest.raises(SampleDroppedError, match="ring_full"):
+            sub.get(dropped[0], timeout=1)
+        assert p.stats()["dropped"] == len(dropped)
+        for s in held:
+            assert_sample_exact(s, s.rid, 256, HIDDEN, LAYERS)
+            s.release()
+        # space came back: captures succeed again
+        _capture(p, "after", 8)
+        assert sub.get("after", timeout=10).num_tokens == 8
+
+
+def test_notices_lost_on_the_wire_are_recovered_from_the_ring(endpoint, tmp_path):
+    requests = [[f"r{i}", 5, 5] for i in range(300)]
+    proc = start_producer(spec(endpoint, requests, sndhwm=1), tmp_path)
+    try:
+        read_events(proc, "ready")
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(timeout=20)
+            time.sleep(1.0)  # let the producer race ahead: its PUB queue (HWM 1) overflows
+            got = {s.rid for s in sub.samples(limit=len(requests), timeout=30)}
+            assert got == {r for r, _, _ in requests}
+            assert sub.stats().get("recovered_from_ring", 0) > 0
+    finally:
+        proc.wait(timeout=30)
+
+
+def test_a_restarted_producer_gets_a_new_epoch_and_old_notices_are_rejected(endpoint, tmp_path):
+    first = start_producer(spec(endpoint, [["half", 64, 16]], hard_exit=True,
+                                linger_s=0.5), tmp_path)
+    fake = zmq.Context.instance().socket(zmq.PUB)
+    fake_ep = endpoint.replace("p.sock", "fake.sock")
+    fake.bind(fake_ep)
+    try:
+        old = read_events(first, "ready")
+        with Subscriber([endpoint, fake_ep], incomplete_timeout_s=120) as sub:
+            sub.wait_ready(timeout=20)
+            sample = sub.get("half", timeout=20)
+            assert sample.epoch == old["epoch"]
+            first.wait(timeout=30)
+            second = start_producer(spec(endpoint, [["half", 64, 16]]), tmp_path)
+            new = read_events(second, "ready")
+            assert new["epoch"] != old["epoch"]
+            sample2 = sub.get("half", timeout=30)
+            assert sample2.epoch == new["epoch"]
+            assert_sample_exact(sample2, "half", 64, HIDDEN, LAYERS)
+            # a notice of the old incarnation arriving now is rejected, never mixed in
+            stale = {"v": 1, "kind": "abort", "producer": "test", "epoch": old["epoch"],
+                     "seq": 999, "rid": "half", "reason": "x", "dp_rank": 0, "extra": {}}
+            time.sleep(0.2)
+            fake.send(msgpack.packb(stale))
+            deadline = time.monotonic() + 5
+            while sub.stats().get("stale_notices", 0) == 0 and time.monotonic() < deadline:
+                sub.pump(0.05)
+            assert sub.stats()["stale_notices"] == 1
+            assert "half" not in sub.incomplete
+            second.wait(timeout=30)
+    finally:
+        fake.close(0)
+
+
+def test_malformed_truncated_and_wrong_version_notices_never_crash_either_side(
+        endpoint, tmp_path):
+    fake_ep = endpoint.replace("p.sock", "fake.sock")
+    fake = zmq.Context.instance().socket(zmq.PUB)
+    fake.bind(fake_ep)
+    try:
+        p, sub = _inproc_pair(endpoint)
+        with p, sub:
+            sub._sock.connect(fake_ep)
+            time.sleep(0.3)
+            good = nt.encode({"v": 1, "kind": "bye", "producer": "x", "epoch": 5,
+                              "next_seq": 0, "time_ns": 0})
+            bad = [b"", b"\xc1", good[: len(good) // 2], msgpack.packb([1, 2, 3]),
+                   msgpack.packb({"v": 99, "kind": "bye"}),
+                   msgpack.packb({"v": 1, "kind": "record", "rid": 7}),
+                   os.urandom(300)]
+            for frame in bad:
+                fake.send(frame)
+            _capture(p, "fine", 10)
+            assert_sample_exact(sub.get("fine", timeout=10), "fine", 10, HIDDEN, LAYERS)
+            deadline = time.monotonic() + 5
+            while sub.stats().get("malformed_notices", 0) < len(bad) and \
+                    time.monotonic() < deadline:
+                sub.pump(0.05)
+            stats = sub.stats()
+            assert stats["malformed_notices"] == len(bad)
+            assert any("version" in e for e in stats["errors"])
+    finally:
+        fake.close(0)
+
+
+def test_a_dropped_middle_chunk_makes_the_whole_sample_dropped_not_short(endpoint):
+    p, sub = _inproc_pair(endpoint, capacity=1 << 20)
+    with p, sub:
+        tensors, ids = source("mid", 300, HIDDEN, len(LAYERS))
+        p.capture("mid", [t[:100] for t in tensors], layers=LAYERS, token_start=0,
+                  is_last_chunk=False, token_ids=ids[:100])
+        huge = [torch.zeros(8000, HIDDEN, dtype=torch.bfloat16)] * 3   # larger than the ring
+        assert not p.capture("mid", huge, layers=LAYERS, token_start=100, is_last_chunk=False,
+                             token_ids=range(8000))
+        p.capture("mid", [t[200:] for t in tensors], layers=LAYERS, token_start=200,
+                  is_last_chunk=True, token_ids=ids[200:])
+        with pytest.raises(SampleDroppedError, match="record_too_large"):
+            sub.get("mid", timeout=10)
+
+
+def test_abort_reports_incomplete_and_a_restart_abort_lets_the_new_attempt_complete(endpoint):
+    p, sub = _inproc_pair(endpoint)
+    with p, sub:
+        _capture(p, "aborted", 64, chunk=16, last=False)
+        p.abort("aborted", "client disconnected")
+        _capture(p, "retracted", 64, chunk=32, last=False)
+        p.abort("retracted", "retracted", extra={"restart": True})
+        _capture(p, "retracted", 64, chunk=16)
+        with pytest.raises(IncompleteSampleError, match="client disconnected"):
+            sub.get("aborted", timeout=10)
+        s = sub.get("retracted", timeout=10)
+        assert_sample_exact(s, "retracted", 64, HIDDEN, LAYERS)
+        assert s.meta["chunks"] == 4
+        assert sub.stats()["restarted"] == 1
+
+
+def test_get_times_out_with_a_typed_error_naming_what_arrived(endpoint):
+    p, sub = _inproc_pair(endpoint)
+    with p, sub:
+        _capture(p, "partial", 32, chunk=16, last=False)
+        with pytest.raises(SampleTimeoutError, match=r"\[0, 16\), \[16, 32\)"):
+            sub.get("partial", timeout=1.0)
+
+
+def test_single_chunk_samples_are_zero_copy_views_until_released(endpoint):
+    p, sub = _inproc_pair(endpoint)
+    with p, sub:
+        _capture(p, "view", 16)
+        s = sub.get("view", timeout=10)
+        sub.pump(0.05)
+        head_before = p.stats()["ring"]["min_released"]
+        assert head_before < p.stats()["ring"]["head"], "held sample's record was released"
+        s.release()
+        sub.pump(0.05)
+        assert p.stats()["ring"]["min_released"] > head_before
+
+
+def test_public_api_is_listed_once():
+    for name in hscapture.__all__:
+        assert hasattr(hscapture, name), name
+    assert {"Producer", "Subscriber", "Sample", "HSCaptureError"} <= set(hscapture.__all__)
+
+
+# --- drain and shards ----------------------------------------------------------------------
+
+
+def _drain_cmd(endpoint, out, *extra):
+    return [sys.executable, "-m", "hscapture", "drain", "-e", endpoint, "-o", str(out),
+            "--quiet", "--json", "--connect-timeout", "20", *extra]
+
+
+def test_drain_writes_exact_shards_that_safetensors_opens(endpoint, tmp_path):
+    from safetensors import safe_open
+
+    out = tmp_path / "shards"
+    requests = [[f"d{i}", 1 + 37 * i % 400, 64] for i in range(30)]
+    drain = subprocess.Popen(_drain_cmd(endpoint, out, "--samples", "30", "--shard-size", "1M"),
+                             cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    proc = start_producer(spec(endpoint, requests, threads=3), tmp_path)
+    try:
+        report = json.loads(drain.communicate(timeout=120)[0])
+        assert drain.returncode == 0, report
+        assert report["samples"] == 30
+        index = read_index(out)
+        assert sorted(index) == sorted(r for r, _, _ in requests)
+        assert verify_dir(out)["problems"] == []
+        shards = sorted(out.glob("*.safetensors"))
+        assert len(shards) > 1, "the 1M shard size should roll over"
+        tokens = dict((r, t) for r, t, _ in requests)
+        for rid, entry in index.items():
+            with safe_open(str(out / entry["shard"]), "pt") as f:
+                tensors, ids = source(rid, tokens[rid], HIDDEN, len(LAYERS))
+                for L, t in zip(LAYERS, tensors):
+                    assert torch.equal(f.get_tensor(f"{rid}/layer_{L}"), t)
+                assert torch.equal(f.get_tensor(f"{rid}/token_ids").to(torch.int64), ids)
+                assert json.loads(f.metadata()["layers"]) == LAYERS
+    finally:
+        proc.wait(timeout=30)
+
+
+def _durable(out):
+    """rids the shard writer made durable: indexed, or journaled in the open shard."""
+    rids = set(read_index(out)) if (out / "index.jsonl").exists() else set()
+    for journal in out.glob("*.journal"):
+        for line in journal.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue            # a torn last line
+            if entry.get("kind") == "sample":
+                rids.add(entry["rid"])
+    return rids
+
+
+def test_a_drain_killed_mid_stream_and_restarted_resumes_without_duplicates(endpoint, tmp_path):
+    out = tmp_path / "shards"
+    requests = [[f"k{i}", 50, 25] for i in range(600)]
+    first = subprocess.Popen(_drain_cmd(endpoint, out, "--idle-timeout", "30"), cwd=tmp_path,
+                             stdout=subprocess.PIPE, text=True)
+    proc = start_producer(spec(endpoint, requests, jitter_s=0.02), tmp_path)
+    try:
+        read_events(proc, "ready")
+        deadline = time.monotonic() + 60
+        while len(_durable(out)) < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        durable = _durable(out)
+        assert len(durable) >= 20
+        second = subprocess.Popen(_drain_cmd(endpoint, out, "--idle-timeout", "3"),
+                                  cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        report = json.loads(second.communicate(timeout=120)[0])
+        index_lines = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+        rids = [e["rid"] for e in index_lines]
+        assert len(rids) == len(set(rids)), "a rid was written twice"
+        assert durable <= set(rids), "a sample committed before the kill was lost"
+        assert verify_dir(out)["problems"] == []
+        assert report["samples"] > 0
+    finally:
+        proc.wait(timeout=60)
+
+
+def test_drain_reports_a_wrong_endpoint_and_an_unwritable_directory_clearly(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "hscapture", "drain", "-e", "nonsense",
+                          "-o", str(tmp_path / "o")], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "endpoint" in bad.stderr and "Traceback" not in bad.stderr
+    nobody = subprocess.run([sys.executable, "-m", "hscapture", "drain", "-e",
+                             "ipc:///tmp/hscapture-nobody-here.sock", "-o", str(tmp_path / "o"),
+                             "--connect-timeout", "0.5"], cwd=tmp_path, capture_output=True,
+                            text=True)
+    assert nobody.returncode != 0 and "no hscapture producer" in nobody.stderr
+    assert "Traceback" not in nobody.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    unwritable = subprocess.run([sys.executable, "-m", "hscapture", "drain", "-e",
+                                 "ipc:///tmp/x.sock", "-o", str(blocker / "sub")], cwd=tmp_path,
+                                capture_output=True, text=True)
+    assert unwritable.returncode != 0 and str(blocker) in unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
+
+
+def test_the_embedded_demo_captures_a_real_model_bit_exact(tmp_path):
+    from hscapture.demo import run_demo
+
+    res = run_demo(tmp_path / "demo", requests=12, batch=4, chunk_size=48, log=False)
+    assert res.ok, (res.mismatched, res.problems, res.drain_returncode)
+    assert res.exact == 12
