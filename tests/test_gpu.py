@@ -1,0 +1,311 @@
+"""The capture path on a real GPU (issue #5). Every test is marked ``gpu`` and skipped without
+CUDA. Whole file: well under 2 minutes on one H200.
+
+    pytest tests/test_gpu.py -v            # or: pytest -m gpu
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hscapture import Producer, Subscriber
+from hscapture.sample import layer_name
+
+with warnings.catch_warnings():
+    # The ``gpu`` marker is not registered in pyproject.toml; keep collection warning-free.
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    _gpu_mark = pytest.mark.gpu
+
+pytestmark = [_gpu_mark,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A bit-level view (NaN-safe equality): contiguous CPU copy as same-width integers."""
+    t = t.detach().to("cpu", copy=True).contiguous()
+    return t.view(_INT_VIEW[t.element_size()])
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {got.shape} != {want.shape}"
+    a, b = bits(got), bits(want)
+    if not torch.equal(a, b):
+        bad = (a != b).nonzero()
+        raise AssertionError(f"{what}: {bad.shape[0]} elements differ, first at "
+                             f"{bad[0].tolist()}")
+
+
+@pytest.fixture
+def endpoint():
+    d = Path("/tmp") / f"hsc-gpu-{uuid.uuid4().hex[:10]}"
+    d.mkdir(mode=0o700)
+    yield f"ipc://{d}/p.sock"
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()
+
+
+@pytest.fixture
+def pair(endpoint):
+    """A Producer (pinned ring) and an attached Subscriber, in this process."""
+    p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=512 << 20,
+                 full_policy="wait", wait_timeout_s=30.0)
+    sub = Subscriber(endpoint, copy=True)
+    try:
+        sub.wait_ready(timeout=20)
+        yield p, sub
+    finally:
+        sub.close()
+        p.close()
+
+
+def _ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 50_000, (n,), generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.int32)
+
+
+# (i) ------------------------------------------------------------------------------------------
+
+def test_ring_is_pinned(pair):
+    p, _ = pair
+    assert p.stats()["pinned"], "cudaHostRegister of the ring failed: copies would be unpinned"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_capture_bytes_identical(pair, dtype):
+    """Odd sizes, non-contiguous sources, snapshot=True with the source overwritten at once."""
+    p, sub = pair
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(7)
+    cases = {}
+    shapes = [(1, 1), (1, 4096), (3, 7), (17, 1023), (333, 4097), (1000, 96)]
+    for i, (t, h) in enumerate(shapes):
+        # contiguous
+        cases[f"c{i}"] = ([torch.randn(t, h, generator=g, device=dev).to(dtype)
+                           for _ in range(3)], False)
+        # non-contiguous: transposed and column-strided views
+        base = torch.randn(h, t, generator=g, device=dev).to(dtype)
+        wide = torch.randn(t, 2 * h + 1, generator=g, device=dev).to(dtype)
+        cases[f"n{i}"] = ([base.t(), wide[:, 1::2], wide[:, :h]], False)
+        if t > 1 and h > 1:
+            assert not base.t().is_contiguous() and not wide[:, 1::2].is_contiguous()
+        # snapshot: the caller overwrites the sources right after capture() returns
+        cases[f"s{i}"] = ([torch.randn(t, h, generator=g, device=dev).to(dtype)
+                           for _ in range(3)], True)
+    expected = {}
+    for rid, (tensors, snap) in cases.items():
+        expected[rid] = [bits(x) for x in tensors]        # (synchronizes: sources are final)
+    for rid, (tensors, snap) in cases.items():
+        n = tensors[0].shape[0]
+        assert p.capture(rid, tensors, layers=[0, 5, 9], token_ids=_ids(n), snapshot=snap)
+        if snap:
+            for x in tensors:
+                x.fill_(float("nan"))               # stream-ordered after the snapshot
+    p.flush()
+    for rid, (tensors, _) in cases.items():
+        s = sub.get(rid, timeout=30)
+        for L, want in zip([0, 5, 9], expected[rid]):
+            got = s.tensors[layer_name(L, "residual")]
+            assert got.dtype == dtype
+            assert torch.equal(bits(got), want), f"{rid} layer {L} differs"
+        assert torch.equal(s.token_ids.to(torch.int32), _ids(tensors[0].shape[0]))
+        s.release()
+    assert p.stats().get("dropped", 0) == 0
+
+
+# (ii) -----------------------------------------------------------------------------------------
+
+def test_llama_forward_capture_bit_identical_to_output_hidden_states(pair):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hscapture.adapters.transformers import HiddenStateCapture
+
+    p, sub = pair
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                      max_position_embeddings=4096)
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    model = model.to("cuda", torch.bfloat16).eval()
+    aux = [1, 3, 6]
+    cap = HiddenStateCapture(model, p, aux)
+    g = torch.Generator().manual_seed(3)
+    lens = [517, 1, 64, 300]
+    width = max(lens)
+    ids = torch.randint(0, 32000, (len(lens) + 1, width), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lens):
+        mask[i, :n] = 1
+    mask[-1, :9] = 1                                   # an unrequested row (rid None)
+    rids = [f"llama-{i}" for i in range(len(lens))] + [None]
+    ids_d, mask_d = ids.cuda(), mask.cuda()
+    with torch.no_grad():
+        model(ids_d[:1, :16])                          # warm-up outside request(): no sample
+        with cap.request(rids, ids_d, mask_d, chunk_size=128):
+            out = model(ids_d, attention_mask=mask_d, output_hidden_states=True)
+        hs = out.hidden_states
+        refs = {}
+        for i, rid in enumerate(rids[:-1]):
+            idx = mask[i].nonzero().flatten().cuda()
+            r = {layer_name(L, "residual"): bits(hs[L + 1][i, idx]) for L in aux}
+            r["final_norm"] = bits(hs[len(model.model.layers)][i, idx])
+            refs[rid] = (r, ids[i, : lens[i]].to(torch.int32))
+    cap.close()
+    p.flush()
+    for rid, (ref, tok) in refs.items():
+        s = sub.get(rid, timeout=60)
+        assert s.num_tokens == lens[int(rid.split("-")[1])]
+        assert set(s.tensors) == set(ref)
+        for name, want in ref.items():
+            assert torch.equal(bits(s.tensors[name]), want), f"{rid} {name} differs"
+        assert torch.equal(s.token_ids.to(torch.int32), tok)
+        s.release()
+    sub.pump(0.3)
+    assert sub.poll(0.2) is None, "an unrequested row or the warm-up pass produced a sample"
+    st = sub.stats()
+    assert not st["dropped"] and not st["incomplete"] and not st["rejected"]
+
+
+# (iii) ----------------------------------------------------------------------------------------
+
+def _stream_source(rid_num: int, tokens: int, hidden: int, layers: int) -> list[torch.Tensor]:
+    """Deterministic CUDA tensors of one request, computed on the current stream."""
+    g = torch.Generator(device="cuda").manual_seed(1000 + rid_num)
+    x = torch.randn(tokens, hidden, generator=g, device="cuda")
+    outs = []
+    for k in range(layers):
+        # real (deterministic, elementwise/gather) kernels on this stream, not just a fill
+        x = torch.sin(x * (k + 1.5)) + x.roll(1, 0)
+        outs.append(x.to(torch.bfloat16))
+    return outs
+
+
+def test_two_streams_two_threads_interleaved_exact(pair):
+    p, sub = pair
+    hidden, layers, per_thread = 1024, 4, 40
+    rng = np.random.default_rng(5)
+    plan = {t: [(t * 1000 + i, int(rng.integers(1, 300))) for i in range(per_thread)]
+            for t in range(2)}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker(t: int) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                barrier.wait()
+                for num, tokens in plan[t]:
+                    src = _stream_source(num, tokens, hidden, layers)
+                    ok = p.capture(f"s{num}", src, layers=[0, 1, 2, 3],
+                                   token_ids=_ids(tokens, num))
+                    assert ok, f"s{num} dropped"
+                    del src                  # freed at once: the producer must keep it alive
+                    # churn the allocator on this stream so freed blocks get reused
+                    junk = torch.empty(tokens * hidden * 3, device="cuda").fill_(float("nan"))
+                    del junk
+            stream.synchronize()
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    got = {}
+    deadline = time.monotonic() + 90
+    total = 2 * per_thread
+    while len(got) < total and time.monotonic() < deadline:
+        s = sub.poll(timeout=0.1)
+        if s is not None:
+            got[s.rid] = ({k: bits(v) for k, v in s.tensors.items()}, s.token_ids.clone())
+            s.release()
+        if errors:
+            break
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    assert len(got) == total, f"received {len(got)}/{total}: {sub.stats()}"
+    for t in range(2):
+        for num, tokens in plan[t]:
+            want = _stream_source(num, tokens, hidden, layers)
+            tensors, tok = got[f"s{num}"]
+            for L in range(layers):
+                assert torch.equal(tensors[f"layer_{L}"], bits(want[L])), f"s{num} layer {L}"
+            assert torch.equal(tok.to(torch.int32), _ids(tokens, num))
+
+
+# (iv) -----------------------------------------------------------------------------------------
+
+def _cycles_per_second() -> float:
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 50_000_000
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return cycles / (a.elapsed_time(b) / 1e3)
+
+
+def test_notice_never_before_copy_finished(pair):
+    """The caller's stream sleeps ~0.5 s right before capture(); the source's final values are
+    written after the sleep. capture() must return at once, the notice must arrive only after
+    the sleep ended, and the bytes must be the final values."""
+    p, sub = pair
+    sleep_s = 0.5
+    cycles = int(_cycles_per_second() * sleep_s)
+    tokens, hidden = 8192, 4096                       # 64 MiB bf16 per layer, 4 layers
+    g = torch.Generator(device="cuda").manual_seed(11)
+    final = [torch.randn(tokens, hidden, generator=g, device="cuda").to(torch.bfloat16)
+             for _ in range(4)]
+    want = [bits(x) for x in final]
+    bufs = [torch.zeros(tokens, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    ids = _ids(tokens, 11)                            # CPU ids: no device sync in capture()
+    sleep_done = torch.cuda.Event()
+    torch.cuda.synchronize()
+
+    stream = torch.cuda.current_stream()
+    t0 = time.time_ns()
+    torch.cuda._sleep(cycles)
+    sleep_done.record(stream)
+    for b, f in zip(bufs, final):
+        b.copy_(f)                                    # final values land after the sleep
+    c0 = time.perf_counter()
+    assert p.capture("slow", bufs, layers=[0, 1, 2, 3], token_ids=ids)
+    c1 = time.perf_counter()
+    still_sleeping = not sleep_done.query()
+
+    ended = {}
+
+    def watch() -> None:
+        sleep_done.synchronize()
+        ended["t"] = time.time_ns()
+    w = threading.Thread(target=watch)
+    w.start()
+    s = sub.get("slow", timeout=30)
+    t_recv = time.time_ns()
+    w.join()
+    assert c1 - c0 < 0.1 * sleep_s, f"capture() blocked for {c1 - c0:.3f}s"
+    assert still_sleeping, "the GPU finished the sleep before capture() returned: test is void"
+    assert t_recv - t0 >= 0.9 * sleep_s * 1e9, \
+        f"notice received {(t_recv - t0) / 1e9:.3f}s after the sleep began ({sleep_s}s)"
+    assert t_recv >= ended["t"] - 2_000_000, "notice arrived before the sleep ended"
+    for L in range(4):
+        assert torch.equal(bits(s.tensors[f"layer_{L}"]), want[L]), f"layer {L} differs"
+    s.release()
