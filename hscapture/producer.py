@@ -56,6 +56,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _token_bytes(token_ids: Any, count: int) -> bytes:
+    """Token ids as little-endian int32 bytes (a device tensor is copied to the host here:
+    engines should pass host-side ids, as SGLang's requests hold them)."""
     if isinstance(token_ids, torch.Tensor):
         arr = token_ids.detach().to("cpu").numpy()
     else:
@@ -64,8 +66,11 @@ def _token_bytes(token_ids: Any, count: int) -> bytes:
     if arr.size != count:
         raise CaptureConfigError(
             f"token_ids: expected {count} ids (one per captured token), found {arr.size}")
-    if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
-        raise CaptureConfigError("token_ids: values do not fit int32")
+    if arr.dtype != np.int32:
+        if arr.dtype.kind not in "iu":
+            raise CaptureConfigError(f"token_ids: expected integers, found {arr.dtype}")
+        if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+            raise CaptureConfigError("token_ids: values do not fit int32")
     return arr.astype("<i4", copy=False).tobytes()
 
 
@@ -348,12 +353,14 @@ class Producer:
         """Start copying ``tensors`` into the record; return (done event, keepalive)."""
         count, hidden = tensors[0].shape
         nbytes = count * hidden * tensors[0].element_size()
-        dsts = [torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=o)
-                .view(tensors[0].dtype).view(count, hidden) for o in offsets]
         if not tensors[0].is_cuda:
-            for dst, src in zip(dsts, tensors):
-                dst.copy_(src)
+            for o, src in zip(offsets, tensors):
+                # one memcpy per tensor, straight into the ring
+                buf[o:o + nbytes] = src.contiguous().view(torch.uint8).numpy().reshape(-1)
             return None, None
+        # offsets are 64-byte aligned, so typed views need no byte reinterpretation
+        dsts = [torch.frombuffer(buf, dtype=tensors[0].dtype, count=count * hidden, offset=o)
+                .view(count, hidden) for o in offsets]
         device = tensors[0].device
         caller = torch.cuda.current_stream(device)
         if snapshot:
@@ -378,7 +385,7 @@ class Producer:
         msg.setdefault("v", nt.PROTOCOL_VERSION)
         msg.setdefault("producer", self.producer_id)
         msg.setdefault("epoch", self.epoch)
-        self._sock.send(nt.encode(msg), copy=True)
+        self._sock.send(nt.encode(msg, check=False), copy=True)
 
     def _heartbeat(self) -> None:
         ring = self._ring.stats()

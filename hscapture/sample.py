@@ -54,7 +54,8 @@ class Sample:
     @property
     def nbytes(self) -> int:
         """Bytes of hidden-state payload (token ids excluded)."""
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return self.num_tokens * self.hidden * len(self.tensors) * \
+            next(iter(self.tensors.values())).element_size() if self.tensors else 0
 
     def release(self) -> None:
         """Give the ring space back. Views into the ring must not be used afterwards."""

@@ -10,6 +10,7 @@ the ring record; a lost drop/abort notice is recovered from heartbeats or report
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import time
 import warnings
@@ -69,6 +70,33 @@ class _Assembly:
     updated: float = field(default_factory=time.monotonic)
 
 
+class _Held:
+    """Ring positions of records still referenced (by samples or partial assemblies).
+
+    The oldest one bounds what may be released; a heap with lazy deletion keeps that O(log n).
+    """
+
+    def __init__(self) -> None:
+        self._live: set[int] = set()
+        self._heap: list[int] = []
+
+    def add(self, position: int) -> None:
+        self._live.add(position)
+        heapq.heappush(self._heap, position)
+
+    def discard(self, position: int) -> None:
+        self._live.discard(position)
+
+    def oldest(self) -> int | None:
+        heap = self._heap
+        while heap and heap[0] not in self._live:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
 class _Source:
     """One producer incarnation (producer id + epoch) and our ring consumer on its segment."""
 
@@ -87,7 +115,7 @@ class _Source:
         self.missing_since: dict[int, float] = {}
         self.held: Any = None               # ring record waiting for its notice
         self.held_since = 0.0
-        self.outstanding: dict[int, int] = {}             # position -> end of held records
+        self.outstanding = _Held()                        # positions of held records
         self.last_seen = time.monotonic()
         self.producer_stats: dict[str, Any] = {}
         self.ended = False
@@ -476,7 +504,12 @@ class Subscriber:
                 raise NoticeError(f"meta length {meta_len} exceeds payload {rec.payload_len}")
             meta = nt.decode_embedded(payload[4:4 + meta_len], {
                 "offset": rec.position, "length": rec.payload_len, "record_seq": rec.seq,
-                "segment": src.segment})
+                "segment": src.segment}, check=False)
+            # Equal to an already validated notice in every field means valid; otherwise (no
+            # notice, or a difference to report) the embedded copy is validated on its own.
+            notice = src.notices.get(meta.get("seq"))
+            if notice is None or nt.differing_fields(notice, meta, _COMPARED):
+                nt.validate(meta)
         except NoticeError as exc:
             self._error(f"ring record at {rec.position} of {src.producer!r}: {exc}",
                         "corrupt_records")
@@ -558,7 +591,7 @@ class Subscriber:
                 self._finalize_failure(asm)
             return
         chunk = self._chunk(rec, meta)
-        src.outstanding[rec.position] = rec.end
+        src.outstanding.add(rec.position)
         if asm.chunks and not self._compatible(asm.chunks[0].meta, meta):
             asm.chunks.append(chunk)
             self._reject(rid, key, "chunks disagree on layers, kinds, dtype or hidden size")
@@ -638,17 +671,17 @@ class Subscriber:
     def _releaser(self, src: _Source, positions: list[int]) -> Callable[[], None]:
         def release() -> None:
             for p in positions:
-                src.outstanding.pop(p, None)
+                src.outstanding.discard(p)
             self._advance_release(src)
         return release
 
     def _release_now(self, src: _Source, rec: Any) -> None:
-        src.outstanding.pop(rec.position, None)
+        src.outstanding.discard(rec.position)
         self._advance_release(src)
 
     def _release_chunks(self, src: _Source, asm: _Assembly) -> None:
         for c in asm.chunks:
-            src.outstanding.pop(c.position, None)
+            src.outstanding.discard(c.position)
         asm.chunks.clear()
         self._advance_release(src)
 
@@ -659,8 +692,9 @@ class Subscriber:
         # Everything before the oldest record still held (or before the read position,
         # excluding a record we hold waiting for its notice) goes back to the producer.
         limit = consumer.position if src.held is None else src.held.position
-        if src.outstanding:
-            limit = min(limit, min(src.outstanding))
+        oldest = src.outstanding.oldest()
+        if oldest is not None:
+            limit = min(limit, oldest)
         if limit > consumer.released:
             consumer.release(limit)
         if self._sources.get(src.producer) is not src and not src.outstanding:
