@@ -1,0 +1,325 @@
+// hscapture._ring: thin nanobind bindings over csrc/ring.cpp. API: docs/ARCHITECTURE.md §1.
+//
+// Errors: the core throws hsc::RingException(kind, message); the translator below raises the
+// class of the same name from the Python module `hscapture.errors` (defined once, there).
+//
+// Payload views: memoryviews over a tiny `_Buffer` object that owns a shared_ptr to the
+// mapping, so the segment stays mapped while any view (or numpy/torch array made from one)
+// is alive, even after Producer/Consumer.close().
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <Python.h>
+
+#include "hscapture/layout.h"
+#include "hscapture/ring.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// --- _Buffer: buffer-protocol owner of a slice of a mapping ---------------------------------------
+struct BufferObject {
+    PyObject_HEAD
+    std::shared_ptr<hsc::Mapping>* keep;
+    void* ptr;
+    Py_ssize_t len;
+    int readonly;
+};
+
+PyTypeObject* g_buffer_type = nullptr;
+
+int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+    auto* b = reinterpret_cast<BufferObject*>(self);
+    return PyBuffer_FillInfo(view, self, b->ptr, b->len, b->readonly, flags);
+}
+
+void buffer_dealloc(PyObject* self) {
+    auto* b = reinterpret_cast<BufferObject*>(self);
+    delete b->keep;  // may unmap the segment (last reference)
+    PyTypeObject* tp = Py_TYPE(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+PyType_Slot buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(buffer_getbuffer)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(buffer_dealloc)},
+    {Py_tp_doc, const_cast<char*>("Owner of a zero-copy ring payload (keeps the mapping alive).")},
+    {0, nullptr},
+};
+
+PyType_Spec buffer_spec = {"hscapture._ring._Buffer", sizeof(BufferObject), 0, Py_TPFLAGS_DEFAULT, buffer_slots};
+
+// Safety: `ptr[0:len]` must lie inside `*mapping`; the returned view keeps the mapping alive.
+nb::object make_view(const std::shared_ptr<hsc::Mapping>& mapping, void* ptr, uint64_t len, bool readonly) {
+    BufferObject* b = PyObject_New(BufferObject, g_buffer_type);
+    if (!b) throw nb::python_error();
+    b->keep = new std::shared_ptr<hsc::Mapping>(mapping);
+    b->ptr = ptr;
+    b->len = Py_ssize_t(len);
+    b->readonly = readonly ? 1 : 0;
+    PyObject* mv = PyMemoryView_FromObject(reinterpret_cast<PyObject*>(b));
+    Py_DECREF(b);
+    if (!mv) throw nb::python_error();
+    return nb::steal(mv);
+}
+
+[[noreturn]] void raise(hsc::ErrorKind kind, const std::string& msg) { throw hsc::RingException(kind, msg); }
+
+// --- Record ------------------------------------------------------------------------------------
+struct Record {
+    hsc::RecordView v;
+    std::shared_ptr<hsc::Mapping> mapping;
+};
+
+nb::dict stats_dict(hsc::Producer& p) {
+    hsc::ProducerStats s = p.stats();
+    nb::dict d;
+    d["committed"] = s.committed;
+    d["reserved"] = s.reserved;
+    d["aborted"] = s.aborted;
+    d["full_count"] = s.full_count;
+    d["reaped"] = s.reaped;
+    d["min_released"] = s.min_released;
+    d["live_consumers"] = s.live_consumers;
+    d["head"] = s.head;
+    d["next_seq"] = s.next_seq;
+    return d;
+}
+
+nb::dict info_dict(const hsc::SegmentInfo& i) {
+    nb::dict d;
+    d["name"] = i.name;
+    d["magic"] = i.magic;
+    d["layout_version"] = i.layout_version;
+    d["epoch"] = i.epoch;
+    d["capacity"] = i.capacity;
+    d["head"] = i.head;
+    d["map_size"] = i.map_size;
+    d["data_offset"] = i.data_offset;
+    d["max_consumers"] = i.max_consumers;
+    d["producer_pid"] = i.producer_pid;
+    d["producer_alive"] = i.producer_alive;
+    d["created_ns"] = i.created_ns;
+    d["committed"] = i.committed;
+    d["reserved"] = i.reserved;
+    d["aborted"] = i.aborted;
+    d["full_count"] = i.full_count;
+    d["reaped"] = i.reaped;
+    d["next_seq"] = i.next_seq;
+    nb::list consumers;
+    for (const auto& s : i.consumers) {
+        nb::dict c;
+        c["slot"] = s.slot;
+        c["active"] = s.state == hsc::layout::SLOT_ACTIVE;
+        c["generation"] = s.generation;
+        c["released"] = s.released;
+        c["pid"] = s.pid;
+        c["alive"] = s.alive;
+        consumers.append(c);
+    }
+    d["consumers"] = consumers;
+    return d;
+}
+
+}  // namespace
+
+NB_MODULE(_ring, m) {
+    m.doc() = "hscapture shared-memory ring (native). API: docs/ARCHITECTURE.md section 1.";
+
+    g_buffer_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&buffer_spec));
+    if (!g_buffer_type) throw nb::python_error();
+    m.attr("_Buffer") = nb::borrow(reinterpret_cast<PyObject*>(g_buffer_type));
+
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const hsc::RingException& e) {
+            if (e.kind() == hsc::ErrorKind::Value) {
+                PyErr_SetString(PyExc_ValueError, e.what());
+                return;
+            }
+            PyObject* mod = PyImport_ImportModule("hscapture.errors");
+            PyObject* cls = mod ? PyObject_GetAttrString(mod, hsc::error_class_name(e.kind())) : nullptr;
+            Py_XDECREF(mod);
+            if (!cls) {  // hscapture.errors missing: still raise, never crash
+                PyErr_Clear();
+                PyErr_Format(PyExc_RuntimeError, "%s: %s", hsc::error_class_name(e.kind()), e.what());
+                return;
+            }
+            PyErr_SetString(cls, e.what());
+            Py_DECREF(cls);
+        }
+    });
+
+    namespace L = hsc::layout;
+    m.attr("MAGIC") = L::MAGIC;
+    m.attr("LAYOUT_VERSION") = L::LAYOUT_VERSION;
+    m.attr("RECORD_MAGIC") = L::RECORD_MAGIC;
+    m.attr("RECORD_HEADER_SIZE") = L::RECORD_HEADER_SIZE;
+    m.attr("RECORD_ALIGN") = L::RECORD_ALIGN;
+    m.attr("CACHE_LINE") = L::CACHE_LINE;
+    m.attr("PAGE_SIZE") = L::PAGE_SIZE;
+    m.attr("HEADER_SIZE") = L::HEADER_SIZE;
+    m.attr("SLOTS_OFFSET") = L::SLOTS_OFFSET;
+    m.attr("SLOT_SIZE") = L::SLOT_SIZE;
+    m.attr("MAX_CONSUMERS") = L::MAX_CONSUMERS;
+    m.attr("STATE_RESERVED") = L::STATE_RESERVED;
+    m.attr("STATE_COMMITTED") = L::STATE_COMMITTED;
+    m.attr("STATE_ABORTED") = L::STATE_ABORTED;
+    m.attr("STATE_PADDING") = L::STATE_PADDING;
+    m.attr("SLOT_FREE") = L::SLOT_FREE;
+    m.attr("SLOT_ACTIVE") = L::SLOT_ACTIVE;
+    m.attr("PRODUCER_LOCK_OFFSET") = L::PRODUCER_LOCK_OFFSET;
+    m.attr("SLOT_LOCK_OFFSET") = L::SLOT_LOCK_OFFSET;
+    nb::dict rh;
+    rh["state"] = L::R_STATE;
+    rh["magic"] = L::R_MAGIC;
+    rh["epoch"] = L::R_EPOCH;
+    rh["seq"] = L::R_SEQ;
+    rh["payload_len"] = L::R_PAYLOAD_LEN;
+    rh["total_len"] = L::R_TOTAL_LEN;
+    rh["position"] = L::R_POSITION;
+    rh["tag"] = L::R_TAG;
+    rh["reserved"] = L::R_RESERVED;
+    m.attr("RECORD_HEADER_OFFSETS") = rh;
+    nb::dict sh;
+    sh["magic"] = L::H_MAGIC;
+    sh["layout_version"] = L::H_LAYOUT_VERSION;
+    sh["max_consumers"] = L::H_MAX_CONSUMERS;
+    sh["epoch"] = L::H_EPOCH;
+    sh["capacity"] = L::H_CAPACITY;
+    sh["data_offset"] = L::H_DATA_OFFSET;
+    sh["map_size"] = L::H_MAP_SIZE;
+    sh["producer_pid"] = L::H_PRODUCER_PID;
+    sh["created_ns"] = L::H_CREATED_NS;
+    sh["head"] = L::H_HEAD;
+    sh["committed"] = L::H_COMMITTED;
+    m.attr("SEGMENT_HEADER_OFFSETS") = sh;
+
+    m.def("record_total_len", [](uint64_t n) { return L::record_total_len(n); }, "payload_len"_a,
+          "align64(RECORD_HEADER_SIZE + payload_len): bytes a record of this payload occupies.");
+    m.def("data_offset", [](uint32_t n) { return L::data_offset(n); }, "max_consumers"_a);
+    m.def("map_size", [](uint32_t n, uint64_t c) { return L::map_size(n, c); }, "max_consumers"_a, "capacity"_a);
+
+    // --- Producer ---------------------------------------------------------------------------
+    nb::class_<hsc::Producer>(m, "Producer",
+                              "Single writer of a ring segment. Creates the segment (O_EXCL, mode 0600).")
+        .def(nb::init<const std::string&, uint64_t, uint32_t, uint64_t>(), "name"_a, "capacity"_a,
+             "max_consumers"_a = 8, "epoch"_a = 0, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("name", &hsc::Producer::name)
+        .def_prop_ro("epoch", &hsc::Producer::epoch)
+        .def_prop_ro("capacity", &hsc::Producer::capacity)
+        .def_prop_ro("head", &hsc::Producer::head)
+        .def_prop_ro("closed", &hsc::Producer::closed)
+        .def_prop_ro("map_address",
+                     [](hsc::Producer& p) {
+                         if (p.closed()) raise(hsc::ErrorKind::Ring, "Producer.map_address: closed");
+                         return reinterpret_cast<uintptr_t>(p.mapping()->base);
+                     })
+        .def_prop_ro("map_size",
+                     [](hsc::Producer& p) {
+                         if (p.closed()) raise(hsc::ErrorKind::Ring, "Producer.map_size: closed");
+                         return uint64_t(p.mapping()->size);
+                     })
+        .def_prop_ro("data_address",
+                     [](hsc::Producer& p) {
+                         if (p.closed()) raise(hsc::ErrorKind::Ring, "Producer.data_address: closed");
+                         return reinterpret_cast<uintptr_t>(p.data());
+                     })
+        .def(
+            "reserve",
+            [](hsc::Producer& p, int64_t payload_len, uint64_t tag) -> int64_t {
+                if (payload_len < 0) raise(hsc::ErrorKind::Value, "payload_len must be >= 0");
+                int64_t r = p.reserve(uint64_t(payload_len), tag);
+                if (r == hsc::RESERVE_TOO_LARGE)
+                    raise(hsc::ErrorKind::RecordTooLarge,
+                          "record of payload " + std::to_string(payload_len) + " bytes needs " +
+                              std::to_string(hsc::layout::record_total_len(uint64_t(payload_len))) +
+                              " bytes: expected at most the ring capacity " + std::to_string(p.capacity()));
+                return r;  // position, or -1 when full (never blocks)
+            },
+            "payload_len"_a, "tag"_a = 0, "Reserve a record; returns its position or -1 if the ring is full.")
+        .def(
+            "payload",
+            [](hsc::Producer& p, uint64_t position) {
+                uint64_t len = 0;
+                uint8_t* ptr = p.payload(position, &len);
+                return make_view(p.mapping(), ptr, len, false);
+            },
+            "position"_a, "Writable zero-copy memoryview of the record's payload.")
+        .def(
+            "payload_address",
+            [](hsc::Producer& p, uint64_t position) {
+                uint64_t len = 0;
+                return reinterpret_cast<uintptr_t>(p.payload(position, &len));
+            },
+            "position"_a)
+        .def("record_seq", &hsc::Producer::record_seq, "position"_a)
+        .def("commit", &hsc::Producer::commit, "position"_a)
+        .def("abort", &hsc::Producer::abort, "position"_a)
+        .def("reap", &hsc::Producer::reap, nb::call_guard<nb::gil_scoped_release>())
+        .def("stats", &stats_dict)
+        .def("close", &hsc::Producer::close, "unlink"_a = true)
+        .def("__enter__", [](nb::object self) { return self; })
+        .def("__exit__", [](hsc::Producer& p, nb::args) { p.close(true); })
+        .def("__repr__", [](hsc::Producer& p) {
+            return "<hscapture._ring.Producer name='" + p.name() + "' capacity=" + std::to_string(p.capacity()) +
+                   " head=" + std::to_string(p.head()) + (p.closed() ? " closed" : "") + ">";
+        });
+
+    // --- Record -----------------------------------------------------------------------------
+    nb::class_<Record>(m, "Record", "A committed record, as seen by a Consumer.")
+        .def_prop_ro("position", [](const Record& r) { return r.v.position; })
+        .def_prop_ro("end", [](const Record& r) { return r.v.end; })
+        .def_prop_ro("seq", [](const Record& r) { return r.v.seq; })
+        .def_prop_ro("epoch", [](const Record& r) { return r.v.epoch; })
+        .def_prop_ro("tag", [](const Record& r) { return r.v.tag; })
+        .def_prop_ro("payload_len", [](const Record& r) { return r.v.payload_len; })
+        .def_prop_ro(
+            "payload",
+            [](const Record& r) { return make_view(r.mapping, r.v.payload, r.v.payload_len, true); },
+            "Read-only zero-copy memoryview; valid until the consumer releases past `end`.")
+        .def("__repr__", [](const Record& r) {
+            return "<hscapture._ring.Record position=" + std::to_string(r.v.position) +
+                   " seq=" + std::to_string(r.v.seq) + " payload_len=" + std::to_string(r.v.payload_len) + ">";
+        });
+
+    // --- Consumer ---------------------------------------------------------------------------
+    nb::class_<hsc::Consumer>(m, "Consumer", "Reader of a ring segment; holds one consumer slot.")
+        .def(nb::init<const std::string&, uint64_t>(), "name"_a, "expected_epoch"_a = 0,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("name", &hsc::Consumer::name)
+        .def_prop_ro("epoch", &hsc::Consumer::epoch)
+        .def_prop_ro("capacity", &hsc::Consumer::capacity)
+        .def_prop_ro("slot", &hsc::Consumer::slot)
+        .def_prop_ro("position", &hsc::Consumer::position)
+        .def_prop_ro("released", &hsc::Consumer::released)
+        .def_prop_ro("head", &hsc::Consumer::head)
+        .def_prop_ro("closed", &hsc::Consumer::closed)
+        .def(
+            "poll",
+            [](hsc::Consumer& c) -> nb::object {
+                Record r;
+                if (c.poll(&r.v) == hsc::PollStatus::Empty) return nb::none();
+                r.mapping = c.mapping();
+                return nb::cast(std::move(r));
+            },
+            "Next committed record, or None if none is committed yet (never waits).")
+        .def("release", &hsc::Consumer::release, "position"_a)
+        .def("producer_alive", &hsc::Consumer::producer_alive)
+        .def("close", &hsc::Consumer::close)
+        .def("__enter__", [](nb::object self) { return self; })
+        .def("__exit__", [](hsc::Consumer& c, nb::args) { c.close(); })
+        .def("__repr__", [](hsc::Consumer& c) {
+            return "<hscapture._ring.Consumer name='" + c.name() + "' slot=" + std::to_string(c.slot()) +
+                   " position=" + std::to_string(c.position()) + (c.closed() ? " closed" : "") + ">";
+        });
+
+    m.def("is_stale", &hsc::is_stale, "name"_a, "True if no live producer holds the segment's producer lock.");
+    m.def("unlink", &hsc::unlink_segment, "name"_a, "shm_unlink the segment.");
+    m.def("segment_info", [](const std::string& name) { return info_dict(hsc::segment_info(name)); }, "name"_a,
+          "Header, counters and consumer slots of a segment (checks owner, mode, magic, version).");
+}
