@@ -165,6 +165,7 @@ NB_MODULE(_ring, m) {
     m.attr("HEADER_SIZE") = L::HEADER_SIZE;
     m.attr("SLOTS_OFFSET") = L::SLOTS_OFFSET;
     m.attr("SLOT_SIZE") = L::SLOT_SIZE;
+    m.attr("SLOT_NAME_LEN") = L::SLOT_NAME_LEN;
     m.attr("MAX_CONSUMERS") = L::MAX_CONSUMERS;
     m.attr("STATE_RESERVED") = L::STATE_RESERVED;
     m.attr("STATE_COMMITTED") = L::STATE_COMMITTED;
@@ -213,6 +214,8 @@ NB_MODULE(_ring, m) {
         .def_prop_ro("epoch", &hsc::Producer::epoch)
         .def_prop_ro("capacity", &hsc::Producer::capacity)
         .def_prop_ro("head", &hsc::Producer::head)
+        .def_prop_rw("dead_consumer_grace_ns", &hsc::Producer::dead_consumer_grace_ns,
+                     &hsc::Producer::set_dead_consumer_grace_ns)
         .def_prop_ro("closed", &hsc::Producer::closed)
         .def_prop_ro("map_address",
                      [](hsc::Producer& p) {
@@ -289,8 +292,9 @@ NB_MODULE(_ring, m) {
 
     // --- Consumer ---------------------------------------------------------------------------
     nb::class_<hsc::Consumer>(m, "Consumer", "Reader of a ring segment; holds one consumer slot.")
-        .def(nb::init<const std::string&, uint64_t>(), "name"_a, "expected_epoch"_a = 0,
-             nb::call_guard<nb::gil_scoped_release>())
+        .def(nb::init<const std::string&, uint64_t, const std::string&>(), "name"_a,
+             "expected_epoch"_a = 0, "resume_name"_a = "", nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("resumed", &hsc::Consumer::resumed)
         .def_prop_ro("name", &hsc::Consumer::name)
         .def_prop_ro("epoch", &hsc::Consumer::epoch)
         .def_prop_ro("capacity", &hsc::Consumer::capacity)

@@ -278,6 +278,20 @@ void Producer::close(bool unlink) {
 // Returns the new reuse limit: min `released` over live consumers (head_ if there are none).
 // Slots whose consumer died (OFD lock free) are freed: all of them if reap_all, else only
 // those that block a reservation ending at `end`.
+// A dead slot may be freed once it has been seen dead (with the same state word) for the grace
+// period; until then it still bounds the producer (which then reports "full").
+bool Producer::grace_expired(uint32_t i, uint64_t word) {
+    if (dead_grace_ns_ == 0) return true;
+    if (dead_since_.size() < max_consumers_) dead_since_.assign(max_consumers_, {0, 0});
+    auto& seen = dead_since_[i];
+    const uint64_t now = now_ns();
+    if (seen.first != word || seen.second == 0) {
+        seen = {word, now};
+        return false;
+    }
+    return now - seen.second >= dead_grace_ns_;
+}
+
 uint64_t Producer::scan_consumers(uint64_t end, bool reap_all, int* reaped, uint32_t* live) {
     uint64_t limit = head_;
     uint32_t n_live = 0;
@@ -292,7 +306,8 @@ uint64_t Producer::scan_consumers(uint64_t end, bool reap_all, int* reaped, uint
         // `released`; its reads of bytes below this value are complete before we reuse them.
         uint64_t rel = s.released.load(std::memory_order_seq_cst);
         bool blocks = rel + capacity_ < end;
-        if ((reap_all || blocks) && !ofd_locked_by_other(map_->fd, SLOT_LOCK_OFFSET + i)) {
+        if ((reap_all || blocks) && !ofd_locked_by_other(map_->fd, SLOT_LOCK_OFFSET + i) &&
+            grace_expired(i, word)) {
             // The consumer is dead (the kernel dropped its lock). Free the slot, but only if it
             // still holds the generation we looked at: a new consumer that re-claimed the slot
             // meanwhile bumped the generation, and this CAS then fails instead of clobbering it.
@@ -450,7 +465,11 @@ ProducerStats Producer::stats() {
 // Consumer
 // ================================================================================================
 
-Consumer::Consumer(const std::string& name, uint64_t expected_epoch) : name_(name) {
+Consumer::Consumer(const std::string& name, uint64_t expected_epoch, const std::string& resume_name)
+    : name_(name) {
+    if (resume_name.size() >= SLOT_NAME_LEN)
+        fail(ErrorKind::Value, "resume name '" + resume_name + "': expected at most " +
+                                   std::to_string(SLOT_NAME_LEN - 1) + " bytes");
     auto m = attach_segment(name, expected_epoch);
     hdr_ = reinterpret_cast<SegmentHeader*>(m->base);
     epoch_ = hdr_->epoch;
@@ -458,6 +477,31 @@ Consumer::Consumer(const std::string& name, uint64_t expected_epoch) : name_(nam
     data_ = m->base + hdr_->data_offset;
     auto* slots = reinterpret_cast<ConsumerSlot*>(m->base + SLOTS_OFFSET);
     const uint32_t n = hdr_->max_consumers;
+    // Resume: a dead consumer's ACTIVE slot under our name still bounds the producer at its
+    // `released` position, so every record from there on is intact: take it over in place.
+    for (uint32_t i = 0; !resume_name.empty() && i < n; ++i) {
+        ConsumerSlot& s = slots[i];
+        // SYNC POINT (5) seq_cst: pairs with the dead owner's ACTIVE CAS, which published `name`.
+        uint64_t word = s.state.load(std::memory_order_seq_cst);
+        if (slot_state(word) != SLOT_ACTIVE || strncmp(s.name, resume_name.c_str(), SLOT_NAME_LEN) != 0)
+            continue;
+        if (!ofd_trylock(m->fd, SLOT_LOCK_OFFSET + i)) continue;  // its owner is alive
+        // SYNC POINT (5) seq_cst: the generation bump makes a concurrent reaper's CAS (which
+        // expects `word`) fail; if the reaper won instead, our CAS fails and we register anew.
+        uint64_t mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE);
+        if (!s.state.compare_exchange_strong(word, mine, std::memory_order_seq_cst)) {
+            ofd_unlock(m->fd, SLOT_LOCK_OFFSET + i);
+            continue;
+        }
+        s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
+        my_slot_ = &s;
+        slot_ = i;
+        generation_ = slot_generation(mine);
+        position_ = released_ = last_end_ = s.released.load(std::memory_order_seq_cst);
+        resumed_ = true;
+        map_ = std::move(m);
+        return;
+    }
     for (uint32_t i = 0; i < n; ++i) {
         // Our own open file description (fresh shm_open above): the lock identifies us.
         if (!ofd_trylock(m->fd, SLOT_LOCK_OFFSET + i)) continue;  // a live consumer holds it
@@ -483,6 +527,9 @@ Consumer::Consumer(const std::string& name, uint64_t expected_epoch) : name_(nam
         uint64_t h0 = hdr_->head.load(std::memory_order_seq_cst);
         s.released.store(h0, std::memory_order_seq_cst);
         s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
+        // published by the ACTIVE CAS below (seq_cst), read only after this slot's lock is free
+        memset(s.name, 0, SLOT_NAME_LEN);
+        memcpy(s.name, resume_name.data(), resume_name.size());
         uint64_t word = s.state.load(std::memory_order_seq_cst);
         uint64_t mine;
         do {

@@ -6,6 +6,8 @@ any point loses nothing it acknowledged; a restarted drain skips rids already in
 
 from __future__ import annotations
 
+import hashlib
+import os
 import signal
 import sys
 import threading
@@ -18,7 +20,7 @@ from .sample import Sample
 from .shards import ShardWriter
 from .subscriber import Subscriber
 
-__all__ = ["DrainResult", "drain"]
+__all__ = ["DrainResult", "drain", "resume_name"]
 
 
 @dataclass
@@ -99,7 +101,7 @@ def drain(
     bar = _Progress(progress)
     pending: dict[str, list[Sample]] = {}
     pending_bytes = 0
-    sub = Subscriber(endpoints, auto_release=False)
+    sub = Subscriber(endpoints, auto_release=False, resume_name=resume_name(out_dir))
     start = time.monotonic()
 
     def settle(rids: list[str]) -> None:
@@ -159,6 +161,13 @@ def drain(
             sub.close()
             restore()
     return res
+
+
+def resume_name(out_dir: str) -> str:
+    """The ring resume name of a drain into ``out_dir``: a restarted drain into the same
+    directory takes over its predecessor's unreleased records."""
+    digest = hashlib.blake2b(os.path.abspath(out_dir).encode(), digest_size=12).hexdigest()
+    return f"drain-{digest}"
 
 
 def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:

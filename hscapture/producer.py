@@ -77,6 +77,10 @@ def _token_bytes(token_ids: Any, count: int) -> bytes:
 class Producer:
     """Captures hidden states into a shared-memory ring and announces them over ZeroMQ.
 
+    A subscriber that dies keeps its place in the ring for ``dead_consumer_grace_s`` once the
+    ring needs that space (captures meanwhile are dropped, or wait under the ``wait`` policy);
+    after that it is dropped and the producer goes on as if it had never attached.
+
     Guarantees:
     - ``capture`` never blocks on the GPU and never synchronizes the caller's stream; with the
       ``drop`` policy it never waits for ring space either (``wait`` waits at most
@@ -102,6 +106,7 @@ class Producer:
         dp_rank: int = 0,
         pin: bool = True,
         sndhwm: int = 1_000_000,
+        dead_consumer_grace_s: float = 5.0,
     ) -> None:
         from . import _ring
 
@@ -118,6 +123,9 @@ class Producer:
         self.heartbeat_interval_s = heartbeat_interval_s
 
         self._ring = _ring.Producer(segment_name(producer_id), int(capacity), int(max_consumers))
+        # A dead subscriber keeps its place (its unread records) this long once the ring needs
+        # the space, so a restarted drain resumes exactly where it stopped; then it is dropped.
+        self._ring.dead_consumer_grace_ns = int(dead_consumer_grace_s * 1e9)
         self.epoch: int = self._ring.epoch
         self.segment: str = self._ring.name
         self._pinned = register_host_memory(self._ring.map_address, self._ring.map_size) \

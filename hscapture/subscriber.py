@@ -136,6 +136,10 @@ class Subscriber:
       ``sample.release()``), or owned copies (multi-chunk samples, or ``copy=True``). Ring
       space is given back only when the sample is released.
     - Malformed input never raises out of the iteration: it is counted and reported.
+    - With ``resume_name``, a subscriber restarted under the same name takes over the place of
+      its dead predecessor in each ring (if the producer still keeps it, see
+      ``Producer(dead_consumer_grace_s=...)``): every record that was not released is
+      delivered again, so nothing acknowledged-but-unwritten is lost.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class Subscriber:
         incomplete_timeout_s: float = 120.0,
         producer_timeout_s: float = 10.0,
         rid_filter: Callable[[str], bool] | None = None,
+        resume_name: str = "",
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         for ep in self.endpoints:
@@ -158,6 +163,7 @@ class Subscriber:
         self.incomplete_timeout_s = incomplete_timeout_s
         self.producer_timeout_s = producer_timeout_s
         self.rid_filter = rid_filter
+        self.resume_name = resume_name
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVHWM, 0)
@@ -380,7 +386,7 @@ class Subscriber:
         from . import _ring
 
         try:
-            src.consumer = _ring.Consumer(segment, src.epoch)
+            src.consumer = _ring.Consumer(segment, src.epoch, self.resume_name)
         except RingError as exc:
             self._error(f"cannot attach to segment {segment!r} of producer "
                         f"{src.producer!r}: {type(exc).__name__}: {exc}", "attach_errors")
@@ -388,6 +394,9 @@ class Subscriber:
         src.segment = segment
         src.start = src.consumer.position
         self._counts["attached"] += 1
+        if src.consumer.resumed:
+            self._counts["resumed"] += 1
+            log.info("hscapture subscriber: resumed %r's ring at position %d", segment, src.start)
 
     def _detach(self, src: _Source) -> None:
         if src.consumer is not None:

@@ -33,7 +33,7 @@ def _poke(name: str, offset: int, data: bytes) -> None:
 def test_layout_constants_are_exported_once_from_the_native_layout():
     assert _ring.RECORD_HEADER_SIZE == 64 and _ring.RECORD_ALIGN == 64 and _ring.CACHE_LINE == 64
     assert _ring.MAGIC == int.from_bytes(b"HSCRING1", "little")
-    assert _ring.LAYOUT_VERSION == 1
+    assert _ring.LAYOUT_VERSION == 2  # 2: consumer slots carry a resume name
     assert list(_ring.RECORD_HEADER_OFFSETS) == [
         "state", "magic", "epoch", "seq", "payload_len", "total_len", "position", "tag", "reserved"]
     assert OFF["head"] % (2 * _ring.CACHE_LINE) == 0
@@ -76,7 +76,7 @@ def test_wrong_magic_raises_layout_mismatch(ring_name):
 def test_wrong_layout_version_raises_layout_mismatch(ring_name):
     p = _ring.Producer(ring_name, 4096)
     _poke(ring_name, OFF["layout_version"], struct.pack("<I", 99))
-    with pytest.raises(LayoutMismatchError, match="expected layout version 1, found 99"):
+    with pytest.raises(LayoutMismatchError, match=f"expected layout version {_ring.LAYOUT_VERSION}, found 99"):
         _ring.Consumer(ring_name)
     p.close()
 

@@ -50,7 +50,10 @@
 //  |  released (u64 atomic): every byte before it may be reused    |
 //  +---------------------------------------------------------------+ 16
 //  |  pid (u64, informational)                                     |
-//  +---------------------------------------------------------------+ 24 .. 128 pad
+//  +---------------------------------------------------------------+ 24
+//  |  resume name (64 bytes, NUL-padded): lets a restarted consumer |
+//  |  of the same name take over a dead slot at its released place  |
+//  +---------------------------------------------------------------+ 88 .. 128 pad
 //
 // Record (in the data region at offset position % capacity, 64-byte aligned, never wraps):
 //
@@ -92,7 +95,7 @@ namespace hsc::layout {
 
 // --- identity -------------------------------------------------------------------------------
 constexpr uint64_t MAGIC = 0x31474e4952435348ull;  // "HSCRING1" read as little-endian bytes
-constexpr uint32_t LAYOUT_VERSION = 1;
+constexpr uint32_t LAYOUT_VERSION = 2;  // 2: consumer slots carry a resume name
 constexpr uint32_t RECORD_MAGIC = 0x44524352u;  // "RCRD" little-endian
 
 // --- sizes ----------------------------------------------------------------------------------
@@ -136,7 +139,9 @@ constexpr std::size_t SLOT_SIZE = COUNTER_PAD;
 constexpr std::size_t S_STATE = 0;
 constexpr std::size_t S_RELEASED = S_STATE + sizeof(uint64_t);
 constexpr std::size_t S_PID = S_RELEASED + sizeof(uint64_t);
-constexpr std::size_t S_END = S_PID + sizeof(uint64_t);
+constexpr std::size_t S_NAME = S_PID + sizeof(uint64_t);
+constexpr std::size_t SLOT_NAME_LEN = 64;
+constexpr std::size_t S_END = S_NAME + SLOT_NAME_LEN;
 static_assert(S_END <= SLOT_SIZE, "slot overflows its two cache lines");
 
 constexpr uint32_t SLOT_FREE = 0;
@@ -214,6 +219,9 @@ struct ConsumerSlot {
     std::atomic<uint64_t> state;
     std::atomic<uint64_t> released;
     std::atomic<uint64_t> pid;
+    // Written before the ACTIVE CAS that publishes the slot; read only by a consumer that holds
+    // the slot's OFD lock (so its writer is dead) after a seq_cst load of `state`.
+    char name[SLOT_NAME_LEN];
     uint8_t pad[SLOT_SIZE - S_END];
 };
 
@@ -250,6 +258,7 @@ static_assert(sizeof(SegmentHeader) == HEADER_SIZE);
 static_assert(offsetof(ConsumerSlot, state) == S_STATE);
 static_assert(offsetof(ConsumerSlot, released) == S_RELEASED);
 static_assert(offsetof(ConsumerSlot, pid) == S_PID);
+static_assert(offsetof(ConsumerSlot, name) == S_NAME);
 static_assert(sizeof(ConsumerSlot) == SLOT_SIZE);
 
 static_assert(offsetof(RecordHeader, state) == R_STATE);

@@ -90,6 +90,10 @@ public:
     uint8_t* payload(uint64_t position, uint64_t* payload_len);
     uint64_t record_seq(uint64_t position);
     int reap();
+    // A dead consumer's slot is kept (its unread records stay) for this long after the producer
+    // first needs its space, so a consumer restarted under the same resume name can take over.
+    void set_dead_consumer_grace_ns(uint64_t ns) { dead_grace_ns_ = ns; }
+    uint64_t dead_consumer_grace_ns() const { return dead_grace_ns_; }
     ProducerStats stats();
     void close(bool unlink);
     bool closed() const { return !map_; }
@@ -104,6 +108,7 @@ public:
 private:
     layout::RecordHeader* checked_record(uint64_t position, const char* op);
     uint64_t scan_consumers(uint64_t end, bool reap_all, int* reaped, uint32_t* live);
+    bool grace_expired(uint32_t slot, uint64_t word);
     void require_open(const char* op) const;
     void write_padding(uint64_t p, uint64_t off, uint64_t pad);
 
@@ -118,11 +123,16 @@ private:
     uint64_t head_ = 0;   // producer-local copy of hdr_->head (single writer)
     uint64_t limit_ = 0;  // cached min released of live consumers at the last scan
     uint64_t seq_ = 0;
+    uint64_t dead_grace_ns_ = 0;
+    // per slot: the state word first seen dead while blocking, and when (producer-local)
+    std::vector<std::pair<uint64_t, uint64_t>> dead_since_;
 };
 
 class Consumer {
 public:
-    Consumer(const std::string& name, uint64_t expected_epoch);
+    // resume_name: take over the dead slot registered under this name (at its released
+    // position) if there is one, else register a new slot under that name.
+    Consumer(const std::string& name, uint64_t expected_epoch, const std::string& resume_name = "");
     ~Consumer();
     Consumer(const Consumer&) = delete;
     Consumer& operator=(const Consumer&) = delete;
@@ -139,6 +149,7 @@ public:
     uint32_t slot() const { return slot_; }
     uint64_t position() const { return position_; }
     uint64_t released() const { return released_; }
+    bool resumed() const { return resumed_; }
     uint64_t head() const;
     const std::shared_ptr<Mapping>& mapping() const { return map_; }
 
@@ -158,6 +169,7 @@ private:
     uint64_t position_ = 0;
     uint64_t released_ = 0;
     uint64_t last_end_ = 0;  // end of the last record poll() returned
+    bool resumed_ = false;
 };
 
 // --- segment-level helpers (cold path) ---------------------------------------------------------
