@@ -17,6 +17,9 @@ first capture to the last byte durable at the consumer:
 * ``raw``: this process writes the same bytes (one ``writev`` per request, ``fdatasync`` every
   ``--flush-mb`` like the drain, ``fsync`` at the end) into one file in the same directory: the
   ceiling for that storage.
+* ``deliver``: the same producer, consumed live by a Subscriber in this process that copies
+  every sample out of the ring and releases it (no storage): what a training job reading
+  hidden states online gets.
 * ``old``: the approach hscapture replaces: a producer process ``torch.save``s each request
   (tensors moved to CPU) into ``<shm-dir>/…/req_N/hidden.pt`` (tmp + rename); a reader process
   polls the folder, ``torch.load``s every file (all bytes are read) and deletes it.
@@ -325,6 +328,38 @@ def run_hscapture(base: dict, target: str, run: int) -> dict:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+def run_deliver(base: dict, run: int) -> dict:
+    """hscapture into a consuming process, no storage: a training script reading samples live.
+
+    Each sample is copied out of the ring (``Sample.detach()``: every byte is read, as
+    ``torch.load`` reads every byte in the old way) and released.
+    """
+    from hscapture import Subscriber
+    from hscapture.endpoint import default_endpoint
+
+    producer_id = f"bench-deliver-{os.getpid()}-{run}"
+    spec = dict(base, endpoint=default_endpoint(producer_id), producer_id=producer_id)
+    proc = spawn("_produce", spec)
+    try:
+        read_event(proc, "ready", timeout=300)
+        n = nbytes = 0
+        with Subscriber(spec["endpoint"]) as sub:
+            sub.wait_ready(timeout=120)
+            for sample in sub.samples(limit=len(base["requests"]), timeout=120):
+                sample.detach()
+                n += 1
+                nbytes += sample.nbytes
+            t_end = time.monotonic()
+            bad = len(sub.dropped) + len(sub.incomplete) + len(sub.rejected)
+        start = read_event(proc, "start")
+        seconds = t_end - start["t"]
+        return {"method": "deliver", "seconds": seconds, "bytes": nbytes, "samples": n,
+                "GBps": nbytes / seconds / 1e9, "samples_per_s": n / seconds,
+                "ok": n == len(base["requests"]) and not bad}
+    finally:
+        stop_child(proc)
+
+
 def _layer_order(name: str) -> tuple:
     return (1, 0) if name == "final_norm" else (0, int(name.split("_")[-1]))
 
@@ -435,8 +470,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shm-dir", default="/dev/shm", help="tmpfs target")
     ap.add_argument("--disk-dir", default=str(ROOT / "build" / "bench-e2e"),
                     help="local-disk target (its filesystem type is reported)")
-    ap.add_argument("--methods", default="raw,hscapture,old",
-                    help="comma list of raw,hscapture,old")
+    ap.add_argument("--methods", default="raw,hscapture,deliver,old",
+                    help="comma list of raw,hscapture,deliver,old")
     ap.add_argument("--targets", default="shm,disk", help="comma list of shm,disk")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions (median)")
     ap.add_argument("--seed", type=int, default=0)
@@ -488,6 +523,11 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"[{r}] hscapture -> {tname}: {res['GBps']:.3f} GB/s "
                       f"({res['samples_per_s']:.1f} samples/s; drain-only {res['drain_GBps']:.3f}"
                       f" GB/s; drops {res['producer_drops']}; ok {res['ok']})", flush=True)
+        if "deliver" in methods:
+            res = run_deliver(base, r)
+            runs.setdefault("deliver_mem", []).append(res)
+            print(f"[{r}] hscapture -> subscriber process (no storage): {res['GBps']:.3f} GB/s "
+                  f"({res['samples_per_s']:.1f} samples/s; ok {res['ok']})", flush=True)
         if "old" in methods:
             res = run_old(dict(base, requests=old_requests), a.shm_dir)
             runs.setdefault("old_shm", []).append(res)
@@ -502,7 +542,8 @@ def main(argv: list[str] | None = None) -> dict:
     ratios = {"hscapture/raw (shm)": ratio("hscapture_shm", "raw_shm"),
               "hscapture/raw (disk)": ratio("hscapture_disk", "raw_disk"),
               "hscapture/old (shm)": ratio("hscapture_shm", "old_shm"),
-              "hscapture(disk)/old(shm)": ratio("hscapture_disk", "old_shm")}
+              "hscapture(disk)/old(shm)": ratio("hscapture_disk", "old_shm"),
+              "deliver(mem)/old(shm)": ratio("deliver_mem", "old_shm")}
     goals = {}
     for t in targets:
         v = ratios.get(f"hscapture/raw ({t})")
