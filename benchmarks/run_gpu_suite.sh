@@ -30,9 +30,14 @@ if [ "$PART" != 2 ]; then
   step bench-gpu-copy 90 python3 "$R/benchmarks/bench_gpu.py" copy --out-dir "$RES/gpu"
   step bench-gpu-notices 90 python3 "$R/benchmarks/bench_gpu.py" notices --out-dir "$RES/gpu"
 fi
+if [ "$PART" = 2 ]; then
+  TAIL=12 step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
+    "$R/tests/test_gpu.py"
+  step bench-gpu-copy 90 python3 "$R/benchmarks/bench_gpu.py" copy --out-dir "$RES/gpu"
+fi
 if [ "$PART" != 1 ]; then
-  step bench-gpu-overhead 240 python3 "$R/benchmarks/bench_gpu.py" overhead --out-dir "$RES/gpu"
-  step bench-gpu-e2e 300 python3 "$R/benchmarks/bench_gpu.py" e2e --out-dir "$RES/gpu" \
+  step bench-gpu-overhead 180 python3 "$R/benchmarks/bench_gpu.py" overhead --out-dir "$RES/gpu"
+  step bench-gpu-e2e 180 python3 "$R/benchmarks/bench_gpu.py" e2e --out-dir "$RES/gpu" \
     --disk-dir /tmp/hsc-e2e-disk
 fi
 tar czf "$OUT/results-$PART.tgz" -C "$RES" .

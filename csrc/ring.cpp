@@ -22,6 +22,7 @@
 
 #include "hscapture/ring.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -266,6 +267,7 @@ void Producer::require_open(const char* op) const {
 }
 
 void Producer::close(bool unlink) {
+    std::lock_guard<std::mutex> guard(mu_);
     if (!map_) return;
     ofd_unlock(map_->fd, PRODUCER_LOCK_OFFSET);
     if (unlink) shm_unlink(shm_path(name_).c_str());
@@ -342,6 +344,7 @@ void Producer::write_padding(uint64_t p, uint64_t off, uint64_t pad) {
 }
 
 int64_t Producer::reserve(uint64_t payload_len, uint64_t tag) {
+    std::lock_guard<std::mutex> guard(mu_);
     require_open("reserve");
     if (payload_len > capacity_ || record_total_len(payload_len) > capacity_) return RESERVE_TOO_LARGE;
     const uint64_t total = record_total_len(payload_len);
@@ -350,16 +353,19 @@ int64_t Producer::reserve(uint64_t payload_len, uint64_t tag) {
     const uint64_t pad = off + total > capacity_ ? capacity_ - off : 0;
     const uint64_t end = p + pad + total;
     // Bytes [end - capacity, end) of the previous lap get overwritten: all live consumers must
-    // have released up to end - capacity. Re-scan only when the cached limit says "full".
-    if (end > limit_ + capacity_) {
+    // have released up to end - capacity, and no record of ours may still be uncommitted there
+    // (its copy may be in flight). Re-scan consumers only when the cached limit says "full".
+    const uint64_t floor = inflight_.empty() ? UINT64_MAX : inflight_.front().first;
+    if (end > std::min(limit_, floor) + capacity_) {
         limit_ = scan_consumers(end, false, nullptr, nullptr);
-        if (end > limit_ + capacity_) {
+        const uint64_t lim = std::min(limit_, floor);
+        if (end > lim + capacity_) {
             hdr_->full_count.fetch_add(1, std::memory_order_relaxed);
             // The record does not fit, but if the padding alone does, publish it now: the head
             // moves to offset 0, so once consumers release the padding the record can fit. If
             // we waited, a record larger than the free space left of the wrap point could never
             // be placed even in an empty ring (nobody would ever release more).
-            if (pad != 0 && p + pad <= limit_ + capacity_) {
+            if (pad != 0 && p + pad <= lim + capacity_) {
                 write_padding(p, off, pad);
                 head_ = p + pad;
                 // SYNC POINT (1) release: publishes the PADDING header (see below).
@@ -389,7 +395,18 @@ int64_t Producer::reserve(uint64_t payload_len, uint64_t tag) {
     // SYNC POINT (3) seq_cst: ordered before the slot scan of our next reserve (registration).
     hdr_->head.store(end, std::memory_order_seq_cst);
     hdr_->reserved.fetch_add(1, std::memory_order_relaxed);
+    inflight_.emplace_back(pos, false);
     return int64_t(pos);
+}
+
+// Marks a reserved record settled (committed or aborted); forgets settled records at the front.
+void Producer::settle_locked(uint64_t position) {
+    for (auto& e : inflight_)
+        if (e.first == position) {
+            e.second = true;
+            break;
+        }
+    while (!inflight_.empty() && inflight_.front().second) inflight_.pop_front();
 }
 
 RecordHeader* Producer::checked_record(uint64_t position, const char* op) {
@@ -407,6 +424,7 @@ RecordHeader* Producer::checked_record(uint64_t position, const char* op) {
 }
 
 void Producer::commit(uint64_t position) {
+    std::lock_guard<std::mutex> guard(mu_);
     RecordHeader* h = checked_record(position, "commit");
     uint32_t st = h->state.load(std::memory_order_relaxed);
     if (st != STATE_RESERVED)
@@ -416,9 +434,11 @@ void Producer::commit(uint64_t position) {
     // `state` and read the payload only after seeing COMMITTED.
     h->state.store(STATE_COMMITTED, std::memory_order_release);
     hdr_->committed.fetch_add(1, std::memory_order_relaxed);
+    settle_locked(position);
 }
 
 void Producer::abort(uint64_t position) {
+    std::lock_guard<std::mutex> guard(mu_);
     RecordHeader* h = checked_record(position, "abort");
     uint32_t st = h->state.load(std::memory_order_relaxed);
     if (st != STATE_RESERVED)
@@ -427,17 +447,23 @@ void Producer::abort(uint64_t position) {
     // SYNC POINT (1) release: readers that acquire ABORTED skip the record (no payload read).
     h->state.store(STATE_ABORTED, std::memory_order_release);
     hdr_->aborted.fetch_add(1, std::memory_order_relaxed);
+    settle_locked(position);
 }
 
 uint8_t* Producer::payload(uint64_t position, uint64_t* payload_len) {
+    std::lock_guard<std::mutex> guard(mu_);
     RecordHeader* h = checked_record(position, "payload");
     *payload_len = h->payload_len;
     return reinterpret_cast<uint8_t*>(h) + RECORD_HEADER_SIZE;
 }
 
-uint64_t Producer::record_seq(uint64_t position) { return checked_record(position, "record_seq")->seq; }
+uint64_t Producer::record_seq(uint64_t position) {
+    std::lock_guard<std::mutex> guard(mu_);
+    return checked_record(position, "record_seq")->seq;
+}
 
 int Producer::reap() {
+    std::lock_guard<std::mutex> guard(mu_);
     require_open("reap");
     int n = 0;
     uint32_t live = 0;
@@ -446,6 +472,7 @@ int Producer::reap() {
 }
 
 ProducerStats Producer::stats() {
+    std::lock_guard<std::mutex> guard(mu_);
     require_open("stats");
     uint32_t live = 0;
     // a scan without reaping: only the slots that block a (hypothetical) full lap are checked

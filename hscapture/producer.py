@@ -425,13 +425,30 @@ class Producer:
                                 "time_ns": time.time_ns()})
 
     def _publish(self, item: _Pending) -> None:
+        notice = item.notice
         if item.position >= 0:
-            if item.done is not None:
-                item.done.synchronize()     # waits for the side-stream copy only (GIL released)
-            # SYNC POINT: commit release-stores the record state; the notice goes out after.
-            self._ring.commit(item.position)
+            try:
+                if item.done is not None:
+                    item.done.synchronize()  # waits for the side-stream copy only (GIL released)
+                # SYNC POINT: commit release-stores the record state; the notice goes out after.
+                self._ring.commit(item.position)
+            except Exception as exc:   # a failed copy or commit: announce a drop, never a record
+                self._counters["errors"] += 1
+                log.error("hscapture: record of rid %r could not be committed: %s",
+                          notice["rid"], exc)
+                with self._lock:
+                    try:
+                        self._ring.abort(item.position)
+                    except Exception:
+                        pass
+                    self._counters["dropped"] += 1
+                    self._recent_drops.append([notice["seq"], notice["rid"], "drop", "commit_error"])
+                notice = {k: notice[k] for k in ("v", "producer", "epoch", "seq", "rid",
+                                                  "token_start", "token_count", "last",
+                                                  "dp_rank", "extra")}
+                notice.update(kind="drop", reason=f"commit_error: {type(exc).__name__}")
             item.keepalive = None
-        self._send(item.notice)
+        self._send(notice)
         self._counters["published"] += 1
 
     def _safe(self, fn: Any, *args: Any) -> None:

@@ -303,8 +303,9 @@ def test_notice_never_before_copy_finished(pair):
     w.join()
     assert c1 - c0 < 0.1 * sleep_s, f"capture() blocked for {c1 - c0:.3f}s"
     assert still_sleeping, "the GPU finished the sleep before capture() returned: test is void"
-    assert t_recv - t0 >= 0.9 * sleep_s * 1e9, \
-        f"notice received {(t_recv - t0) / 1e9:.3f}s after the sleep began ({sleep_s}s)"
+    # (the GPU clock makes the calibrated sleep shorter or longer; what matters is that it was
+    # long enough to matter and that the notice came after it ended)
+    assert ended["t"] - t0 >= 0.1e9, "the sleep was too short for the test to mean anything"
     assert t_recv >= ended["t"] - 2_000_000, "notice arrived before the sleep ended"
     for L in range(4):
         assert torch.equal(bits(s.tensors[f"layer_{L}"]), want[L]), f"layer {L} differs"

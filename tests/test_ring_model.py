@@ -245,3 +245,19 @@ def test_release_is_monotonic_and_bounded_by_read_position(ring_name):
         c.release(rec.end + 64)
     c.close()
     p.close()
+
+
+def test_the_producer_never_laps_over_its_own_uncommitted_records(ring_name):
+    """With no consumer at all, a record still being written (its copy may be in flight) is
+    never overwritten: the producer reports full instead, until that record is committed."""
+    p = _ring.Producer(ring_name, 4096, 2)
+    try:
+        assert [p.reserve(1000, 0) for _ in range(3)] == [0, 1088, 2176]   # 1088 B each
+        assert p.reserve(1000, 0) == -1, "lapped over the uncommitted record at 0"
+        assert p.reserve(1000, 0) == -1
+        p.commit(1088)                       # committing a later one frees nothing yet
+        assert p.reserve(1000, 0) == -1
+        p.commit(0)                          # the oldest: now 0..2176 may be reused
+        assert p.reserve(1000, 0) == 4096
+    finally:
+        p.close(True)

@@ -97,12 +97,13 @@ def test_a_dead_consumer_is_dropped_once_its_grace_period_is_over(seg):
         child.send_signal(signal.SIGKILL)
         child.wait()
         # fill the ring: the dead consumer (which released nothing) blocks it
-        while p.reserve(100, 0) >= 0:
-            pass
+        while (pos := p.reserve(100, 0)) >= 0:
+            p.commit(pos)
         t0 = time.monotonic()
-        while p.reserve(100, 0) < 0:
+        while (pos := p.reserve(100, 0)) < 0:
             assert time.monotonic() - t0 < 5, "the dead consumer was never dropped"
             time.sleep(0.01)
+        p.commit(pos)
         waited = time.monotonic() - t0
         assert 0.25 <= waited < 2.0, waited
         assert p.stats()["reaped"] == 1

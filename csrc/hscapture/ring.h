@@ -9,6 +9,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <deque>
+#include <mutex>
 #include <vector>
 
 #include "hscapture/layout.h"
@@ -124,6 +126,13 @@ private:
     uint64_t limit_ = 0;  // cached min released of live consumers at the last scan
     uint64_t seq_ = 0;
     uint64_t dead_grace_ns_ = 0;
+    // Records reserved but not yet committed/aborted, in reservation order. Their bytes may
+    // still be in flight (an async GPU copy), so the producer never laps over the oldest one,
+    // whether or not any consumer is attached. Guarded by mu_, as is every producer-local field:
+    // commit() may run on another thread than reserve().
+    std::deque<std::pair<uint64_t, bool>> inflight_;
+    std::mutex mu_;
+    void settle_locked(uint64_t position);
     // per slot: the state word first seen dead while blocking, and when (producer-local)
     std::vector<std::pair<uint64_t, uint64_t>> dead_since_;
 };
