@@ -91,6 +91,7 @@ import re
 import struct
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -312,6 +313,9 @@ _META_KEYS = {"format", "format_version", "num_samples", "dtype", "hidden", "lay
 _DEFAULTABLE = {"convention", "model"}
 
 
+_PARALLEL_MIN_PART = 4 << 20   # below this many bytes per thread, one pwritev is faster
+
+
 class ShardWriter:
     """Append :class:`~hscapture.sample.Sample` objects to safetensors shards in ``out_dir``.
 
@@ -332,8 +336,12 @@ class ShardWriter:
 
     def __init__(self, out_dir: str | os.PathLike, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                  metadata: dict[str, str] | None = None, fsync: bool = True,
-                 header_reserve: int | None = None) -> None:
+                 header_reserve: int | None = None, write_threads: int = 4) -> None:
         self.out_dir = os.path.abspath(os.fspath(out_dir))
+        # Large samples are written by several threads at once (disjoint byte ranges, pwritev
+        # releases the GIL): one thread's kernel copy into the page cache/tmpfs is the limit.
+        self.write_threads = max(1, int(write_threads))
+        self._pool: ThreadPoolExecutor | None = None
         if max_shard_bytes <= 0:
             raise ValueError("max_shard_bytes must be positive")
         self.max_shard_bytes = int(max_shard_bytes)
@@ -446,7 +454,7 @@ class ShardWriter:
                                  f"{sh.reserve}-byte header reserve")
         begin = sh.data_len
         try:
-            self._pwritev(sh.fd, [v for *_, v in items], sh.reserve + begin)
+            self._write_parallel(sh.fd, [v for *_, v in items], sh.reserve + begin, nbytes)
         except OSError as e:
             self._fail_write(e, rid, sh, begin)
         index["shard"] = sh.name
@@ -482,6 +490,9 @@ class ShardWriter:
             finally:
                 self._closed = True
                 self._release_lock()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         out, self._unreported = self._unreported, []
         return out
 
@@ -528,6 +539,38 @@ class ShardWriter:
         items.sort(key=lambda x: (x[0], x[1]))
         return [(name, _DTYPES[t.dtype], [int(d) for d in t.shape], _byte_view(t))
                 for _, _, name, t in items]
+
+    def _write_parallel(self, fd: int, views: list, offset: int, nbytes: int) -> None:
+        """Write ``views`` contiguously at ``offset``; split across threads when large.
+
+        Returns only once every byte is written; the first error is raised.
+        """
+        parts = min(self.write_threads, nbytes // _PARALLEL_MIN_PART)
+        if parts <= 1:
+            self._pwritev(fd, views, offset)
+            return
+        flat = [memoryview(v).cast("B") for v in views if len(v)]
+        step = -(-nbytes // parts)
+        jobs, cur, cur_off, cur_len = [], [], offset, 0
+        for v in flat:
+            while len(v):
+                take = min(len(v), step - cur_len)
+                cur.append(v[:take])
+                v = v[take:]
+                cur_len += take
+                if cur_len == step:
+                    jobs.append((cur, cur_off))
+                    cur_off += cur_len
+                    cur, cur_len = [], 0
+        if cur:
+            jobs.append((cur, cur_off))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.write_threads, thread_name_prefix="hsc-shard")
+        futures = [self._pool.submit(self._pwritev, fd, j, o) for j, o in jobs]
+        errors = [f.exception() for f in futures]   # waits for all of them
+        for err in errors:
+            if err is not None:
+                raise err
 
     @staticmethod
     def _pwritev(fd: int, views: list, offset: int) -> None:

@@ -81,9 +81,16 @@ class HiddenStateCapture:
         ``input_ids`` is ``[B, S]``; sequences may be right- or left-padded as described by
         ``attention_mask``. ``chunk_size`` publishes each sequence in chunks of that many
         tokens (as chunked prefill would). A rid of None is not captured.
+
+        Row positions and token ids are read on the host when the block is entered (before
+        the forward pass is queued), so nothing here waits for the GPU afterwards; pass host
+        tensors to avoid even that one device-to-host read.
         """
         if len(rids) != input_ids.shape[0]:
             raise CaptureConfigError(f"expected {input_ids.shape[0]} rids, found {len(rids)}")
+        ids_host = input_ids.detach().to("cpu")
+        mask_host = None if attention_mask is None else attention_mask.detach().to("cpu")
+        rows = [self._row_index(b, ids_host.shape[1], mask_host) for b in range(len(rids))]
         self._outputs.clear()
         self._active = True
         try:
@@ -98,14 +105,16 @@ class HiddenStateCapture:
         for b, rid in enumerate(rids):
             if rid is None:
                 continue
-            if attention_mask is None:
-                idx = torch.arange(input_ids.shape[1], device=input_ids.device)
+            index = rows[b]
+            ids = ids_host[b, index]
+            if isinstance(index, torch.Tensor):   # holes in the mask: gather on the device
+                dev_index = index.to(outputs[keys[0]].device, non_blocking=True)
+                states = [outputs[k][b].index_select(0, dev_index) for k in keys]
             else:
-                idx = attention_mask[b].nonzero().flatten()
-            ids = input_ids[b, idx]
-            states = [outputs[k][b, idx] if attention_mask is not None else outputs[k][b]
-                      for k in keys]
+                states = [outputs[k][b, index] for k in keys]
             total = ids.numel()
+            if total == 0:
+                continue          # an all-padding row has no hidden states to capture
             step = chunk_size or total
             for start in range(0, total, step):
                 end = min(total, start + step)
@@ -113,6 +122,19 @@ class HiddenStateCapture:
                     rid, [s[start:end] for s in states], layers=self.layer_ids,
                     layer_kinds=self.kinds, token_start=start, is_last_chunk=end == total,
                     token_ids=ids[start:end])
+
+    @staticmethod
+    def _row_index(b: int, width: int, mask: torch.Tensor | None) -> slice | torch.Tensor:
+        """Positions of row ``b``'s real tokens: a slice for right/left padding, else indices."""
+        if mask is None:
+            return slice(0, width)
+        pos = mask[b].nonzero().flatten()
+        if pos.numel() == 0:
+            return slice(0, 0)
+        first, last = int(pos[0]), int(pos[-1])
+        if last - first + 1 == pos.numel():
+            return slice(first, last + 1)
+        return pos
 
     def close(self) -> None:
         """Remove the hooks."""
