@@ -10,14 +10,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=.venv/bin/python
 stamp=.venv/.hscapture-deps
-deps_hash=$(cat requirements-ci.txt requirements-sglang-test.txt 2>/dev/null | sha256sum | cut -c1-16)
+deps_hash=$({ cat requirements-ci.txt scripts/setup.sh; cat requirements-sglang-test.txt 2>/dev/null || true; } | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$deps_hash" ]; then
   $VPY -m pip install -q --upgrade pip
   $VPY -m pip install -q -r requirements-ci.txt
   if [ -f scripts/install-sglang-test.sh ]; then bash scripts/install-sglang-test.sh "$VPY"; fi
   echo "$deps_hash" > "$stamp"
 fi
-src_hash=$(cat pyproject.toml CMakeLists.txt $(git ls-files -co --exclude-standard csrc bindings hscapture 2>/dev/null | sort) 2>/dev/null | sha256sum | cut -c1-16)
+src_hash=$(cat pyproject.toml CMakeLists.txt $(git ls-files -co --exclude-standard csrc bindings | sort) | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.hscapture-src 2>/dev/null)" != "$src_hash" ]; then
   $VPY -m pip install -q --no-deps -e .
   echo "$src_hash" > .venv/.hscapture-src
