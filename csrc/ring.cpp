@@ -423,32 +423,27 @@ RecordHeader* Producer::checked_record(uint64_t position, const char* op) {
     return h;
 }
 
-void Producer::commit(uint64_t position) {
+// Moves a RESERVED record to its final state (COMMITTED or ABORTED) and forgets it as in flight.
+void Producer::finish(uint64_t position, uint32_t state, std::atomic<uint64_t> SegmentHeader::*counter,
+                      const char* op) {
     std::lock_guard<std::mutex> guard(mu_);
-    RecordHeader* h = checked_record(position, "commit");
+    RecordHeader* h = checked_record(position, op);
     uint32_t st = h->state.load(std::memory_order_relaxed);
     if (st != STATE_RESERVED)
-        fail(ErrorKind::Value, "Producer.commit(" + std::to_string(position) + "): expected state RESERVED (" +
-                                   std::to_string(STATE_RESERVED) + "), found " + std::to_string(st));
-    // SYNC POINT (1) release: publishes the payload bytes to consumers, which acquire-load
-    // `state` and read the payload only after seeing COMMITTED.
-    h->state.store(STATE_COMMITTED, std::memory_order_release);
-    hdr_->committed.fetch_add(1, std::memory_order_relaxed);
+        fail(ErrorKind::Value, std::string("Producer.") + op + "(" + std::to_string(position) +
+                                   "): expected state RESERVED (" + std::to_string(STATE_RESERVED) +
+                                   "), found " + std::to_string(st));
+    // SYNC POINT (1) release: COMMITTED publishes the payload bytes to consumers, which
+    // acquire-load `state` and read the payload only after seeing it; readers that acquire
+    // ABORTED skip the record without reading its payload.
+    h->state.store(state, std::memory_order_release);
+    (hdr_->*counter).fetch_add(1, std::memory_order_relaxed);
     settle_locked(position);
 }
 
-void Producer::abort(uint64_t position) {
-    std::lock_guard<std::mutex> guard(mu_);
-    RecordHeader* h = checked_record(position, "abort");
-    uint32_t st = h->state.load(std::memory_order_relaxed);
-    if (st != STATE_RESERVED)
-        fail(ErrorKind::Value, "Producer.abort(" + std::to_string(position) + "): expected state RESERVED (" +
-                                   std::to_string(STATE_RESERVED) + "), found " + std::to_string(st));
-    // SYNC POINT (1) release: readers that acquire ABORTED skip the record (no payload read).
-    h->state.store(STATE_ABORTED, std::memory_order_release);
-    hdr_->aborted.fetch_add(1, std::memory_order_relaxed);
-    settle_locked(position);
-}
+void Producer::commit(uint64_t position) { finish(position, STATE_COMMITTED, &SegmentHeader::committed, "commit"); }
+
+void Producer::abort(uint64_t position) { finish(position, STATE_ABORTED, &SegmentHeader::aborted, "abort"); }
 
 uint8_t* Producer::payload(uint64_t position, uint64_t* payload_len) {
     std::lock_guard<std::mutex> guard(mu_);

@@ -133,6 +133,8 @@ private:
     std::deque<std::pair<uint64_t, bool>> inflight_;
     std::mutex mu_;
     void settle_locked(uint64_t position);
+    void finish(uint64_t position, uint32_t state, std::atomic<uint64_t> layout::SegmentHeader::*counter,
+                const char* op);
     // per slot: the state word first seen dead while blocking, and when (producer-local)
     std::vector<std::pair<uint64_t, uint64_t>> dead_since_;
 };
