@@ -35,6 +35,12 @@ if [ "$PART" = 2 ]; then
     "$R/tests/test_gpu.py"
   step bench-gpu-copy 90 python3 "$R/benchmarks/bench_gpu.py" copy --out-dir "$RES/gpu"
 fi
+if [ "$PART" = 3 ]; then   # after changes to the write path / adapter: re-measure those
+  TAIL=12 step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
+    "$R/tests/test_gpu.py"
+  TAIL=12 step bench-shards 120 python3 "$R/benchmarks/bench_shards.py" --dir /dev/shm \
+    --dir /tmp/hsc-shards-disk --out "$RES/bench_shards.json"
+fi
 if [ "$PART" != 1 ]; then
   step bench-gpu-overhead 180 python3 "$R/benchmarks/bench_gpu.py" overhead --out-dir "$RES/gpu"
   step bench-gpu-e2e 180 python3 "$R/benchmarks/bench_gpu.py" e2e --out-dir "$RES/gpu" \
