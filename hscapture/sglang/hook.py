@@ -1,0 +1,563 @@
+"""The AFTER hook on ``TpModelWorker.forward_batch_generation`` that publishes captures.
+
+Called by SGLang's ``HookRegistry`` wrapper as ``hook(result, worker, batch, ...)`` right
+after the forward pass was launched, in the scheduler thread, before SGLang processes the
+result. It reads only host-side metadata (``batch.reqs``, ``batch.prefix_lens``,
+``batch.extend_lens``, ``batch.decoding_reqs``, ``req.full_untruncated_fill_ids``) and tensor
+shapes, slices views of ``result.logits_output.hidden_states`` / ``last_hidden_states`` and
+hands them to :meth:`hscapture.producer.Producer.capture`, which copies them on a side
+stream. Nothing here synchronizes a CUDA stream or reads a device value.
+
+What is read off SGLang 0.5.23 (``tests/sglang/test_tripwire.py`` pins every name):
+
+- Only ``ForwardMode.EXTEND`` and ``MIXED`` batches carry prefill rows. ``prefix_lens``,
+  ``extend_lens`` and ``decoding_reqs`` are stale on DECODE passes, so nothing is read then.
+- Row ``i`` owns rows ``[sum(extend_lens[:i]), +extend_lens[i])`` of the hidden states
+  (decode rows of a MIXED batch and DP-attention decode-as-extend rows have
+  ``extend_lens[i] == 1`` and are in ``decoding_reqs``: skipped). Trailing padding rows
+  (DP attention / MLP sync) are ignored: slicing uses the real count.
+- The chunk covers positions ``[prefix_lens[i], prefix_lens[i] + extend_lens[i])`` of
+  ``req.full_untruncated_fill_ids``; it is the last chunk when the end equals its length.
+- Capture-only mode (``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3``)
+  makes ``hidden_states`` the aux states packed ``[T, K*H]`` in ascending layer order
+  (output of decoder layer L, pre-norm, all-reduced == HF ``hidden_states[L+1]``) and
+  ``last_hidden_states`` the post-final-norm last layer ``[T, H]``.
+
+Request life cycle, per rid (the opt-in is decided by :meth:`CaptureConfig.wants`):
+
+- first chunk with ``prefix_lens > 0`` (radix-cache hit): positions ``[0, prefix)`` were
+  never computed; the chunks are published with ``cached_prefix=prefix`` so the subscriber
+  reports the sample incomplete instead of silently short.
+- chunk that does not start where the previous one ended: ``abort`` (never a mixed sample).
+- retraction (``req.retraction_count`` grew) of a partially captured request:
+  ``abort(rid, ..., extra={"restart": True})`` (subscribers discard the partial sample
+  quietly) and the re-prefill is captured from scratch; every chunk carries
+  ``extra["attempt"] = retraction_count``. A retraction after the sample was complete: the
+  re-prefill is not published (no duplicate).
+- aborted request (``req.to_finish`` / ``req.finished_reason`` set; an abort replaces the
+  prompt by a 1-token stub before its last forward) or one that disappears between chunks:
+  ``abort(rid, reason)``: reported incomplete.
+- the ring is full: the producer drops the chunk and announces the drop; the rest of that
+  sample is not published.
+- any exception inside the hook: caught, counted, logged once per kind with context; the
+  batch's opted-in requests are aborted (reported), the server goes on.
+
+Ranks: hidden states are replicated across attention-TP (and attention-CP) ranks after the
+all-reduce, so only ``attn_tp_rank == 0 and attn_cp_rank == 0`` publish. Every DP rank owns
+disjoint requests and publishes its own, on its own endpoint, tagged with its DP rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..errors import CaptureConfigError
+from .config import CaptureConfig, endpoint_for_dp_rank
+
+log = logging.getLogger("hscapture.sglang")
+
+__all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "make_producer"]
+
+#: Forward modes whose rows are prefill chunks (by ``ForwardMode`` member name).
+CAPTURE_MODES = ("EXTEND", "MIXED")
+
+_MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill duplicates)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    attn_tp_rank: int
+    attn_cp_rank: int
+    dp_rank: int
+
+    @property
+    def publisher(self) -> bool:
+        return self.attn_tp_rank == 0 and self.attn_cp_rank == 0
+
+
+def _read(ctx: Any, name: str) -> int | None:
+    try:
+        value = getattr(ctx, name)
+    except Exception:  # sglang raises RuntimeError/ValueError for unpublished names
+        return None
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_ranks() -> Ranks:
+    """This process's ranks from ``sglang.srt.runtime_context.get_parallel()``.
+
+    Raises :class:`CaptureConfigError` when the attention-TP rank cannot be read (publishing
+    from every TP rank would duplicate every sample, so the hook stays inert instead).
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    p = get_parallel()
+    attn_tp = _read(p, "attn_tp_rank")
+    if attn_tp is None:
+        attn_tp_size = _read(p, "attn_tp_size")
+        tp_size = _read(p, "tp_size")
+        if attn_tp_size == 1 or (attn_tp_size is None and tp_size == 1):
+            attn_tp = 0
+        else:
+            raise CaptureConfigError("cannot read attn_tp_rank from sglang's get_parallel()")
+    attn_cp = _read(p, "attn_cp_rank")
+    if attn_cp is None:
+        cp_size = _read(p, "attn_cp_size")
+        if cp_size not in (None, 1):
+            raise CaptureConfigError("cannot read attn_cp_rank from sglang's get_parallel()")
+        attn_cp = 0
+    dp = _read(p, "dp_rank")
+    if dp is None:
+        dp = _read(p, "attn_dp_rank") or 0
+    return Ranks(attn_tp_rank=attn_tp, attn_cp_rank=attn_cp, dp_rank=dp)
+
+
+def _sglang_aux_layers() -> tuple[int, ...] | None:
+    """``--return-aux-hidden-state-layer-ids`` as the running server resolved it, if readable."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        ids = get_exec().features.return_aux_hidden_state_layer_ids
+    except Exception:
+        return None
+    return None if ids is None else tuple(sorted(int(x) for x in ids))
+
+
+def _sglang_model_path() -> str | None:
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        return str(get_model().model_path)
+    except Exception:
+        return None
+
+
+def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any:
+    """The default producer factory: one :class:`~hscapture.producer.Producer` per DP rank."""
+    from ..producer import Producer
+
+    return Producer(
+        endpoint_for_dp_rank(config.endpoint, ranks.dp_rank),
+        producer_id=f"{config.producer_id}-dp{ranks.dp_rank}",
+        capacity=config.ring_bytes,
+        full_policy=config.full_policy,
+        wait_timeout_s=config.wait_timeout_s,
+        model=model,
+        convention=config.convention,
+        dp_rank=ranks.dp_rank,
+    )
+
+
+@dataclass
+class _Inflight:
+    attempt: int
+    next_start: int
+    cached_prefix: int
+    ref: Callable[[], Any]
+
+
+def _ref(obj: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+class SGLangCaptureHook:
+    """Callable installed as the AFTER hook. One per scheduler process.
+
+    ``producer_factory(config, ranks, model)`` and ``ranks_fn()`` are injectable for tests;
+    by default the producer is created at the first opted-in prefill on a publishing rank
+    and the ranks are read from SGLang's runtime context at the first call.
+    """
+
+    def __init__(
+        self,
+        config: CaptureConfig,
+        *,
+        producer_factory: Callable[[CaptureConfig, Ranks, str | None], Any] | None = None,
+        ranks_fn: Callable[[], Ranks] | None = None,
+    ) -> None:
+        self.config = config
+        self._producer_factory = producer_factory or make_producer
+        self._ranks_fn = ranks_fn or read_ranks
+        self.ranks: Ranks | None = None
+        self.producer: Any = None
+        self.disabled: str | None = None
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._inflight: dict[str, _Inflight] = {}
+        # rid -> (attempt, ref to the Req) of samples that completed or failed. Keyed by the
+        # Req object too: a later request that reuses the rid is a new sample.
+        self._done: collections.OrderedDict[str, tuple[int, Callable[[], Any]]] = \
+            collections.OrderedDict()
+        self._logged: set[str] = set()
+        self._layers: tuple[int, ...] | None = None
+
+    # -- entry points --------------------------------------------------------------------
+
+    def __call__(self, result: Any, worker: Any = None, batch: Any = None, *args: Any,
+                 **kwargs: Any) -> None:
+        """HookRegistry AFTER signature: ``(result, self_worker, batch, ...)``. Returns None
+        so SGLang's result passes through unchanged."""
+        if batch is None:
+            batch = kwargs.get("batch")
+        wanted: list[tuple[int, Any]] = []
+        try:
+            self._on_forward(result, worker, batch, wanted)
+        except Exception as exc:  # never let capture break the server
+            self.counters["errors"] += 1
+            self._log_once(f"exc:{type(exc).__name__}", logging.ERROR,
+                           "hscapture: capture hook failed (%s: %s) on a %s batch of %d "
+                           "requests; capture of this batch is dropped and reported",
+                           type(exc).__name__, exc, _mode_name(batch),
+                           len(getattr(batch, "reqs", None) or ()), exc_info=True)
+            self._abort_rows(wanted, f"capture hook error: {type(exc).__name__}: {exc}")
+        return None
+
+    def sweep(self, *args: Any, **kwargs: Any) -> None:
+        """Report requests that stopped between chunks (aborted, finished, released).
+
+        Runs at every hook call; also installed as an AFTER hook on the scheduler's
+        chunked-abort step so an abort is reported even when no further batch runs.
+        """
+        try:
+            if self._inflight and self.producer is not None:
+                self._sweep()
+        except Exception as exc:
+            self.counters["errors"] += 1
+            self._log_once("sweep", logging.ERROR, "hscapture: sweep failed: %s", exc,
+                           exc_info=True)
+        return None
+
+    def close(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.close()
+            finally:
+                self.producer = None
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.counters)
+        out.update(inflight=len(self._inflight), disabled=self.disabled,
+                   ranks=self.ranks, layers=self._layers)
+        if self.producer is not None:
+            try:
+                out["producer"] = self.producer.stats()
+            except Exception:
+                pass
+        return out
+
+    # -- internals -----------------------------------------------------------------------
+
+    def start(self, *args: Any, **kwargs: Any) -> None:
+        """Read the ranks and start the producer now (publishing ranks only). Never raises.
+
+        Installed as an AFTER hook on ``Scheduler.__init__`` so the producer (and its
+        endpoint) exists once the server is up, before any request: a subscriber attached
+        then sees every capture. Otherwise the first forward pass starts it.
+        """
+        try:
+            self._ensure_started()
+        except Exception as exc:
+            self.counters["errors"] += 1
+            self._log_once("start", logging.ERROR, "hscapture: start failed: %s", exc,
+                           exc_info=True)
+        return None
+
+    def _ensure_started(self) -> bool:
+        """True when this process publishes and its producer is running."""
+        if self.disabled is not None:
+            return False
+        if self.ranks is None:
+            try:
+                self.ranks = self._ranks_fn()
+            except Exception as exc:
+                self._disable(f"cannot determine this process's ranks: {exc}")
+                return False
+        if not self.ranks.publisher:
+            return False
+        if self.producer is None:
+            try:
+                self.producer = self._producer_factory(
+                    self.config, self.ranks, self.config.model or _sglang_model_path())
+            except Exception as exc:
+                self._disable(f"cannot start the producer: {type(exc).__name__}: {exc}")
+                return False
+            log.info("hscapture: capturing on DP rank %d (attn TP/CP rank 0), endpoint %s",
+                     self.ranks.dp_rank, getattr(self.producer, "endpoint", "?"))
+        return True
+
+    def _on_forward(self, result: Any, worker: Any, batch: Any,
+                    wanted: list[tuple[int, Any]]) -> None:
+        if batch is None or not self._ensure_started():
+            return
+        if self._inflight:
+            self._sweep()
+        if _mode_name(batch) not in CAPTURE_MODES:
+            return  # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing
+        reqs = batch.reqs
+        decoding = {id(r) for r in (batch.decoding_reqs or ())}
+        wants = self.config.wants
+        wanted.extend((i, r) for i, r in enumerate(reqs) if id(r) not in decoding and wants(r))
+        if not wanted:
+            return
+        self.counters["batches"] += 1
+        self._publish_batch(result, worker, batch, wanted)
+
+    def _publish_batch(self, result: Any, worker: Any, batch: Any,
+                       wanted: list[tuple[int, Any]]) -> None:
+        prefix_lens = [int(x) for x in batch.prefix_lens]
+        extend_lens = [int(x) for x in batch.extend_lens]
+        n = len(batch.reqs)
+        if len(prefix_lens) < n or len(extend_lens) < n:
+            raise CaptureConfigError(
+                f"batch has {n} requests but {len(prefix_lens)} prefix_lens and "
+                f"{len(extend_lens)} extend_lens")
+        offsets = np.concatenate(([0], np.cumsum(extend_lens[:n], dtype=np.int64)))
+        real_tokens = int(offsets[-1])
+
+        lo = getattr(result, "logits_output", None)
+        hidden = getattr(lo, "hidden_states", None)
+        if hidden is None:
+            self._fail_rows(wanted, "no_hidden_states",
+                            "the forward returned no hidden states: start SGLang with "
+                            "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
+                            "--return-aux-hidden-state-layer-ids L1 L2 L3")
+            return
+        if getattr(lo, "hidden_states_token_indices", None) is not None:
+            self._fail_rows(wanted, "token_indices",
+                            "the forward returned hidden states for a subset of rows "
+                            "(hidden_states_token_indices); this model/feature is not supported")
+            return
+        if hidden.dim() != 2 or hidden.shape[0] < real_tokens:
+            self._fail_rows(wanted, "shape",
+                            f"hidden states {tuple(hidden.shape)} do not cover the batch's "
+                            f"{real_tokens} tokens")
+            return
+        layers = self._resolve_layers()
+        if layers is None:
+            self._fail_rows(wanted, "layers",
+                            "aux layer ids unknown: pass --return-aux-hidden-state-layer-ids "
+                            "to SGLang (or set HSCAPTURE_LAYERS)")
+            return
+        k = len(layers)
+        last = getattr(lo, "last_hidden_states", None) if self.config.final_norm else None
+        width = int(hidden.shape[1])
+        if width % k:
+            self._fail_rows(wanted, "width",
+                            f"hidden states are {width} wide, not a multiple of {k} aux layers "
+                            f"{list(layers)} (is --enable-return-aux-hidden-states on?)")
+            return
+        h = width // k
+        if last is not None and (last.dim() != 2 or int(last.shape[1]) != h
+                                 or last.shape[0] < real_tokens or last.dtype != hidden.dtype):
+            self._log_once("last_shape", logging.WARNING,
+                           "hscapture: last_hidden_states %s does not match the aux states "
+                           "(%d x %d); final_norm is not captured", tuple(last.shape), k, h)
+            last = None
+        if self.config.final_norm and last is None:
+            self._log_once("no_last", logging.WARNING,
+                           "hscapture: no last_hidden_states in this forward; final_norm is "
+                           "not captured (only the aux layers)")
+        cap_layers = list(layers)
+        kinds = ["residual"] * k
+        if last is not None:
+            cap_layers.append(_final_layer_id(worker))
+            kinds.append("final_norm")
+        # Graph replays hand out views of reused buffers: ask the producer to snapshot them.
+        snapshot = bool(getattr(result, "can_run_cuda_graph", True))
+        dp = self.ranks.dp_rank if self.ranks is not None else 0
+
+        for i, req in wanted:
+            self._publish_row(req, prefix_lens[i], extend_lens[i], int(offsets[i]), hidden,
+                              last, k, h, cap_layers, kinds, snapshot, dp)
+
+    def _publish_row(self, req: Any, prefix: int, ext: int, off: int, hidden: Any, last: Any,
+                     k: int, h: int, cap_layers: list[int], kinds: list[str], snapshot: bool,
+                     dp: int) -> None:
+        rid = str(req.rid)
+        attempt = int(getattr(req, "retraction_count", 0) or 0)
+        producer = self.producer
+        stopping = getattr(req, "to_finish", None) or getattr(req, "finished_reason", None)
+        if stopping is not None:
+            # An aborted request runs one last forward on a 1-token stub prompt: never a sample.
+            self._fail_rid(rid, attempt, f"request aborted/finished before its last chunk: "
+                                         f"{_reason(stopping)}", req)
+            return
+        if ext <= 0:
+            return
+        done = self._done.get(rid)
+        if done is not None:
+            if done[1]() is req:
+                self.counters["reprefill_skipped" if attempt > done[0]
+                              else "post_complete_rows_skipped"] += 1
+                return
+            del self._done[rid]  # a new request reusing the rid: a new sample
+        fill = req.full_untruncated_fill_ids
+        total = len(fill)
+        end = prefix + ext
+        if end > total:
+            self._fail_rid(rid, attempt, f"chunk [{prefix}, {end}) runs past the request's "
+                                         f"{total} tokens", req)
+            return
+        st = self._inflight.get(rid)
+        if st is not None and st.ref() is not req:
+            # The earlier request with this rid vanished mid-sample; this is a new one.
+            self.counters["restarts"] += 1
+            del self._inflight[rid]
+            producer.abort(rid, "superseded by a new request with the same rid",
+                           extra={"restart": True, "attempt": st.attempt})
+            st = None
+        if st is not None and st.attempt != attempt:
+            # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
+            self.counters["restarts"] += 1
+            del self._inflight[rid]
+            producer.abort(rid, f"retracted after {st.next_start} tokens (attempt {st.attempt}); "
+                                f"re-prefill follows", extra={"restart": True,
+                                                              "attempt": st.attempt})
+            st = None
+        if st is None:
+            if prefix > 0:
+                self.counters["cached_prefix_samples"] += 1
+                self._log_once("cached_prefix", logging.WARNING,
+                               "hscapture: rid %r starts at token %d: a prefix-cache hit, "
+                               "positions [0, %d) were not computed and the sample will be "
+                               "reported incomplete. Start SGLang with --disable-radix-cache "
+                               "(or make each prompt unique) for complete samples.",
+                               rid, prefix, prefix)
+            st = _Inflight(attempt=attempt, next_start=prefix, cached_prefix=prefix,
+                           ref=_ref(req))
+            self._inflight[rid] = st
+        elif prefix != st.next_start:
+            self._fail_rid(rid, attempt, f"chunk starts at token {prefix}, expected "
+                                         f"{st.next_start}", req)
+            return
+        tensors = [hidden[off:off + ext, j * h:(j + 1) * h] for j in range(k)]
+        if last is not None:
+            tensors.append(last[off:off + ext])
+        token_ids = np.frombuffer(fill, dtype=np.int64)[prefix:end] \
+            if getattr(fill, "typecode", None) == "q" else np.asarray(fill[prefix:end])
+        is_last = end == total
+        ok = producer.capture(
+            rid, tensors, layers=cap_layers, layer_kinds=kinds, token_start=prefix,
+            is_last_chunk=is_last, token_ids=token_ids, cached_prefix=st.cached_prefix,
+            snapshot=snapshot, extra={"attempt": attempt, "engine": "sglang", "dp_rank": dp})
+        if not ok:
+            # Dropped (ring full): the producer announced it; publish nothing more of it.
+            self.counters["dropped_chunks"] += 1
+            del self._inflight[rid]
+            self._remember_done(rid, attempt, req)
+            return
+        self.counters["chunks"] += 1
+        if is_last:
+            self.counters["samples"] += 1
+            del self._inflight[rid]
+            self._remember_done(rid, attempt, req)
+        else:
+            st.next_start = end
+
+    def _sweep(self) -> None:
+        for rid, st in list(self._inflight.items()):
+            req = st.ref()
+            if req is None:
+                reason = "request released before its last chunk"
+            else:
+                stopping = getattr(req, "finished_reason", None) or getattr(req, "to_finish",
+                                                                             None)
+                if stopping is None:
+                    continue
+                reason = f"request aborted/finished before its last chunk: {_reason(stopping)}"
+            self._fail_rid(rid, st.attempt, reason)
+
+    def _fail_rid(self, rid: str, attempt: int, reason: str, req: Any = None) -> None:
+        """Report ``rid`` as unable to complete (once), and publish nothing more of it."""
+        done = self._done.get(rid)
+        if done is not None and (req is None or done[1]() is req):
+            return
+        st = self._inflight.pop(rid, None)
+        if req is None and st is not None:
+            req = st.ref()
+        self._remember_done(rid, attempt, req)
+        self.counters["aborted"] += 1
+        if self.producer is not None:
+            self.producer.abort(rid, reason, extra={"attempt": attempt})
+
+    def _fail_rows(self, wanted: Iterable[tuple[int, Any]], key: str, reason: str) -> None:
+        self._log_once(key, logging.ERROR, "hscapture: %s", reason)
+        for _, req in wanted:
+            self._fail_rid(str(req.rid), int(getattr(req, "retraction_count", 0) or 0), reason,
+                           req)
+
+    def _abort_rows(self, wanted: Iterable[tuple[int, Any]], reason: str) -> None:
+        try:
+            for _, req in wanted:
+                self._fail_rid(str(req.rid), int(getattr(req, "retraction_count", 0) or 0),
+                               reason, req)
+        except Exception:  # reporting failed too: nothing more can be done safely
+            self.counters["errors"] += 1
+
+    def _remember_done(self, rid: str, attempt: int, req: Any) -> None:
+        self._done[rid] = (attempt, _ref(req) if req is not None else (lambda: None))
+        self._done.move_to_end(rid)
+        while len(self._done) > _MAX_DONE:
+            self._done.popitem(last=False)
+
+    def _resolve_layers(self) -> tuple[int, ...] | None:
+        if self._layers is not None:
+            return self._layers
+        ours, theirs = self.config.layers, _sglang_aux_layers()
+        if ours is not None and theirs is not None and ours != theirs:
+            raise CaptureConfigError(
+                f"HSCAPTURE_LAYERS {list(ours)} differs from SGLang's "
+                f"--return-aux-hidden-state-layer-ids {list(theirs)}")
+        self._layers = ours if ours is not None else theirs
+        return self._layers
+
+    def _disable(self, why: str) -> None:
+        self.disabled = why
+        log.error("hscapture: capture disabled in this process: %s", why)
+
+    def _log_once(self, key: str, level: int, msg: str, *args: Any, exc_info: bool = False
+                  ) -> None:
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.log(level, msg, *args, exc_info=exc_info)
+
+
+def _mode_name(batch: Any) -> str:
+    mode = getattr(batch, "forward_mode", None)
+    return getattr(mode, "name", str(mode))
+
+
+def _reason(finish: Any) -> str:
+    try:
+        js = finish.to_json()
+        return str(js.get("message") or js.get("type") or js)
+    except Exception:
+        return type(finish).__name__
+
+
+def _final_layer_id(worker: Any) -> int:
+    """Index of the last decoder layer (names the ``final_norm`` tensor's source), or -1."""
+    for path in (("model_config", "num_hidden_layers"),
+                 ("model_runner", "model_config", "num_hidden_layers")):
+        obj = worker
+        try:
+            for name in path:
+                obj = getattr(obj, name)
+            return int(obj) - 1
+        except Exception:
+            continue
+    return -1

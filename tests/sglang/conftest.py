@@ -1,0 +1,82 @@
+"""Fixtures for the SGLang adapter tests: real SGLang objects on a CPU-only machine.
+
+CI installs sglang 0.5.23 (``pip install --no-deps -r requirements-sglang-test.txt``).
+Two of its import-time dependencies cannot be installed usefully on a CPU machine:
+``triton`` (unconditional import, ~290 MB wheel) and ``torchvision`` (PyPI's CUDA build
+fails to import beside CPU torch). When either is not importable, the permissive stubs in
+``_stubs/`` are put first on ``sys.path`` (and on ``PYTHONPATH`` for spawned processes).
+No kernel or image transform runs in these tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+STUBS = Path(__file__).parent / "_stubs"
+STUBBED: list[str] = []
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
+        return False
+
+
+def _install_stubs() -> None:
+    need = [name for name in ("triton", "torchvision") if not _importable(name)]
+    if not need:
+        return
+    sys.path.insert(0, str(STUBS))
+    STUBBED.extend(need)  # child processes get STUBS on PYTHONPATH from the tests that spawn
+    for name in need:
+        importlib.import_module(name)
+
+
+_install_stubs()
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def sock_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "sock"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def unique_id() -> str:
+    return f"t{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def published():
+    """Publish a real SGLang runtime context (capture-only mode) for one process rank.
+
+    ``published(tp_size=2, world_rank=1, dp_rank=None, layers=[2, 16, 29], **fields)``.
+    Reset on exit, like sglang's own ``test_utils.published_topology``.
+    """
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    def _publish(*, world_rank: int = 0, dp_rank: int | None = None,
+                 layers: list[int] | None = None, **fields):
+        reset_context()
+        args = ServerArgs(model_path="dummy", enable_return_aux_hidden_states=True,
+                          speculative_algorithm="EAGLE3",
+                          return_aux_hidden_state_layer_ids=layers, **fields)
+        publish(args, role="scheduler", ranks=SpawnRanks(world_rank=world_rank,
+                                                          dp_rank=dp_rank))
+        return args
+
+    yield _publish
+    reset_context()

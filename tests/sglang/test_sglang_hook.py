@@ -1,0 +1,234 @@
+"""The real capture hook, through real SGLang objects, into a real Producer, checked by the
+real Subscriber against the fabricated source tensors (see sglang_support.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang")  # local convenience only: CI installs sglang
+
+import torch  # noqa: E402
+
+from hscapture import Subscriber  # noqa: E402
+from hscapture.errors import IncompleteSampleError, SampleTimeoutError  # noqa: E402
+from hscapture.sglang.config import load_config  # noqa: E402
+from hscapture.sglang.hook import SGLangCaptureHook  # noqa: E402
+
+from sglang_support import LAYERS, FakeModelServer, chunks  # noqa: E402
+
+
+@pytest.fixture
+def rig(published, sock_dir, unique_id):
+    """Published rank-0 context, hook with a real producer (started as at server start-up),
+    subscriber attached before any request."""
+    made = []
+
+    def _rig(*, publish_kwargs=None, env=None):
+        published(layers=[29, 2, 16], **(publish_kwargs or {}))
+        cfg_env = {"HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/cap-{{dp_rank}}.sock",
+                   "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M"}
+        cfg_env.update(env or {})
+        hook = SGLangCaptureHook(load_config(cfg_env))
+        hook.start()  # what the Scheduler.__init__ AFTER hook does
+        sub = None
+        if hook.producer is not None:
+            sub = Subscriber(hook.producer.endpoint, incomplete_timeout_s=30)
+            sub.wait_ready(timeout=10)
+        made.append((hook, sub))
+        return hook, sub, FakeModelServer(hook)
+
+    yield _rig
+    for hook, sub in made:
+        if sub is not None:
+            sub.close()
+        hook.close()
+
+
+def check(sample, server, req, n=None):
+    want = server.expected(req, n)
+    n = len(req.origin_input_ids) if n is None else n
+    assert sample.num_tokens == n
+    assert sample.token_ids.tolist() == list(req.origin_input_ids[:n])
+    assert set(sample.tensors) == set(want), (sorted(sample.tensors), sorted(want))
+    for name, t in want.items():
+        assert torch.equal(sample.tensors[name].cpu(), t), name
+    assert sample.layers[:len(LAYERS)] == list(LAYERS)
+
+
+def test_batch_of_several_requests_chunked_and_mixed(rig):
+    hook, sub, srv = rig()
+    a = srv.new_req("hscap-a", 23)
+    b = srv.new_req("hscap-b", 5)
+    plain = srv.new_req("not-captured", 9)
+    c = srv.new_req("anything", 7, custom_params={"hscapture": True})  # opt-in by param
+    # pass 1: a chunk 0, plain, b whole
+    srv.extend([(a, 0, 10), (plain, 0, 9), (b, 0, 5)])
+    # pass 2: a chunk 1 + c whole, mixed with decode rows of b and plain (skipped)
+    b.output_ids.append(1); plain.output_ids.append(2)
+    b.refresh_fill_ids(); plain.refresh_fill_ids()
+    srv.extend([(a, 10, 10), (c, 0, 7)], decode=[b, plain])
+    # a DECODE pass with stale prefix/extend lens: nothing read
+    srv.decode([b, plain])
+    # pass 3: a last chunk, with DP padding rows after the real ones
+    srv.extend([(a, 20, 3)], pad=5, graph=True)
+    for req in (a, b, c):
+        s = sub.get(req.rid, timeout=10)
+        check(s, srv, req)
+        assert s.meta["extra"]["attempt"] == 0
+        s.release()
+    with pytest.raises(SampleTimeoutError):
+        sub.get("not-captured", timeout=0.3)
+    st = hook.stats()
+    assert st["samples"] == 3 and st["chunks"] == 5 and st.get("errors", 0) == 0
+
+
+def test_radix_cache_prefix_is_reported_incomplete(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-cached", 12)
+    srv.extend([(r, 4, 8)])  # first extend starts at 4: [0, 4) came from the radix cache
+    with pytest.raises(IncompleteSampleError, match="4|cache|prefix|missing"):
+        sub.get(r.rid, timeout=10)
+    assert hook.stats()["cached_prefix_samples"] == 1
+
+
+def test_retraction_mid_prefill_restarts_and_yields_one_sample(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-retract", 20)
+    srv.extend([(r, 0, 8)])
+    r.reset_for_retract()            # SGLang's own retraction (retraction_count += 1)
+    r.init_next_round_input(None)
+    for start, size in chunks(20, 8):
+        srv.extend([(r, start, size)])
+    s = sub.get(r.rid, timeout=10)
+    check(s, srv, r)
+    assert s.meta["extra"]["attempt"] == 1
+    assert hook.stats()["restarts"] == 1
+
+
+def test_retraction_after_complete_sample_publishes_no_duplicate(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-done", 9, max_new_tokens=8)
+    srv.extend([(r, 0, 9)])
+    s = sub.get(r.rid, timeout=10)
+    check(s, srv, r)
+    s.release()
+    r.output_ids.extend([5, 6])
+    r.reset_for_retract()
+    r.init_next_round_input(None)    # re-prefill covers prompt + 2 output tokens
+    srv.extend([(r, 0, len(r.full_untruncated_fill_ids))])
+    assert hook.stats()["reprefill_skipped"] == 1
+    assert sub.poll(timeout=0.5) is None
+
+
+def test_abort_between_chunks_is_reported(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-abort", 30)
+    other = srv.new_req("hscap-other", 4)
+    srv.extend([(r, 0, 10)])
+    r.set_finish_with_abort("client went away")   # SGLang's abort: 1-token stub prompt
+    r.init_next_round_input(None)
+    srv.extend([(r, 0, 1), (other, 0, 4)])          # its last, cheap forward; never a sample
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=10)
+    check(sub.get(other.rid, timeout=10), srv, other)
+
+
+def test_request_finished_between_chunks_is_swept(rig):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-gone", 30)
+    srv.extend([(r, 0, 10)])
+    r.finished_reason = FINISH_ABORT("aborted between chunks")  # process_pending_chunked_abort
+    hook.sweep()
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=10)
+
+
+def test_gap_between_chunks_is_reported_never_mixed(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-gap", 30)
+    srv.extend([(r, 0, 10)])
+    srv.extend([(r, 12, 18)])
+    with pytest.raises(IncompleteSampleError):
+        sub.get(r.rid, timeout=10)
+
+
+def test_warmup_health_and_unrequested_rids_publish_nothing(rig):
+    hook, sub, srv = rig()
+    reqs = [srv.new_req(rid, 6) for rid in ("HEALTH_CHECK_1735", "3f2a9c0d1e", "hscap",
+                                            "x-hscap-1")]
+    srv.extend([(r, 0, 6) for r in reqs])
+    assert sub.poll(timeout=0.5) is None
+    assert hook.producer.stats().get("captured", 0) == 0
+
+
+def test_tp_rank_other_than_zero_publishes_nothing(published, sock_dir, unique_id):
+    published(layers=[2, 16, 29], tp_size=2, world_rank=1)
+    made = []
+    hook = SGLangCaptureHook(
+        load_config({"HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/x.sock",
+                     "HSCAPTURE_PRODUCER_ID": unique_id}),
+        producer_factory=lambda *a: made.append(a))
+    srv = FakeModelServer(hook)
+    r = srv.new_req("hscap-tp1", 6)
+    srv.extend([(r, 0, 6)])
+    assert hook.ranks.attn_tp_rank == 1 and not hook.ranks.publisher
+    assert made == [] and hook.producer is None
+
+
+def test_dp_rank_is_tagged_and_gets_its_own_endpoint(rig, sock_dir):
+    hook, sub, srv = rig(publish_kwargs={"dp_size": 2, "dp_rank": 1})
+    assert hook.ranks.dp_rank == 1
+    assert hook.producer.endpoint == f"ipc://{sock_dir}/cap-1.sock"
+    r = srv.new_req("hscap-dp", 7)
+    srv.extend([(r, 0, 7)])
+    s = sub.get(r.rid, timeout=10)
+    check(s, srv, r)
+    assert s.meta["dp_rank"] == 1
+
+
+def test_hook_errors_are_caught_and_reported(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-broken", 6)
+    srv.extend([(r, 0, 6)], hidden_override=[1, 2, 3])   # not a tensor: the hook raises inside
+    with pytest.raises(IncompleteSampleError, match="hook error"):
+        sub.get(r.rid, timeout=10)
+    assert hook.stats()["errors"] == 1
+    r2 = srv.new_req("hscap-after", 6)
+    srv.extend([(r2, 0, 6)])
+    check(sub.get(r2.rid, timeout=10), srv, r2)
+
+
+def test_missing_hidden_states_are_reported(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-nohs", 6)
+    srv.extend([(r, 0, 6)], hidden_override=None)
+    with pytest.raises(IncompleteSampleError, match="enable-return-aux-hidden-states"):
+        sub.get(r.rid, timeout=10)
+
+
+def test_without_final_norm(rig):
+    hook, sub, srv = rig(env={"HSCAPTURE_FINAL_NORM": "0"})
+    r = srv.new_req("hscap-nofn", 6)
+    srv.extend([(r, 0, 6)])
+    s = sub.get(r.rid, timeout=10)
+    assert "final_norm" not in s.tensors and s.layers == list(LAYERS)
+
+
+def test_layers_disagreeing_with_sglang_are_refused(rig):
+    hook, sub, srv = rig(env={"HSCAPTURE_LAYERS": "1,2,3"})
+    r = srv.new_req("hscap-layers", 6)
+    srv.extend([(r, 0, 6)])
+    with pytest.raises(IncompleteSampleError, match="HSCAPTURE_LAYERS"):
+        sub.get(r.rid, timeout=10)
+
+
+def test_same_rid_reused_by_a_new_request_is_a_new_sample(rig):
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-again", 6)
+    srv.extend([(r, 0, 6)])
+    sub.get(r.rid, timeout=10).release()
+    r2 = srv.new_req("hscap-again", 8)   # client retried the rid later: a fresh request
+    srv.extend([(r2, 0, 8)])
+    check(sub.get(r2.rid, timeout=10), srv, r2)
