@@ -20,6 +20,8 @@ first capture to the last byte durable at the consumer:
 * ``deliver``: the same producer, consumed live by a Subscriber in this process that copies
   every sample out of the ring and releases it (no storage): what a training job reading
   hidden states online gets.
+* ``deliver_view``: the same, but the subscriber reads every byte in place (a checksum over
+  the zero-copy ring views) instead of copying it out: what hscapture's zero-copy API gives.
 * ``old``: the approach hscapture replaces: a producer process ``torch.save``s each request
   (tensors moved to CPU) into ``<shm-dir>/…/req_N/hidden.pt`` (tmp + rename); a reader process
   polls the folder, ``torch.load``s every file (all bytes are read) and deletes it.
@@ -288,7 +290,7 @@ def run_hscapture(base: dict, target: str, run: int) -> dict:
         res = drain(spec["endpoint"], out_dir, max_samples=len(base["requests"]),
                     idle_timeout_s=120, connect_timeout_s=120,
                     flush_bytes=base["flush_bytes"], progress=False,
-                    metadata={"model": "bench-e2e"})
+                    metadata={"model": "bench-e2e"}, write_threads=base["write_threads"])
         t_end = time.monotonic()
         start = read_event(proc, "start")
         cap = read_event(proc, "captured")
@@ -328,11 +330,12 @@ def run_hscapture(base: dict, target: str, run: int) -> dict:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def run_deliver(base: dict, run: int) -> dict:
+def run_deliver(base: dict, run: int, zero_copy: bool = False) -> dict:
     """hscapture into a consuming process, no storage: a training script reading samples live.
 
-    Each sample is copied out of the ring (``Sample.detach()``: every byte is read, as
-    ``torch.load`` reads every byte in the old way) and released.
+    Every byte of every sample is read by the consumer, as ``torch.load`` reads every byte in
+    the old way: copied out of the ring (``Sample.detach()``), or with ``zero_copy`` read in
+    place (a checksum over the ring views) and never copied.
     """
     from hscapture import Subscriber
     from hscapture.endpoint import default_endpoint
@@ -346,14 +349,19 @@ def run_deliver(base: dict, run: int) -> dict:
         with Subscriber(spec["endpoint"]) as sub:
             sub.wait_ready(timeout=120)
             for sample in sub.samples(limit=len(base["requests"]), timeout=120):
-                sample.detach()
+                if zero_copy:
+                    for t in sample.tensors.values():   # reads every byte, 8 at a time
+                        flat = t.reshape(-1).view(torch.uint8)
+                        (flat.view(torch.int64) if flat.numel() % 8 == 0 else flat).sum()
+                else:
+                    sample.detach()
                 n += 1
                 nbytes += sample.nbytes
             t_end = time.monotonic()
             bad = len(sub.dropped) + len(sub.incomplete) + len(sub.rejected)
         start = read_event(proc, "start")
         seconds = t_end - start["t"]
-        return {"method": "deliver", "seconds": seconds, "bytes": nbytes, "samples": n,
+        return {"method": "deliver_view" if zero_copy else "deliver", "seconds": seconds, "bytes": nbytes, "samples": n,
                 "GBps": nbytes / seconds / 1e9, "samples_per_s": n / seconds,
                 "ok": n == len(base["requests"]) and not bad}
     finally:
@@ -470,8 +478,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shm-dir", default="/dev/shm", help="tmpfs target")
     ap.add_argument("--disk-dir", default=str(ROOT / "build" / "bench-e2e"),
                     help="local-disk target (its filesystem type is reported)")
-    ap.add_argument("--methods", default="raw,hscapture,deliver,old",
-                    help="comma list of raw,hscapture,deliver,old")
+    ap.add_argument("--methods", default="raw,hscapture,deliver,deliver_view,old",
+                    help="comma list of raw,hscapture,deliver,deliver_view,old")
+    ap.add_argument("--write-threads", type=int, default=4,
+                    help="ShardWriter threads for large samples in the hscapture drain")
     ap.add_argument("--targets", default="shm,disk", help="comma list of shm,disk")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions (median)")
     ap.add_argument("--seed", type=int, default=0)
@@ -500,7 +510,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  a.max_tokens, a.seed)
     base = {"device": a.device, "hidden": a.hidden, "layers": a.layers,
             "num_model_layers": 32, "max_tokens": a.max_tokens, "seed": a.seed,
-            "requests": requests, "ring_bytes": a.ring_mb << 20, "flush_bytes": a.flush_mb << 20}
+            "requests": requests, "ring_bytes": a.ring_mb << 20, "flush_bytes": a.flush_mb << 20,
+            "write_threads": a.write_threads}
     shm_need = (a.ring_mb << 20) + (total if "shm" in targets else 0) + (256 << 20)
     shm_free = fs_info(a.shm_dir)["free_bytes"] if os.path.isdir(a.shm_dir) else 0
     if shm_free < shm_need:
@@ -528,6 +539,12 @@ def main(argv: list[str] | None = None) -> dict:
             runs.setdefault("deliver_mem", []).append(res)
             print(f"[{r}] hscapture -> subscriber process (no storage): {res['GBps']:.3f} GB/s "
                   f"({res['samples_per_s']:.1f} samples/s; ok {res['ok']})", flush=True)
+        if "deliver_view" in methods:
+            res = run_deliver(base, r, zero_copy=True)
+            runs.setdefault("deliver_view_mem", []).append(res)
+            print(f"[{r}] hscapture -> subscriber process, read in place (no copy, no storage): "
+                  f"{res['GBps']:.3f} GB/s ({res['samples_per_s']:.1f} samples/s; ok "
+                  f"{res['ok']})", flush=True)
         if "old" in methods:
             res = run_old(dict(base, requests=old_requests), a.shm_dir)
             runs.setdefault("old_shm", []).append(res)
@@ -543,7 +560,8 @@ def main(argv: list[str] | None = None) -> dict:
               "hscapture/raw (disk)": ratio("hscapture_disk", "raw_disk"),
               "hscapture/old (shm)": ratio("hscapture_shm", "old_shm"),
               "hscapture(disk)/old(shm)": ratio("hscapture_disk", "old_shm"),
-              "deliver(mem)/old(shm)": ratio("deliver_mem", "old_shm")}
+              "deliver(mem)/old(shm)": ratio("deliver_mem", "old_shm"),
+              "deliver_view(mem)/old(shm)": ratio("deliver_view_mem", "old_shm")}
     goals = {}
     for t in targets:
         v = ratios.get(f"hscapture/raw ({t})")

@@ -80,6 +80,7 @@ def drain(
     idle_timeout_s: float | None = None,
     connect_timeout_s: float = 30.0,
     max_shard_bytes: int = 2 << 30,
+    write_threads: int = 4,
     flush_bytes: int = 256 << 20,
     flush_interval_s: float = 1.0,
     metadata: dict[str, str] | None = None,
@@ -94,7 +95,8 @@ def drain(
     (after finishing every sample written before), :class:`SampleTimeoutError` when no producer
     shows up within ``connect_timeout_s``.
     """
-    writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata)
+    writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata,
+                         write_threads=write_threads)
     stop = stop_event or threading.Event()
     restore = _install_signal_handlers(stop)
     res = DrainResult()
