@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="local-disk target (its filesystem type is reported)")
     ap.add_argument("--methods", default="raw,hscapture,deliver,deliver_view,old",
                     help="comma list of raw,hscapture,deliver,deliver_view,old")
-    ap.add_argument("--write-threads", type=int, default=4,
+    ap.add_argument("--write-threads", type=int, default=1,
                     help="ShardWriter threads for large samples in the hscapture drain")
     ap.add_argument("--targets", default="shm,disk", help="comma list of shm,disk")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions (median)")

@@ -80,7 +80,7 @@ def drain(
     idle_timeout_s: float | None = None,
     connect_timeout_s: float = 30.0,
     max_shard_bytes: int = 2 << 30,
-    write_threads: int = 4,
+    write_threads: int = 1,
     flush_bytes: int = 256 << 20,
     flush_interval_s: float = 1.0,
     metadata: dict[str, str] | None = None,

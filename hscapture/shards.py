@@ -336,10 +336,12 @@ class ShardWriter:
 
     def __init__(self, out_dir: str | os.PathLike, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                  metadata: dict[str, str] | None = None, fsync: bool = True,
-                 header_reserve: int | None = None, write_threads: int = 4) -> None:
+                 header_reserve: int | None = None, write_threads: int = 1) -> None:
         self.out_dir = os.path.abspath(os.fspath(out_dir))
-        # Large samples are written by several threads at once (disjoint byte ranges, pwritev
-        # releases the GIL): one thread's kernel copy into the page cache/tmpfs is the limit.
+        # write_threads > 1 splits large samples across threads (disjoint byte ranges, pwritev
+        # releases the GIL). Off by default: Linux serializes writes to one file on its inode
+        # lock, and on the H200 machine 4 threads made the drain into tmpfs slower (0.70 of
+        # raw write vs 0.95 with one thread, benchmarks/results/h200-2026-11-30/e2e-*).
         self.write_threads = max(1, int(write_threads))
         self._pool: ThreadPoolExecutor | None = None
         if max_shard_bytes <= 0:
