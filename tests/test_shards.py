@@ -586,3 +586,19 @@ def test_any_add_flush_sequence_round_trips(tmp_path_factory, ops, limit):
     rep = verify_dir(d)
     assert rep["ok"], rep["problems"]
     assert rep["samples"] == len(samples)
+
+
+def test_a_large_sample_written_by_several_threads_round_trips_bit_exact(tmp_path):
+    # 2 layers x 2048 x 1024 bf16 = 8 MiB: split across two writer threads (4 MiB parts)
+    big = make_sample("big", T=2048, H=1024, seed=7)
+    small = make_sample("small", T=3, H=1024, seed=8)
+    with ShardWriter(tmp_path, write_threads=3) as w:
+        w.add(small)
+        w.add(big)
+        w.flush()
+    for s in (small, big):
+        got = load_sample(tmp_path, s.rid)
+        for name, t in s.tensors.items():
+            assert torch.equal(got[name], t), (s.rid, name)
+        assert torch.equal(got["token_ids"], s.token_ids)
+    assert verify_dir(tmp_path)["problems"] == []
