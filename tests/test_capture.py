@@ -411,3 +411,52 @@ def test_the_embedded_demo_captures_a_real_model_bit_exact(tmp_path):
     res = run_demo(tmp_path / "demo", requests=12, batch=4, chunk_size=48, log=False)
     assert res.ok, (res.mismatched, res.problems, res.drain_returncode)
     assert res.exact == 12
+
+
+def test_two_subscribers_each_receive_every_sample(endpoint, tmp_path):
+    requests = [[f"m{i}", 1 + 13 * i % 200, 50] for i in range(40)]
+    proc = start_producer(spec(endpoint, requests, consumers=2), tmp_path)
+    try:
+        read_events(proc, "ready")
+        with Subscriber(endpoint) as a, Subscriber(endpoint) as b:
+            a.wait_ready(timeout=20)
+            b.wait_ready(timeout=20)
+            got = {id(a): set(), id(b): set()}
+            deadline = time.monotonic() + 60
+            while min(len(v) for v in got.values()) < len(requests):
+                assert time.monotonic() < deadline, {k: len(v) for k, v in got.items()}
+                for sub in (a, b):
+                    s = sub.poll(timeout=0.02)
+                    if s is not None:
+                        tokens = dict((r, t) for r, t, _ in requests)[s.rid]
+                        assert_sample_exact(s, s.rid, tokens, HIDDEN, LAYERS)
+                        got[id(sub)].add(s.rid)
+                        s.release()
+            assert got[id(a)] == got[id(b)] == {r for r, _, _ in requests}
+    finally:
+        proc.wait(timeout=30)
+
+
+def test_ctrl_c_stops_the_drain_cleanly_with_the_open_shard_finished(endpoint, tmp_path):
+    out = tmp_path / "shards"
+    requests = [[f"c{i}", 40, 40] for i in range(2000)]
+    drain = subprocess.Popen(_drain_cmd(endpoint, out), cwd=tmp_path, stdout=subprocess.PIPE,
+                             text=True)
+    proc = start_producer(spec(endpoint, requests, jitter_s=0.01, policy="drop"), tmp_path)
+    try:
+        read_events(proc, "ready")
+        deadline = time.monotonic() + 60
+        while len(_durable(out)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        drain.send_signal(signal.SIGINT)
+        report = json.loads(drain.communicate(timeout=60)[0])
+        assert drain.returncode in (0, 3), report        # 3: some rids were reported
+        assert report["stopped_by"] == "signal"
+        assert not list(out.glob("*.tmp")) and not list(out.glob("*.journal")), \
+            "the open shard was not finished"
+        index = read_index(out)
+        assert len(index) == report["samples"] >= 10
+        assert verify_dir(out)["problems"] == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
