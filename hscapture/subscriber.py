@@ -175,6 +175,9 @@ class Subscriber:
         self._poller.register(self._sock, zmq.POLLIN)
         self._sources: dict[str, _Source] = {}
         self._retired: set[tuple[str, int]] = set()
+        # every incarnation still attached, current or retired (retired ones stay until the
+        # samples holding views into their ring are released)
+        self._incarnations: dict[tuple[str, int], _Source] = {}
         self._assembling: dict[tuple[str, int, str], _Assembly] = {}
         self._ready: collections.deque[Sample] = collections.deque()
         self._expected: dict[str, int] = {}
@@ -285,7 +288,7 @@ class Subscriber:
         if self._closed:
             return
         self._closed = True
-        for src in list(self._sources.values()):
+        for src in list(self._incarnations.values()):
             self._detach(src)
         self._sock.close(0)
         self._ctx.term()
@@ -379,6 +382,7 @@ class Subscriber:
         if src is not None:
             self._retire(src, f"producer restarted (epoch {src.epoch:#x} -> {epoch:#x})")
         src = self._sources[producer] = _Source(producer, epoch)
+        self._incarnations[(producer, epoch)] = src
         self._attach(src, msg["segment"])
         return src
 
@@ -413,12 +417,8 @@ class Subscriber:
             self._fail(key, f"{reason}; missing {self._gaps(self._assembling[key])}",
                        "incomplete", finalize=True)
         self._retired.add((src.producer, src.epoch))
-        if not src.outstanding:
-            self._detach(src)
         self._sources.pop(src.producer, None)
-        # keep the consumer alive while samples still hold views into its ring
-        self._retired_sources = getattr(self, "_retired_sources", [])
-        self._retired_sources.append(src)
+        self._advance_release(src)   # detaches now unless samples still hold views into it
 
     # -- sequence accounting ------------------------------------------------------------
 
@@ -708,6 +708,7 @@ class Subscriber:
             consumer.release(limit)
         if self._sources.get(src.producer) is not src and not src.outstanding:
             self._detach(src)
+            self._incarnations.pop((src.producer, src.epoch), None)
 
     def _fail(self, key: tuple[str, int, str], reason: str, kind: str, finalize: bool) -> None:
         asm = self._assembling.get(key)
@@ -715,13 +716,9 @@ class Subscriber:
             asm = self._assembling[key] = _Assembly(key)
         if asm.failed is None:
             asm.failed, asm.failure_kind = reason, kind
-        src = self._sources.get(key[0])
-        if src is not None and src.epoch == key[1]:
+        src = self._incarnations.get(key[:2])
+        if src is not None:
             self._release_chunks(src, asm)
-        else:
-            for retired in getattr(self, "_retired_sources", []):
-                if (retired.producer, retired.epoch) == key[:2]:
-                    self._release_chunks(retired, asm)
         if finalize:
             self._finalize_failure(asm)
 
