@@ -84,6 +84,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "layers": (list,),
         "layer_kinds": (list,),
         "convention": (str,),
+        "model": (str,),
         "hidden": _INT,
         "dtype": (str,),
         "token_ids": (bytes,),

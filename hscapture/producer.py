@@ -215,7 +215,8 @@ class Producer:
             "epoch": self.epoch, "seq": 0, "rid": str(rid), "token_start": int(token_start),
             "token_count": int(count), "last": bool(is_last_chunk),
             "cached_prefix": int(cached_prefix), "layers": layers, "layer_kinds": kinds,
-            "convention": self.convention, "hidden": int(hidden), "dtype": dtype,
+            "convention": self.convention, "model": self.model or "", "hidden": int(hidden),
+            "dtype": dtype,
             "token_ids": _token_bytes(token_ids, count), "tensor_offsets": [],
             "dp_rank": self.dp_rank, "extra": dict(extra or {}),
         }

@@ -197,8 +197,9 @@ def _check_rid(rid: Any) -> None:
 
 def _schema(sample: Sample, defaults: dict[str, str]) -> tuple:
     meta = sample.meta or {}
-    conv = meta.get("convention", defaults.get("convention", ""))
-    model = meta.get("model", defaults.get("model", ""))
+    # the sample's own value wins; an empty one falls back to the writer's metadata
+    conv = meta.get("convention") or defaults.get("convention", "")
+    model = meta.get("model") or defaults.get("model", "")
     return (
         str(sample.dtype),
         int(sample.hidden),

@@ -45,7 +45,8 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
 _COMPARED = ("v", "kind", "producer", "epoch", "seq", "rid", "token_start", "token_count",
-             "last", "cached_prefix", "layers", "layer_kinds", "convention", "hidden", "dtype",
+             "last", "cached_prefix", "layers", "layer_kinds", "convention", "model", "hidden",
+             "dtype",
              "token_ids", "tensor_offsets", "dp_rank", "extra")
 _MAX_ERRORS = 200
 
@@ -667,7 +668,7 @@ class Subscriber:
             tensors = {n: torch.cat([c.tensors[i] for c in chunks]) for i, n in enumerate(names)}
             token_ids = torch.from_numpy(np.concatenate([c.token_ids for c in chunks]))
             release = self._releaser(src, positions)
-        meta = {k: first[k] for k in ("convention", "cached_prefix", "dp_rank", "extra")}
+        meta = {k: first[k] for k in ("convention", "model", "cached_prefix", "dp_rank", "extra")}
         meta.update(chunks=len(chunks), seqs=[c.meta["seq"] for c in chunks])
         sample = Sample(rid=rid, producer_id=src.producer, epoch=src.epoch, num_tokens=total,
                         token_ids=token_ids, tensors=tensors, layers=list(first["layers"]),

@@ -16,7 +16,7 @@ def record_notice(**over):
         "v": 1, "kind": "record", "producer": "p0", "epoch": 0x1234, "seq": 7, "rid": "req-1",
         "token_start": 0, "token_count": 3, "last": True, "cached_prefix": 0,
         "layers": [2, 5, 31], "layer_kinds": ["residual", "residual", "final_norm"],
-        "convention": "hf", "hidden": 8, "dtype": "bfloat16",
+        "convention": "hf", "model": "m", "hidden": 8, "dtype": "bfloat16",
         "token_ids": (b"\x01\x00\x00\x00" * 3), "tensor_offsets": [64, 128, 192],
         "dp_rank": 0, "extra": {}, "offset": 4096, "length": 192 + 3 * 8 * 2,
         "record_seq": 11, "segment": "hscapture-x",
