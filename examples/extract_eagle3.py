@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                          metadata={"source": "sglang", "dataset": str(args.dataset)})
     todo = [(rid, ids) for rid, ids in read_dataset(args.dataset, args.rid_prefix)
             if not writer.seen(rid)]
-    print(f"{len(todo)} samples to extract ({len(writer.rids())} already in {args.out})",
+    print(f"{len(todo)} samples to extract ({len(writer.rids)} already in {args.out})",
           file=sys.stderr)
     if not todo:
         writer.close()
