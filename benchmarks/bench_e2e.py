@@ -193,12 +193,9 @@ def child_produce(spec: dict) -> None:
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"], capacity=spec["ring_bytes"],
                  full_policy="wait", wait_timeout_s=600.0, model="bench-e2e")
     emit(event="ready", pinned=p.stats()["pinned"], segment=p.segment)
-    deadline = time.monotonic() + 60
-    while p.stats()["ring"]["live_consumers"] < 1:
-        if time.monotonic() > deadline:
-            emit(event="error", message="no consumer attached within 60 s")
-            return
-        time.sleep(0.005)
+    if not p.wait_for_consumers(1, timeout_s=60):
+        emit(event="error", message="no consumer attached within 60 s")
+        return
     if dev == "cuda":
         torch.cuda.synchronize()
     t0 = time.monotonic()

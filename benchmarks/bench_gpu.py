@@ -278,11 +278,8 @@ def section_overhead(a: argparse.Namespace) -> dict:
     modes = ["off", "on"] + (["on_gpu_ids"] if a.gpu_ids_variant else [])
     try:
         read_event(consumer, "ready", timeout=120)
-        deadline = time.monotonic() + 60
-        while producer.stats()["ring"]["live_consumers"] < 1:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the consumer process did not attach within 60 s")
-            time.sleep(0.01)
+        if not producer.wait_for_consumers(1, timeout_s=60):
+            raise RuntimeError("the consumer process did not attach within 60 s")
         cap = HiddenStateCapture(model, producer, aux)
 
         def forward(mode: str) -> None:
@@ -431,12 +428,9 @@ def child_notice_produce(spec: dict) -> None:
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"],
                  capacity=spec["ring_bytes"], full_policy="wait", wait_timeout_s=60.0)
     emit(event="ready")
-    deadline = time.monotonic() + 60
-    while p.stats()["ring"]["live_consumers"] < 1:
-        if time.monotonic() > deadline:
-            emit(event="error", message="no consumer attached within 60 s")
-            return
-        time.sleep(0.005)
+    if not p.wait_for_consumers(1, timeout_s=60):
+        emit(event="error", message="no consumer attached within 60 s")
+        return
     time.sleep(0.2)                  # let the subscriber settle (attached via a heartbeat)
     t = torch.randn(1, spec["hidden"]).to(torch.bfloat16)
     ids = np.array([7], dtype=np.int32)

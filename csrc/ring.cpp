@@ -76,37 +76,33 @@ uint64_t random_epoch() {
     return e;
 }
 
-// Non-blocking OFD write lock on one byte. true = we hold it, false = someone else does.
-bool ofd_trylock(int fd, uint64_t offset) {
+// A one-byte OFD lock request at `offset` (l_pid must be 0 for OFD locks).
+struct flock one_byte(short type, uint64_t offset) {
     struct flock fl{};
-    fl.l_type = F_WRLCK;
+    fl.l_type = type;
     fl.l_whence = SEEK_SET;
     fl.l_start = off_t(offset);
     fl.l_len = 1;
-    fl.l_pid = 0;  // required for OFD locks
+    fl.l_pid = 0;
+    return fl;
+}
+
+// Non-blocking OFD write lock on one byte. true = we hold it, false = someone else does.
+bool ofd_trylock(int fd, uint64_t offset) {
+    struct flock fl = one_byte(F_WRLCK, offset);
     if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return true;
     if (errno == EAGAIN || errno == EACCES) return false;
     fail(ErrorKind::Ring, "fcntl(F_OFD_SETLK) failed: " + errno_text(errno));
 }
 
 void ofd_unlock(int fd, uint64_t offset) {
-    struct flock fl{};
-    fl.l_type = F_UNLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = off_t(offset);
-    fl.l_len = 1;
-    fl.l_pid = 0;
+    struct flock fl = one_byte(F_UNLCK, offset);
     (void)fcntl(fd, F_OFD_SETLK, &fl);
 }
 
 // true if an open file description other than `fd`'s holds a lock on the byte.
 bool ofd_locked_by_other(int fd, uint64_t offset) {
-    struct flock fl{};
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = off_t(offset);
-    fl.l_len = 1;
-    fl.l_pid = 0;
+    struct flock fl = one_byte(F_WRLCK, offset);
     if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
         fail(ErrorKind::Ring, "fcntl(F_OFD_GETLK) failed: " + errno_text(errno));
     return fl.l_type != F_UNLCK;

@@ -118,12 +118,11 @@ def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
 
 def _wait_for_consumer(producer: Producer, drain: subprocess.Popen, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while producer.stats()["ring"]["live_consumers"] < 1:
+    while not producer.wait_for_consumers(1, timeout_s=0.2):
         if drain.poll() is not None:
             raise RuntimeError(f"the drain process exited early with code {drain.returncode}")
         if time.monotonic() > deadline:
-            raise RuntimeError("the drain process did not attach to the ring within 60 s")
-        time.sleep(0.02)
+            raise RuntimeError(f"the drain process did not attach to the ring within {timeout:g} s")
 
 
 def _verify(out: Path, references: dict[str, dict[str, torch.Tensor]], rc: int,

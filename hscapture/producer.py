@@ -284,6 +284,19 @@ class Producer:
                    pinned=self._pinned is not None)
         return out
 
+    def wait_for_consumers(self, count: int = 1, timeout_s: float = 60.0) -> bool:
+        """Wait until ``count`` live subscribers are attached to the ring; False on timeout.
+
+        Captures made before a subscriber attached never reach it: call this first when the
+        first samples matter (tests, offline extraction).
+        """
+        deadline = time.monotonic() + timeout_s
+        while self._ring.stats()["live_consumers"] < count:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every capture so far has been committed and announced."""
         deadline = time.monotonic() + timeout_s

@@ -63,12 +63,9 @@ def produce(spec: dict) -> None:
                  wait_timeout_s=spec.get("wait_timeout_s", 20.0), sndhwm=spec.get("sndhwm", 1_000_000),
                  dead_consumer_grace_s=spec.get("grace_s", 5.0))
     print(json.dumps({"event": "ready", "epoch": p.epoch, "segment": p.segment}), flush=True)
-    deadline = time.monotonic() + 30
-    while p.stats()["ring"]["live_consumers"] < spec.get("consumers", 1):
-        if time.monotonic() > deadline:
-            print(json.dumps({"event": "no_consumer"}), flush=True)
-            return
-        time.sleep(0.01)
+    if not p.wait_for_consumers(spec.get("consumers", 1), timeout_s=30):
+        print(json.dumps({"event": "no_consumer"}), flush=True)
+        return
     if spec.get("unrequested"):
         # a warm-up pass and an unrequested row through the model adapter: no sample may result
         from hscapture.adapters.transformers import HiddenStateCapture
