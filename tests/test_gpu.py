@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +18,7 @@ import torch
 from hscapture import Producer, Subscriber
 from hscapture.sample import layer_name
 
-with warnings.catch_warnings():
-    # The ``gpu`` marker is not registered in pyproject.toml; keep collection warning-free.
-    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    _gpu_mark = pytest.mark.gpu
-
-pytestmark = [_gpu_mark,
+pytestmark = [pytest.mark.gpu,   # registered in pyproject.toml
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -310,3 +304,33 @@ def test_notice_never_before_copy_finished(pair):
     for L in range(4):
         assert torch.equal(bits(s.tensors[f"layer_{L}"]), want[L]), f"layer {L} differs"
     s.release()
+
+
+# (v) the unpinned fallback -------------------------------------------------------------------
+
+def test_a_failed_host_registration_is_reported_once_and_falls_back(recwarn):
+    """cudaHostRegister is checked: an address CUDA cannot pin gives a warning and None."""
+    from hscapture.pinning import register_host_memory
+
+    assert register_host_memory(4096, 4096) is None
+    msgs = [str(w.message) for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "falling back to unpinned copies" in msgs[0]
+
+
+def test_unpinned_copies_are_exact_too(endpoint):
+    p = Producer(endpoint, producer_id=f"gpu-unpinned-{uuid.uuid4().hex[:6]}",
+                 capacity=64 << 20, pin=False)
+    sub = Subscriber(endpoint, copy=True)
+    try:
+        sub.wait_ready(timeout=20)
+        assert p.stats()["pinned"] is False
+        g = torch.Generator(device="cuda").manual_seed(3)
+        src = [torch.randn(777, 1024, generator=g, device="cuda").to(torch.bfloat16)
+               for _ in range(3)]
+        assert p.capture("unpinned", src, layers=[1, 2, 3], token_ids=_ids(777))
+        s = sub.get("unpinned", timeout=20)
+        for L, t in zip([1, 2, 3], src):
+            assert_bits_equal(s.tensors[f"layer_{L}"], t, f"layer {L}")
+    finally:
+        sub.close()
+        p.close()
