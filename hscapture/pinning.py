@@ -24,6 +24,31 @@ class HostRegistration:
             self.size = 0
 
 
+def _clear_last_cuda_error() -> None:
+    """Reset the CUDA runtime's per-thread last error after a failed cudaHostRegister.
+
+    Otherwise the next kernel launched on this thread (the engine's forward pass!) would report
+    it: PyTorch checks ``cudaGetLastError()`` after every launch. torch exposes no binding for
+    it, so it is called through the libcudart that this process already loaded.
+    """
+    import ctypes
+
+    candidates = []
+    try:
+        with open("/proc/self/maps") as maps:
+            candidates = sorted({line.split()[-1] for line in maps
+                                 if "libcudart.so" in line.split()[-1]})
+    except OSError:
+        pass
+    for name in candidates + ["libcudart.so"]:
+        try:
+            ctypes.CDLL(name).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
+    log.warning("hscapture: could not reset the CUDA error left by a failed cudaHostRegister")
+
+
 def register_host_memory(address: int, size: int) -> HostRegistration | None:
     """Register host memory with CUDA so device-to-host copies into it are async DMA.
 
@@ -44,6 +69,7 @@ def register_host_memory(address: int, size: int) -> HostRegistration | None:
     else:
         detail = f"cudaError {code}"
     if code != 0:
+        _clear_last_cuda_error()
         warnings.warn(
             f"hscapture: cudaHostRegister of the ring ({size} bytes at {address:#x}) failed "
             f"({detail}); falling back to unpinned copies, which are slower and synchronous",

@@ -315,6 +315,10 @@ def test_a_failed_host_registration_is_reported_once_and_falls_back(recwarn):
     assert register_host_memory(4096, 4096) is None
     msgs = [str(w.message) for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
     assert len(msgs) == 1 and "falling back to unpinned copies" in msgs[0]
+    # the failure must not surface later as the error of an unrelated kernel launch
+    x = torch.ones(1024, device="cuda") * 2
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 2048.0
 
 
 def test_unpinned_copies_are_exact_too(endpoint):
