@@ -126,6 +126,7 @@ def test_the_parser_never_raises_anything_but_notice_errors_on_random_maps(field
         pass
 
 
+@settings(deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 64), st.integers(1, 8192), st.sampled_from([1, 2, 4]),
        st.integers(1, 6))
 def test_payload_layout_is_aligned_and_disjoint(meta_len, tokens, hidden, itemsize, n):
