@@ -460,3 +460,19 @@ def test_ctrl_c_stops_the_drain_cleanly_with_the_open_shard_finished(endpoint, t
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_a_late_subscriber_gets_every_record_committed_after_it_attached(endpoint):
+    with Producer(endpoint, producer_id="late", capacity=8 << 20) as p:
+        for i in range(20):
+            _capture(p, f"early-{i}", 16)
+        p.flush()
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(timeout=10)
+            for i in range(20):
+                _capture(p, f"late-{i}", 16, chunk=5)
+            got = [s.rid for s in sub.samples(limit=20, timeout=10)]
+            assert sorted(got) == sorted(f"late-{i}" for i in range(20))
+            sub.pump(0.3)
+            assert sub.stats()["ready"] == 0       # nothing from before the attach
+            assert not sub.incomplete and not sub.dropped and not sub.rejected
