@@ -6,6 +6,7 @@ other users can neither read notices nor inject forged ones.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import stat
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from .errors import EndpointError
 
-__all__ = ["socket_dir", "default_endpoint", "check_endpoint", "ipc_path"]
+__all__ = ["socket_dir", "default_endpoint", "check_endpoint", "ipc_path", "claim_endpoint"]
 
 _ENDPOINT = re.compile(r"^(ipc|tcp|inproc)://.+$")
 
@@ -66,3 +67,31 @@ def check_endpoint(endpoint: str) -> str:
 def ipc_path(endpoint: str) -> Path | None:
     """The filesystem path of an ipc endpoint, or None for other transports."""
     return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+
+
+def claim_endpoint(endpoint: str) -> int | None:
+    """Take the exclusive claim on an ipc endpoint for this process's lifetime.
+
+    ZeroMQ silently replaces an existing ipc socket file on bind, so without a claim a second
+    producer would steal a live producer's subscribers. The claim is an flock on
+    ``<path>.lock``; the kernel drops it when the holder dies. Returns the lock's fd (close it
+    to release), or None for non-ipc endpoints (their bind fails by itself when in use).
+    """
+    path = ipc_path(endpoint)
+    if path is None:
+        return None
+    lock = f"{path}.lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise EndpointError(f"cannot create {lock} to claim {endpoint}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise EndpointError(f"endpoint {endpoint} is in use by another producer (pid {holder}); "
+                            f"expected a free endpoint") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -24,8 +24,8 @@ import torch
 import zmq
 
 from . import notice as nt
-from .endpoint import check_endpoint, default_endpoint
-from .errors import CaptureConfigError, RecordTooLargeError
+from .endpoint import check_endpoint, claim_endpoint, default_endpoint
+from .errors import CaptureConfigError, EndpointError, RecordTooLargeError
 from .pinning import register_host_memory
 from .ring import segment_name
 
@@ -121,8 +121,10 @@ class Producer:
         self.convention = convention
         self.dp_rank = int(dp_rank)
         self.heartbeat_interval_s = heartbeat_interval_s
+        self._claim = claim_endpoint(self.endpoint)   # before anything else is created
 
-        self._ring = _ring.Producer(segment_name(producer_id), int(capacity), int(max_consumers))
+        capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
+        self._ring = _ring.Producer(segment_name(producer_id), capacity, int(max_consumers))
         # A dead subscriber keeps its place (its unread records) this long once the ring needs
         # the space, so a restarted drain resumes exactly where it stopped; then it is dropped.
         self._ring.dead_consumer_grace_ns = int(dead_consumer_grace_s * 1e9)
@@ -140,9 +142,10 @@ class Producer:
         except zmq.ZMQError as exc:
             self._sock.close(0)
             self._ctx.term()
+            if self._pinned is not None:
+                self._pinned.close()
             self._ring.close(True)
-            from .errors import EndpointError
-
+            self._release_claim()
             raise EndpointError(f"cannot bind {self.endpoint}: {exc}") from exc
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
@@ -317,6 +320,7 @@ class Producer:
         if self._pinned is not None:
             self._pinned.close()
         self._ring.close(True)
+        self._release_claim()
         self._finalizer.detach()
 
     def __enter__(self) -> "Producer":
@@ -326,6 +330,11 @@ class Producer:
         self.close()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _release_claim(self) -> None:
+        if self._claim is not None:
+            os.close(self._claim)
+            self._claim = None
 
     @staticmethod
     def _atexit_close(ref: "weakref.ReferenceType[Producer]") -> None:

@@ -476,3 +476,16 @@ def test_a_late_subscriber_gets_every_record_committed_after_it_attached(endpoin
             sub.pump(0.3)
             assert sub.stats()["ready"] == 0       # nothing from before the attach
             assert not sub.incomplete and not sub.dropped and not sub.rejected
+
+
+def test_a_second_producer_cannot_steal_a_live_producers_endpoint(endpoint):
+    from hscapture.errors import EndpointError
+
+    with Producer(endpoint, producer_id="first", capacity=1 << 20):
+        before = set(os.listdir("/dev/shm"))
+        with pytest.raises(EndpointError, match=f"in use by another producer \\(pid {os.getpid()}"):
+            Producer(endpoint, producer_id="second", capacity=1_000_000)
+        assert set(os.listdir("/dev/shm")) == before, "the refused producer left a segment"
+    # released on close: the endpoint can be bound again (capacity is rounded up to 64)
+    with Producer(endpoint, producer_id="third", capacity=1_000_001) as p:
+        assert p.stats()["ring"]["head"] == 0
