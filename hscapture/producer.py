@@ -55,6 +55,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _drop_notice(record: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """The ``drop`` notice that stands in for a record notice whose record never arrives."""
+    msg = {k: record[k] for k in ("v", "producer", "epoch", "seq", "rid", "token_start",
+                                   "token_count", "last", "dp_rank", "extra")}
+    msg.update(kind="drop", reason=reason)
+    return msg
+
+
 def _token_bytes(token_ids: Any, count: int) -> bytes:
     """Token ids as little-endian int32 bytes (a device tensor is copied to the host here:
     engines should pass host-side ids, as SGLang's requests hold them)."""
@@ -362,9 +370,7 @@ class Producer:
         return position
 
     def _drop_locked(self, meta: dict[str, Any], reason: str, length: int) -> None:
-        msg = {k: meta[k] for k in ("v", "producer", "epoch", "seq", "rid", "token_start",
-                                     "token_count", "last", "dp_rank", "extra")}
-        msg.update(kind="drop", reason=reason)
+        msg = _drop_notice(meta, reason)
         self._counters["dropped"] += 1
         self._counters["dropped_bytes"] += length
         self._recent_drops.append([meta["seq"], meta["rid"], "drop", reason])
@@ -466,10 +472,7 @@ class Producer:
                         pass
                     self._counters["dropped"] += 1
                     self._recent_drops.append([notice["seq"], notice["rid"], "drop", "commit_error"])
-                notice = {k: notice[k] for k in ("v", "producer", "epoch", "seq", "rid",
-                                                  "token_start", "token_count", "last",
-                                                  "dp_rank", "extra")}
-                notice.update(kind="drop", reason=f"commit_error: {type(exc).__name__}")
+                notice = _drop_notice(notice, f"commit_error: {type(exc).__name__}")
             item.keepalive = None
         self._send(notice)
         self._counters["published"] += 1

@@ -479,11 +479,12 @@ class Subscriber:
                 if rec is None:
                     self._apply_control(src, None)
                     return
-            meta = self._record_meta(src, rec)
-            if meta is None:
+            checked = self._record_meta(src, rec)
+            if checked is None:
                 src.held = None
                 self._release_now(src, rec)
                 continue
+            meta, diff = checked
             seq = meta["seq"]
             notice = src.notices.pop(seq, None)
             if notice is None:
@@ -504,10 +505,12 @@ class Subscriber:
             self._apply_control(src, seq)
             if seq >= src.low:
                 self._resolve(src, seq)
-            self._on_record(src, rec, meta, notice)
+            self._on_record(src, rec, meta, notice, diff)
 
-    def _record_meta(self, src: _Source, rec: Any) -> dict[str, Any] | None:
-        """The record's embedded meta, completed by its placement; None if unusable."""
+    def _record_meta(self, src: _Source, rec: Any
+                     ) -> tuple[dict[str, Any], list[str] | None] | None:
+        """The record's embedded meta, completed by its placement, and the fields in which it
+        differs from its notice (None when no notice has arrived); None if unusable."""
         payload = rec.payload
         try:
             if rec.payload_len < 4:
@@ -521,7 +524,8 @@ class Subscriber:
             # Equal to an already validated notice in every field means valid; otherwise (no
             # notice, or a difference to report) the embedded copy is validated on its own.
             notice = src.notices.get(meta.get("seq"))
-            if notice is None or nt.differing_fields(notice, meta, _COMPARED):
+            diff = None if notice is None else nt.differing_fields(notice, meta, _COMPARED)
+            if diff is None or diff:
                 nt.validate(meta)
         except NoticeError as exc:
             self._error(f"ring record at {rec.position} of {src.producer!r}: {exc}",
@@ -540,10 +544,9 @@ class Subscriber:
                          f"ring record {rec.position}: " + "; ".join(problems))
             self._resolve(src, meta["seq"])
             return None
-        return meta
+        return meta, diff
 
-    def _verify(self, src: _Source, rec: Any, meta: dict[str, Any],
-                notice: dict[str, Any]) -> str | None:
+    def _verify(self, rec: Any, notice: dict[str, Any], diff: list[str]) -> str | None:
         """Why notice and ring record disagree, or None if they agree."""
         problems = []
         if notice["offset"] != rec.position:
@@ -554,7 +557,6 @@ class Subscriber:
             problems.append(f"length: notice {notice['length']}, record {rec.payload_len}")
         if notice["epoch"] != rec.epoch:
             problems.append(f"epoch: notice {notice['epoch']:#x}, record {rec.epoch:#x}")
-        diff = nt.differing_fields(notice, meta, _COMPARED)
         if diff:
             problems.append("embedded meta differs from notice in " + ", ".join(diff))
         return "; ".join(problems) or None
@@ -581,7 +583,7 @@ class Subscriber:
     # -- assembly ------------------------------------------------------------------------
 
     def _on_record(self, src: _Source, rec: Any, meta: dict[str, Any],
-                   notice: dict[str, Any] | None) -> None:
+                   notice: dict[str, Any] | None, diff: list[str] | None) -> None:
         rid = meta["rid"]
         key = (src.producer, src.epoch, rid)
         if self.rid_filter is not None and not self.rid_filter(rid):
@@ -589,7 +591,7 @@ class Subscriber:
             self._release_now(src, rec)
             return
         if notice is not None:
-            why = self._verify(src, rec, meta, notice)
+            why = self._verify(rec, notice, diff or [])
             if why is not None:
                 self._release_now(src, rec)
                 self._reject(rid, key, f"notice and ring record disagree: {why}")
