@@ -50,7 +50,10 @@ disjoint requests and publishes its own, on its own endpoint, tagged with its DP
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import os
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -203,6 +206,10 @@ class SGLangCaptureHook:
             collections.OrderedDict()
         self._logged: set[str] = set()
         self._layers: tuple[int, ...] | None = None
+        self._timing = HookTiming()
+        self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
+        self._stats_written = 0
+        self._mode, self._mode_read = "", 0
 
     # -- entry points --------------------------------------------------------------------
 
@@ -213,7 +220,11 @@ class SGLangCaptureHook:
         if batch is None:
             batch = kwargs.get("batch")
         wanted: list[tuple[int, Any]] = []
+        t0 = time.perf_counter_ns()
         try:
+            mode = self._experiment_mode(t0)
+            if mode == "noop":
+                return None
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1
@@ -223,7 +234,38 @@ class SGLangCaptureHook:
                            type(exc).__name__, exc, _mode_name(batch),
                            len(getattr(batch, "reqs", None) or ()), exc_info=True)
             self._abort_rows(wanted, f"capture hook error: {type(exc).__name__}: {exc}")
+        finally:
+            self._timing.add(time.perf_counter_ns() - t0, len(wanted))
+            if self._stats_file and t0 - self._stats_written > 1_000_000_000:
+                self._stats_written = t0
+                self._write_stats()
         return None
+
+    def _experiment_mode(self, now: int) -> str:
+        path = os.environ.get("HSCAPTURE_EXPERIMENT_FILE")
+        if not path:
+            return ""
+        if now - self._mode_read > 200_000_000:
+            self._mode_read = now
+            try:
+                with open(path) as f:
+                    self._mode = f.read().strip()
+            except OSError:
+                self._mode = ""
+        return self._mode
+
+    def _write_stats(self) -> None:
+        try:
+            tmp = f"{self._stats_file}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"pid": os.getpid(), "timing": self._timing.summary(),
+                           "counters": dict(self.counters),
+                           "producer": {k: v for k, v in (self.producer.stats().items()
+                                        if self.producer is not None else ())
+                                        if isinstance(v, (int, float, str))}}, f)
+            os.replace(tmp, self._stats_file)
+        except Exception as exc:  # stats are best effort; never fail the forward
+            self._log_once("stats", logging.WARNING, "hscapture: cannot write stats: %s", exc)
 
     def sweep(self, *args: Any, **kwargs: Any) -> None:
         """Report requests that stopped between chunks (aborted, finished, released).
@@ -449,7 +491,7 @@ class SGLangCaptureHook:
         token_ids = np.frombuffer(fill, dtype=np.int64)[prefix:end] \
             if getattr(fill, "typecode", None) == "q" else np.asarray(fill[prefix:end])
         is_last = end == total
-        ok = producer.capture(
+        ok = True if self._mode == "nocapture" else producer.capture(
             rid, tensors, layers=cap_layers, layer_kinds=kinds, token_start=prefix,
             is_last_chunk=is_last, token_ids=token_ids, cached_prefix=st.cached_prefix,
             snapshot=snapshot, extra={"attempt": attempt, "engine": "sglang", "dp_rank": dp})
@@ -534,6 +576,33 @@ class SGLangCaptureHook:
             return
         self._logged.add(key)
         log.log(level, msg, *args, exc_info=exc_info)
+
+
+class HookTiming:
+    """Wall time the hook spends per forward pass on the scheduler's thread."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.total_ns = 0
+        self.max_ns = 0
+        self.rows = 0
+        self._recent: collections.deque[int] = collections.deque(maxlen=4096)
+
+    def add(self, ns: int, rows: int) -> None:
+        self.calls += 1
+        self.total_ns += ns
+        self.rows += rows
+        self.max_ns = max(self.max_ns, ns)
+        if rows:
+            self._recent.append(ns)
+
+    def summary(self) -> dict[str, Any]:
+        recent = sorted(self._recent)
+        pick = (lambda q: recent[min(len(recent) - 1, int(q * len(recent)))] / 1e3) \
+            if recent else (lambda q: 0.0)
+        return {"calls": self.calls, "rows": self.rows, "total_ms": self.total_ns / 1e6,
+                "max_us": self.max_ns / 1e3, "capturing_calls_recent": len(recent),
+                "p50_us": pick(0.5), "p90_us": pick(0.9), "p99_us": pick(0.99)}
 
 
 def _mode_name(batch: Any) -> str:
