@@ -41,6 +41,7 @@ __all__ = [
     "decode",
     "validate",
     "entry_notice",
+    "unpack_canonical",
 ]
 
 PROTOCOL_VERSION = 2
@@ -271,27 +272,49 @@ def decode(frame: bytes | memoryview) -> dict[str, Any]:
     else, whatever ``frame`` holds: not msgpack, trailing bytes, extension types, duplicate
     map keys, a schema violation.
     """
+    if type(frame) is bytes:
+        blob = frame
+    else:
+        try:
+            view = memoryview(frame)
+        except TypeError:
+            raise NoticeError(
+                f"notice frame: expected bytes, found {type(frame).__name__}") from None
+        if view.nbytes > MAX_NOTICE_BYTES:
+            raise NoticeError(f"notice is {view.nbytes} bytes, more than {MAX_NOTICE_BYTES}")
+        blob = view.tobytes()
+    if len(blob) > MAX_NOTICE_BYTES:
+        raise NoticeError(f"notice is {len(blob)} bytes, more than {MAX_NOTICE_BYTES}")
     try:
-        size = len(frame)
-        if size > MAX_NOTICE_BYTES:
-            raise NoticeError(f"notice is {size} bytes, more than {MAX_NOTICE_BYTES}")
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True,
-                              object_pairs_hook=unique_map, ext_hook=_no_ext)
-    except NoticeError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise NoticeError(f"notice is not valid msgpack: {type(exc).__name__}: {exc}"[:300]
-                          ) from None
+        msg = unpack_canonical(blob)
+    except NoticeError as exc:
+        raise NoticeError(f"notice: {exc}") from None
     return validate(msg)
 
 
-def unique_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    """msgpack ``object_pairs_hook``: a map, refusing duplicate keys (two decoders could
-    otherwise disagree on which value counts). Raises :class:`NoticeError`."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise NoticeError(f"msgpack map has duplicate keys ({len(pairs) - len(out)})")
-    return out
+def unpack_canonical(blob: bytes) -> Any:
+    """Decode ``blob``, which MUST be one canonical msgpack object, or raise :class:`NoticeError`.
+
+    Canonical (docs/PROTOCOL.md "Encoding") means exactly what ``msgpack.packb(obj,
+    use_bin_type=True)`` produces for the decoded object: shortest forms, no duplicate map
+    keys, no trailing bytes, no extension types, float64 floats. Two decoders therefore can
+    never disagree about a frame (a duplicate key, say), and equal content is equal bytes.
+    """
+    try:
+        obj = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True,
+                              ext_hook=_no_ext)
+    except NoticeError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise NoticeError(f"not valid msgpack: {type(exc).__name__}: {exc}"[:300]) from None
+    try:
+        canonical = msgpack.packb(obj, use_bin_type=True) == blob
+    except Exception as exc:  # nesting deeper than the packer's limit
+        raise NoticeError(f"msgpack nested too deeply: {type(exc).__name__}") from None
+    if not canonical:
+        raise NoticeError("not canonical msgpack (a duplicate map key, or a value not in its "
+                          "shortest encoding)")
+    return obj
 
 
 def _no_ext(code: int, data: bytes) -> Any:

@@ -31,15 +31,17 @@ import msgpack
 import numpy as np
 
 from .errors import NoticeError, RecordFormatError
+from .notice import _RID_FORBIDDEN  # the rid rule's one regex, for the fast path
 from .notice import (
     DTYPES,
     ENTRY_KINDS,
     LAYER_KINDS,
+    MAX_RID_BYTES,
     PROTOCOL_VERSION,
     check_producer_id,
     check_rid,
     rid_tag,
-    unique_map,
+    unpack_canonical,
 )
 
 __all__ = [
@@ -104,6 +106,19 @@ _MAP16_18 = b"\xde\x00\x12"
 _MAX_FIXED_POINT_ROUNDS = 8
 
 
+def _uint_size(v: int) -> int:
+    """Bytes msgpack uses for the non-negative int ``v``."""
+    return 1 if v < 0x80 else 2 if v < 0x100 else 3 if v < 0x10000 else 5 if v < 1 << 32 else 9
+
+
+def _array_header_size(n: int) -> int:
+    return 1 if n < 16 else 3 if n < 0x10000 else 5
+
+
+#: encoded size of the three placement keys: "blocks", "ids_offset", "length" (fixstr)
+_TAIL_KEYS_SIZE = sum(1 + len(k) for k in ("blocks", "ids_offset", "length"))
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -151,21 +166,37 @@ class Plan:
     pads: list[tuple[int, int]]
 
 
-def default_layer_map(block_cols: Sequence[int], hidden: int, n_layers: int) -> list[list[int]]:
+def default_layer_map(block_cols: Sequence[int], hidden: int,
+                      n_layers: int) -> tuple[tuple[int, int], ...]:
     """Layers packed in order into consecutive ``hidden``-wide column slots of the blocks:
     ``block_cols = [hidden] * L`` is one block per layer, ``[L * hidden]`` one block holding
     every layer side by side. Raises :class:`RecordFormatError` unless every block's width is
     a multiple of ``hidden`` and the slots add up to exactly ``n_layers``."""
-    out: list[list[int]] = []
+    key = (tuple(block_cols), hidden, n_layers)
+    out = _LAYER_MAPS.get(key)
+    if out is None:
+        out = _default_layer_map(*key)
+        if len(_LAYER_MAPS) < 64:  # one or two shapes per engine: a tiny cache
+            _LAYER_MAPS[key] = out
+    return out
+
+
+_LAYER_MAPS: dict[tuple[tuple[int, ...], int, int], tuple[tuple[int, int], ...]] = {}
+
+
+def _default_layer_map(block_cols: tuple[int, ...], hidden: int,
+                       n_layers: int) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
     for b, cols in enumerate(block_cols):
-        if type(cols) is not int or hidden <= 0 or cols <= 0 or cols % hidden:
+        if type(cols) is not int or type(hidden) is not int or hidden <= 0 or cols <= 0 or \
+                cols % hidden:
             raise _fail(f"block_cols[{b}]: expected a positive multiple of hidden={hidden}, "
                         f"found {_brief(cols)}")
-        out.extend([b, c] for c in range(0, cols, hidden))
+        out.extend((b, c) for c in range(0, cols, hidden))
     if len(out) != n_layers:
         raise _fail(f"block_cols {list(block_cols)}: expected {n_layers} slots of "
                     f"hidden={hidden} in total, found {len(out)}")
-    return out
+    return tuple(out)
 
 
 def batch_meta(*, producer: str, epoch: int, seq: int, dp_rank: int, layers: Sequence[int],
@@ -220,24 +251,35 @@ def plan_batch(*, producer: str, epoch: int, seq: int, dp_rank: int, layers: Seq
     body = memoryview(body)[1:]  # drop the fixmap(15) header; map16(18) goes in front
     row_bytes = [tokens * cols * itemsize for cols in block_cols]
     # The placement fields' encoded size depends on their values, which depend on the meta's
-    # length: start from the smallest values and iterate (offsets only grow, so it converges).
-    offsets = [0] * len(block_cols)
-    ids_offset = length = 0
+    # length: start from the smallest sizes and iterate (offsets only grow, so it converges
+    # in two or three rounds). Sizes are computed, not encoded, until the fixed point.
+    fixed = 3 + len(body) + _TAIL_KEYS_SIZE + _array_header_size(len(block_cols)) + sum(
+        1 + _uint_size(c) for c in block_cols)
+    # Every region starts 64-aligned, so offsets are the first offset plus a fixed relative
+    # layout: align(start + x) == start + align(x) for start a multiple of 64.
+    rel = []
+    at = 0
+    for size in row_bytes:
+        rel.append(at)
+        at = (at + size + ALIGN - 1) // ALIGN * ALIGN
+    rel_ids = at
+    meta_len = fixed + 1 + 1 + len(block_cols)  # every placement int at its 1-byte minimum
     for _ in range(_MAX_FIXED_POINT_ROUNDS):
-        tail = msgpack.packb(["blocks", [[o, c] for o, c in zip(offsets, block_cols)],
-                              "ids_offset", ids_offset, "length", length])[1:]
-        meta_len = 3 + len(body) + len(tail)
-        new_offsets = []
-        at = _align(4 + meta_len)
-        for size in row_bytes:
-            new_offsets.append(at)
-            at = _align(at + size)
-        new_length = at + 4 * tokens
-        if new_offsets == offsets and at == ids_offset and new_length == length:
+        start = (4 + meta_len + ALIGN - 1) // ALIGN * ALIGN
+        ids_offset = start + rel_ids
+        length = ids_offset + 4 * tokens
+        new_len = fixed + _uint_size(ids_offset) + _uint_size(length) + sum(
+            [_uint_size(start + r) for r in rel])
+        if new_len == meta_len:
+            offsets = [start + r for r in rel]
             break
-        offsets, ids_offset, length = new_offsets, at, new_length
+        meta_len = new_len
     else:  # pragma: no cover - the sizes are monotone and bounded: cannot happen
         raise AssertionError("batch meta layout did not reach a fixed point")
+    tail = msgpack.packb(["blocks", [[o, c] for o, c in zip(offsets, block_cols)],
+                          "ids_offset", ids_offset, "length", length])[1:]
+    if 3 + len(body) + len(tail) != meta_len:  # pragma: no cover - _uint_size is msgpack's
+        raise AssertionError("batch meta size computed wrongly")
     meta_bytes = b"".join((_MAP16_18, body, tail))
     pads = []
     end = 4 + meta_len
@@ -493,11 +535,11 @@ def notice_mismatches(notice: Mapping[str, Any], entry: Entry, *, offset: int,
 
 
 def _unpack(blob: bytes) -> Any:
+    """Decode a meta that MUST be canonical msgpack (see :func:`notice.unpack_canonical`)."""
     try:
-        return msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True,
-                               object_pairs_hook=unique_map, ext_hook=_no_ext)
-    except Exception as exc:  # msgpack raises many unrelated types; our hooks NoticeError
-        raise _fail(f"meta is not valid msgpack: {type(exc).__name__}: {exc}") from None
+        return unpack_canonical(blob)
+    except NoticeError as exc:
+        raise _fail(f"meta: {exc}") from None
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -664,6 +706,20 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
     total = 0
     rids = set()
     for r, row in enumerate(rows):
+        # Fast path: the common row (ASCII rid, no extra, no fields) in one expression; any
+        # row it does not accept goes through the detailed checks, which name the defect.
+        if type(row) is dict and row.keys() == _ROW_KEYS:
+            rid, start, count, cached = (row["rid"], row["token_start"], row["token_count"],
+                                         row["cached_prefix"])
+            if (type(rid) is str and rid.isascii() and 0 < len(rid) <= MAX_RID_BYTES
+                    and _RID_FORBIDDEN.search(rid) is None
+                    and type(start) is int and type(count) is int and type(cached) is int
+                    and 0 <= start and 0 < count and start + count < _I63
+                    and 0 <= cached <= start + count and type(row["last"]) is bool
+                    and row["extra"] == {} and row["fields"] == {}):
+                rids.add(rid)
+                total += count
+                continue
         where = f"batch row {r}"
         count = _check_chunk(where, _keys(where, row, _ROW_KEYS))
         cached = _int(f"{where} 'cached_prefix'", row["cached_prefix"], 0, _I63)
