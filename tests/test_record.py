@@ -454,6 +454,29 @@ def test_every_batch_rule_violation_is_a_record_format_error_naming_it(path, val
         read(payload)
 
 
+PLAIN_ROWS = [dict(r, extra={}, fields={}) for r in ROWS]
+
+
+@pytest.mark.parametrize("row,value,why", [
+    ({"cached_prefix": 6}, None, "token_start \\+ token_count = 5"),
+    ({"token_count": 0}, None, "'token_count': expected an int in 1"),
+    ({"token_start": -1}, None, "'token_start'"),
+    ({"token_start": 2**63 - 1}, None, "exceeds 2\\*\\*63-1"),
+    ({"last": 1}, None, "'last': expected bool"),
+    ({"rid": ""}, None, "1..512 UTF-8 bytes, found 0"),
+    ({"rid": "x" * 513}, None, "found 513"),
+    ({"rid": "a\tb"}, None, "U\\+0009"),
+    ({"rid": 5}, None, "expected str, found int"),
+    ({"extra": {b"k": 1}}, None, "str keys"),
+    ({"fields": {"m": b""}}, None, "expected 1 bytes"),
+])
+def test_plain_rows_obey_the_same_rules_on_the_fast_path(row, value, why):
+    """Rows without extra or fields take read_entry's fast path: same rules, same errors."""
+    meta = changed(("rows",), [PLAIN_ROWS[0], dict(PLAIN_ROWS[1], **row)])
+    with pytest.raises(RecordFormatError, match=why):
+        read(framed(meta, 1164))
+
+
 @pytest.mark.parametrize("build,path,value,why", [
     (golden_drop, ("rows",), [], "at least one row"),
     (golden_drop, ("rows", 0, "cached_prefix"), 0, "unknown key"),
