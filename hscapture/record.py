@@ -744,7 +744,7 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
 
     # Block rules: each block and the ids 64-aligned, in increasing order, after the meta,
     # not overlapping, ending exactly at length == the record's payload length.
-    length = _int("batch meta 'length'", meta["length"], 0, _U64)
+    length = _int("batch meta 'length'", meta["length"], 0, _I63)
     if length != payload_len:
         raise _fail(f"batch meta 'length': expected the ring record's payload length "
                     f"{payload_len}, found {length}")
@@ -756,7 +756,7 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
     for b, block in enumerate(blocks):
         if type(block) is not list or len(block) != 2:
             raise _fail(f"batch block {b}: expected [offset, cols], found {_brief(block)}")
-        off = _int(f"batch block {b} offset", block[0], 0, _U64)
+        off = _int(f"batch block {b} offset", block[0], 0, _I63)
         cols = _int(f"batch block {b} cols", block[1], 1, _I63)
         if off % ALIGN:
             raise _fail(f"batch block {b}: offset {off} is not a multiple of {ALIGN}")
@@ -767,7 +767,7 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
         if end > length:
             raise _fail(f"batch block {b}: ends at {end}, after the payload length {length}")
         cols_of.append(cols)
-    ids = _int("batch meta 'ids_offset'", meta["ids_offset"], 0, _U64)
+    ids = _int("batch meta 'ids_offset'", meta["ids_offset"], 0, _I63)
     if ids % ALIGN:
         raise _fail(f"batch meta 'ids_offset': {ids} is not a multiple of {ALIGN}")
     if ids < end:
