@@ -9,7 +9,11 @@ random bytes; counts outcomes by exception type; exits 1 if any exception is out
 
 Usage: ``.venv/bin/python scripts/fuzz_protocol.py [N] [--workers W] [--seed S]``
 
-Last full run (N = 1,000,000, 2 workers, seed 0, the 2-core dev machine): RESULT_PLACEHOLDER
+Last full runs (N = 1,000,000, 2 workers, the 2-core dev machine, shared with other jobs):
+seed 0 in 39.9 s, seed 1 in 20.7 s; 0 foreign exceptions in both. Seed 0 outcomes:
+RecordFormatError 491,045, NoticeError 431,395, NoticeVersionError 45,301, accepted 31,437,
+InvalidProducerIdError 822 (structure-aware "tree" edits: 8,311 of 199,531 notices and
+5,964 of 225,711 payloads still valid, the rest rejected across every schema and block rule).
 """
 
 from __future__ import annotations
