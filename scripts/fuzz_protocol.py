@@ -27,7 +27,7 @@ import random
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 

@@ -11,7 +11,7 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hscapture import notice as nt
@@ -662,3 +662,8 @@ def test_the_fuzz_script_finds_no_foreign_exception_in_a_short_run():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"foreign exceptions: 0\b", out.stdout), out.stdout
+
+
+def test_record_format_error_is_a_notice_error_in_the_one_hierarchy():
+    assert issubclass(RecordFormatError, NoticeError)
+    assert issubclass(NoticeError, HSCaptureError)
