@@ -24,6 +24,9 @@ __all__ = [
     "NoticeError",
     "NoticeVersionError",
     "StaleEpochError",
+    "InvalidRidError",
+    "InvalidProducerIdError",
+    "RecordFormatError",
     "SampleMismatchError",
     "SampleTimeoutError",
     "IncompleteSampleError",
@@ -95,6 +98,18 @@ class NoticeVersionError(NoticeError):
 
 class StaleEpochError(NoticeError):
     """A notice or record of an old producer incarnation arrived after a newer one."""
+
+
+class InvalidRidError(NoticeError):
+    """A request id breaks the rid rules (docs/PROTOCOL.md "rid rules"; ``notice.check_rid``)."""
+
+
+class InvalidProducerIdError(NoticeError):
+    """A producer id is not 1..128 characters of ``[A-Za-z0-9_.-]``."""
+
+
+class RecordFormatError(NoticeError):
+    """A ring entry's payload breaks docs/PROTOCOL.md: framing, meta schema or block layout."""
 
 
 # --- samples ------------------------------------------------------------------

@@ -1,57 +1,50 @@
-"""The notice protocol: the one place that defines what travels over ZeroMQ.
+"""Notices on the ZeroMQ wire, and the rules every part of hscapture shares (protocol v2).
 
-Wire format (protocol version 1)
---------------------------------
-Every ZeroMQ message is one frame holding one msgpack map (no pickle, no extension types;
-msgpack ``bin`` for raw bytes, ``str`` for text). Field rules:
+This module implements docs/PROTOCOL.md "Notices" and "rid rules" and nothing else does:
 
-- ``v`` (int) MUST be :data:`PROTOCOL_VERSION`; any other value is a :class:`NoticeVersionError`.
-- ``kind`` (str) MUST be one of :data:`KINDS`.
-- ``producer`` (str) names the producer; ``epoch`` (int, 1..2**64-1) names its incarnation.
-- Each kind has its own required fields (:data:`SCHEMA`); a missing field, a field of the wrong
-  type, a negative count or an unknown extra top-level field is a :class:`NoticeError`.
-  Engine-specific data MAY travel in ``extra`` (a map of str → msgpack scalars/lists/maps).
+- :func:`encode` / :func:`decode` / :func:`validate`: one ZeroMQ frame = one msgpack map with
+  ``v`` = :data:`PROTOCOL_VERSION` and ``kind`` in :data:`KINDS` (``entry``, ``heartbeat``,
+  ``hello``, ``bye``). :func:`decode` raises only :class:`NoticeError` (or its subclass
+  :class:`NoticeVersionError`) whatever bytes it is given.
+- :func:`check_rid` is the one definition of a valid request id; :func:`check_producer_id` of a
+  valid producer id; :func:`rid_tag` the 64-bit tag a ring record header carries.
+- :func:`entry_notice` builds the notice that announces one ring entry.
 
-Kinds
------
-``record``   one captured chunk of one request, committed in the ring at ``offset``.
-``drop``     a chunk that was NOT captured (ring full, record too large, copy error).
-``abort``    a request whose sample can never complete (aborted, retracted attempt, error).
-``heartbeat`` liveness, producer position and counters; ``next_seq`` reveals a lost tail.
-``hello`` / ``bye``  a producer incarnation starts / stops cleanly.
-
-``seq`` numbers ``record``, ``drop`` and ``abort`` notices of one epoch consecutively from 0,
-so a subscriber detects every lost or duplicated notice.
-
-Inside the ring, each record's payload starts with the same map minus the fields that depend
-on the record's own placement (:data:`PLACEMENT_FIELDS`): see :func:`embedded_meta`.
+The ring entries themselves (payload framing, the meta map, blocks) are ``hscapture.record``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Mapping
+import re
+from typing import Any, Mapping
 
 import msgpack
 
-from .errors import NoticeError, NoticeVersionError
+from .errors import InvalidProducerIdError, InvalidRidError, NoticeError, NoticeVersionError
 
 __all__ = [
     "PROTOCOL_VERSION",
     "KINDS",
+    "ENTRY_KINDS",
     "SCHEMA",
-    "PLACEMENT_FIELDS",
     "DTYPES",
     "LAYER_KINDS",
+    "MAX_NOTICE_BYTES",
+    "MAX_RID_BYTES",
+    "MAX_PRODUCER_ID_CHARS",
+    "check_rid",
+    "check_producer_id",
+    "check_segment",
+    "rid_tag",
     "encode",
     "decode",
     "validate",
-    "embedded_meta",
-    "rid_tag",
-    "payload_layout",
+    "entry_notice",
+    "unpack_canonical",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: dtype name → item size in bytes. Names are torch's (``str(torch.bfloat16)[6:]``).
 DTYPES: dict[str, int] = {
@@ -68,233 +61,261 @@ DTYPES: dict[str, int] = {
 #: ``hidden_states[0]``).
 LAYER_KINDS = ("residual", "final_norm", "embedding")
 
-_INT = (int,)
-_COMMON = {"v": _INT, "kind": (str,), "producer": (str,), "epoch": _INT}
+#: The kinds of ring entry (``entry_kind`` of an ``entry`` notice, ``kind`` of a ring meta).
+ENTRY_KINDS = ("batch", "drop", "abort", "unheard")
 
-#: kind → {field: accepted python types}; every listed field is required.
-SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "record": {
-        **_COMMON,
-        "seq": _INT,
-        "rid": (str,),
-        "token_start": _INT,
-        "token_count": _INT,
-        "last": (bool,),
-        "cached_prefix": _INT,
-        "layers": (list,),
-        "layer_kinds": (list,),
-        "convention": (str,),
-        "model": (str,),
-        "hidden": _INT,
-        "dtype": (str,),
-        "token_ids": (bytes,),
-        "tensor_offsets": (list,),
-        "dp_rank": _INT,
-        "extra": (dict,),
-        # placement (not in the embedded copy)
-        "offset": _INT,
-        "length": _INT,
-        "record_seq": _INT,
-        "segment": (str,),
-    },
-    "drop": {
-        **_COMMON,
-        "seq": _INT,
-        "rid": (str,),
-        "token_start": _INT,
-        "token_count": _INT,
-        "last": (bool,),
-        "reason": (str,),
-        "dp_rank": _INT,
-        "extra": (dict,),
-    },
-    "abort": {
-        **_COMMON,
-        "seq": _INT,
-        "rid": (str,),
-        "reason": (str,),
-        "dp_rank": _INT,
-        "extra": (dict,),
+#: Largest notice frame accepted (an ``entry`` notice carries its entry's meta bytes).
+MAX_NOTICE_BYTES = 64 << 20
+#: Longest rid, in UTF-8 bytes.
+MAX_RID_BYTES = 512
+#: Longest producer id, in characters (all ASCII).
+MAX_PRODUCER_ID_CHARS = 128
+
+_U64 = 1 << 64
+
+#: kind → {field: exact python type}; every listed field is required, no other is allowed.
+#: The order is the order :func:`entry_notice` and the golden-bytes tests use.
+SCHEMA: dict[str, dict[str, type]] = {
+    "entry": {
+        "v": int, "kind": str, "producer": str, "epoch": int, "seq": int, "n": int,
+        "entry_kind": str, "segment": str, "offset": int, "length": int, "record_seq": int,
+        "meta": bytes,
     },
     "heartbeat": {
-        **_COMMON,
-        "next_seq": _INT,
-        "segment": (str,),
-        "head": _INT,
-        "committed": _INT,
-        "dropped": _INT,
-        "dropped_bytes": _INT,
-        "errors": _INT,
-        "recent_drops": (list,),
-        "time_ns": _INT,
+        "v": int, "kind": str, "producer": str, "epoch": int, "pid": int, "segment": str,
+        "next_seq": int, "head": int, "committed": int, "dropped": int, "unrecorded": int,
+        "backlog": int, "recorded_through": int, "errors": int, "time_ns": int,
     },
-    "hello": {**_COMMON, "segment": (str,), "capacity": _INT, "pid": _INT, "time_ns": _INT},
-    "bye": {**_COMMON, "next_seq": _INT, "time_ns": _INT},
+    "hello": {
+        "v": int, "kind": str, "producer": str, "epoch": int, "pid": int, "segment": str,
+        "capacity": int, "time_ns": int,
+    },
+    "bye": {"v": int, "kind": str, "producer": str, "epoch": int, "next_seq": int, "time_ns": int},
 }
 KINDS = tuple(SCHEMA)
+_KEYS = {kind: frozenset(spec) for kind, spec in SCHEMA.items()}
 
-#: Fields of a ``record`` notice that describe where the record sits in the ring; the copy
-#: embedded in the record itself omits them (the ring header carries them).
-PLACEMENT_FIELDS = ("offset", "length", "record_seq", "segment")
+# C0 controls (U+0000..U+001F). DEL (U+007F) and the C1 range are allowed (PROTOCOL.md).
+_RID_FORBIDDEN = re.compile(r"[\x00-\x1f]")
+_PRODUCER_ID = re.compile(r"[A-Za-z0-9_.\-]{1,%d}" % MAX_PRODUCER_ID_CHARS)
+_SEGMENT = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
 
-_NONNEGATIVE = (
-    "seq", "token_start", "token_count", "cached_prefix", "hidden", "offset", "length",
-    "record_seq", "next_seq", "head", "committed", "dropped", "dropped_bytes", "errors",
-    "capacity", "pid", "time_ns", "dp_rank",
-)
-MAX_NOTICE_BYTES = 64 << 20
+
+def _show(value: str, limit: int = 40) -> str:
+    """``repr`` of a possibly huge string, cut to ``limit`` characters."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} chars)"
+
+
+def check_rid(rid: object) -> str:
+    """Return ``rid`` (as an exact ``str``) if it obeys the rid rules, else raise.
+
+    The rules (docs/PROTOCOL.md "rid rules"): a ``str`` of 1..:data:`MAX_RID_BYTES` UTF-8
+    bytes, valid Unicode (no lone surrogates), no C0 control character (U+0000..U+001F).
+    Raises :class:`InvalidRidError` naming what was expected and what was found.
+    """
+    if type(rid) is not str:
+        if not isinstance(rid, str):
+            raise InvalidRidError(f"rid: expected str, found {type(rid).__name__}")
+        rid = "".join((rid,))  # an exact str, without calling a subclass's __str__
+    if rid.isascii():
+        size = len(rid)
+    else:
+        try:
+            size = len(rid.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise InvalidRidError(
+                f"rid {_show(rid)}: expected valid Unicode, found a lone surrogate at index "
+                f"{exc.start}") from None
+    if not 0 < size <= MAX_RID_BYTES:
+        raise InvalidRidError(
+            f"rid {_show(rid)}: expected 1..{MAX_RID_BYTES} UTF-8 bytes, found {size}")
+    bad = _RID_FORBIDDEN.search(rid)
+    if bad is not None:
+        raise InvalidRidError(
+            f"rid {_show(rid)}: expected no control characters, found "
+            f"U+{ord(bad.group()):04X} at index {bad.start()}")
+    return rid
+
+
+def check_producer_id(pid: object) -> str:
+    """Return ``pid`` if it is 1..128 characters of ``[A-Za-z0-9_.-]``, else raise
+    :class:`InvalidProducerIdError`."""
+    if type(pid) is not str or _PRODUCER_ID.fullmatch(pid) is None:
+        found = _show(pid) if isinstance(pid, str) else type(pid).__name__
+        raise InvalidProducerIdError(
+            f"producer id: expected 1..{MAX_PRODUCER_ID_CHARS} characters of [A-Za-z0-9_.-], "
+            f"found {found}")
+    return pid
+
+
+def check_segment(name: object) -> str:
+    """Return ``name`` if it is a plausible segment name (1..255 characters of
+    ``[A-Za-z0-9_.-]``: no ``/``, so it can never name a path), else raise :class:`NoticeError`."""
+    if type(name) is not str or _SEGMENT.fullmatch(name) is None:
+        found = _show(name) if isinstance(name, str) else type(name).__name__
+        raise NoticeError(f"segment: expected 1..255 characters of [A-Za-z0-9_.-], found {found}")
+    return name
 
 
 def rid_tag(rid: str) -> int:
-    """The 64-bit tag stored in a ring record header to bind the record to its rid."""
+    """The 64-bit tag stored in a ring record header to bind the record to its rid:
+    blake2b with an 8-byte digest of the rid's UTF-8 bytes, read little-endian."""
     return int.from_bytes(hashlib.blake2b(rid.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def _align(n: int, a: int = 64) -> int:
-    return (n + a - 1) // a * a
-
-
-def payload_layout(meta_len: int, token_count: int, hidden: int, itemsize: int,
-                   num_tensors: int) -> tuple[list[int], int]:
-    """Byte offsets of each tensor inside a record payload, and the payload's total length.
-
-    Payload = u32 meta_len | meta | pad to 64 | tensor 0 | pad to 64 | tensor 1 | ...
-    """
-    tensor_bytes = token_count * hidden * itemsize
-    start = _align(4 + meta_len)
-    stride = _align(tensor_bytes)
-    offsets = [start + i * stride for i in range(num_tensors)]
-    length = (offsets[-1] + tensor_bytes) if num_tensors else start
-    return offsets, length
-
-
 def validate(msg: Any) -> dict[str, Any]:
-    """Check a decoded notice against the schema; return it, or raise a typed error.
+    """Check a decoded notice against docs/PROTOCOL.md "Notices"; return it, or raise.
 
     Raises :class:`NoticeVersionError` for another protocol version and :class:`NoticeError`
-    for anything else wrong, naming the field, what was expected and what was found.
+    for anything else wrong (a missing, unknown or mistyped field, an impossible value),
+    naming the field, what was expected and what was found. Never raises anything else.
     """
-    if not isinstance(msg, dict):
+    if type(msg) is not dict:
         raise NoticeError(f"notice must be a msgpack map, found {type(msg).__name__}")
     v = msg.get("v")
-    if v != PROTOCOL_VERSION:
+    if type(v) is not int or v != PROTOCOL_VERSION:
+        found = v if type(v) is int else type(v).__name__
         raise NoticeVersionError(
-            f"notice protocol version: expected {PROTOCOL_VERSION}, found {v!r}")
+            f"notice protocol version: expected {PROTOCOL_VERSION}, found {found}")
     kind = msg.get("kind")
-    spec = SCHEMA.get(kind) if isinstance(kind, str) else None
+    spec = SCHEMA.get(kind) if type(kind) is str else None
     if spec is None:
-        raise NoticeError(f"notice kind: expected one of {KINDS}, found {kind!r}")
-    for name, types in spec.items():
-        if name not in msg:
-            raise NoticeError(f"{kind} notice: required field {name!r} is missing")
+        found = _show(kind) if isinstance(kind, str) else type(kind).__name__
+        raise NoticeError(f"notice kind: expected one of {KINDS}, found {found}")
+    if msg.keys() != _KEYS[kind]:
+        missing = sorted(_KEYS[kind] - msg.keys())
+        if missing:
+            raise NoticeError(f"{kind} notice: required field {missing[0]!r} is missing")
+        unknown = sorted(map(str, msg.keys() - _KEYS[kind]))
+        raise NoticeError(f"{kind} notice: unknown field(s) {unknown}"[:300])
+    for name, want in spec.items():
         value = msg[name]
-        # bool is an int subclass; never accept it where an int is required
-        if not isinstance(value, types) or (types == _INT and isinstance(value, bool)):
-            want = "/".join(t.__name__ for t in types)
+        if type(value) is not want:  # exact: a bool is never accepted for an int
+            raise NoticeError(f"{kind} notice field {name!r}: expected {want.__name__}, "
+                              f"found {type(value).__name__}")
+        if want is int and not 0 <= value < _U64:
             raise NoticeError(
-                f"{kind} notice field {name!r}: expected {want}, found {type(value).__name__}")
-    unknown = set(msg) - set(spec)
-    if unknown:
-        raise NoticeError(f"{kind} notice: unknown field(s) {sorted(unknown)}")
-    for name in _NONNEGATIVE:
-        if name in msg and msg[name] < 0:
-            raise NoticeError(f"{kind} notice field {name!r}: expected >= 0, found {msg[name]}")
-    if not 0 < msg["epoch"] < 2**64:
-        raise NoticeError(f"{kind} notice field 'epoch': expected 1..2**64-1, found {msg['epoch']}")
-    if kind == "record":
-        _validate_record(msg)
+                f"{kind} notice field {name!r}: expected 0..2**64-1, found {value}")
+    if msg["epoch"] == 0:
+        raise NoticeError(f"{kind} notice field 'epoch': expected 1..2**64-1, found 0")
+    check_producer_id(msg["producer"])
+    if "segment" in spec:
+        check_segment(msg["segment"])
+    if kind == "entry":
+        _validate_entry(msg)
+    elif kind == "heartbeat":
+        if msg["recorded_through"] > msg["next_seq"]:
+            raise NoticeError(
+                f"heartbeat notice: expected recorded_through <= next_seq ({msg['next_seq']}), "
+                f"found {msg['recorded_through']}")
+    elif kind == "hello" and msg["capacity"] == 0:
+        raise NoticeError("hello notice field 'capacity': expected >= 1, found 0")
     return msg
 
 
-def _validate_record(msg: dict[str, Any]) -> None:
-    n_layers = len(msg["layers"])
-    if n_layers == 0:
-        raise NoticeError("record notice: 'layers' is empty")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in msg["layers"]):
-        raise NoticeError("record notice: 'layers' must hold ints")
-    if len(msg["layer_kinds"]) != n_layers or not all(
-            isinstance(k, str) for k in msg["layer_kinds"]):
+def _validate_entry(msg: dict[str, Any]) -> None:
+    ek, n = msg["entry_kind"], msg["n"]
+    if ek not in ENTRY_KINDS:
+        raise NoticeError(f"entry notice field 'entry_kind': expected one of {ENTRY_KINDS}, "
+                          f"found {_show(ek)}")
+    if ek in ("batch", "drop") and n == 0:
+        raise NoticeError(f"entry notice ({ek}): expected n >= 1, found 0")
+    if ek == "abort" and n != 1:
+        raise NoticeError(f"entry notice (abort): expected n == 1, found {n}")
+    if ek == "unheard" and n != 0:
+        raise NoticeError(f"entry notice (unheard): expected n == 0, found {n}")
+    if msg["seq"] + n > _U64:
+        raise NoticeError(f"entry notice: seq + n = {msg['seq'] + n} exceeds 2**64")
+    meta_len = len(msg["meta"])
+    if meta_len == 0 or 4 + meta_len > msg["length"]:
         raise NoticeError(
-            f"record notice: 'layer_kinds' must hold {n_layers} strings, "
-            f"found {msg['layer_kinds']!r}")
-    if msg["dtype"] not in DTYPES:
-        raise NoticeError(f"record notice 'dtype': expected one of {sorted(DTYPES)}, "
-                          f"found {msg['dtype']!r}")
-    if msg["token_count"] == 0:
-        raise NoticeError("record notice: 'token_count' is 0 (empty chunks are never published)")
-    if len(msg["token_ids"]) != 4 * msg["token_count"]:
-        raise NoticeError(
-            f"record notice 'token_ids': expected {4 * msg['token_count']} bytes "
-            f"(int32 x token_count), found {len(msg['token_ids'])}")
-    if msg["cached_prefix"] > msg["token_start"] + msg["token_count"]:
-        raise NoticeError("record notice: 'cached_prefix' exceeds the tokens seen so far")
-    if "length" in msg:
-        expect = msg["token_count"] * msg["hidden"] * DTYPES[msg["dtype"]]
-        offs = msg["tensor_offsets"]
-        if len(offs) != n_layers or not all(isinstance(o, int) for o in offs):
-            raise NoticeError(f"record notice 'tensor_offsets': expected {n_layers} ints, "
-                              f"found {offs!r}")
-        if offs and offs[-1] + expect != msg["length"]:
-            raise NoticeError(
-                f"record notice 'length': expected {offs[-1] + expect} from the offsets, "
-                f"token count, hidden size and dtype, found {msg['length']}")
+            f"entry notice field 'meta': expected 1..length-4 = {msg['length'] - 4} bytes, "
+            f"found {meta_len}")
+
+
+def entry_notice(producer: str, epoch: int, seq: int, n: int, entry_kind: str, segment: str,
+                 offset: int, length: int, record_seq: int, meta_bytes: bytes) -> dict[str, Any]:
+    """The ``entry`` notice announcing one committed ring entry (fields in canonical order).
+
+    Nothing is checked here: the producer builds it from values it owns and encodes it with
+    ``encode(..., check=False)``; receivers validate it in :func:`decode`.
+    """
+    return {"v": PROTOCOL_VERSION, "kind": "entry", "producer": producer, "epoch": epoch,
+            "seq": seq, "n": n, "entry_kind": entry_kind, "segment": segment,
+            "offset": offset, "length": length, "record_seq": record_seq, "meta": meta_bytes}
 
 
 def encode(msg: Mapping[str, Any], *, check: bool = True) -> bytes:
     """Serialize one notice, validating it first unless ``check=False`` (for notices the
-    producer assembled itself from already-checked values, on the hot path)."""
-    return msgpack.packb(validate(dict(msg)) if check else msg, use_bin_type=True)
+    producer assembled itself from already-checked values, on the hot path).
+
+    Raises :class:`NoticeError` for an invalid notice (with ``check``), for values msgpack
+    cannot encode, and for a frame larger than :data:`MAX_NOTICE_BYTES`.
+    """
+    try:
+        if check:
+            msg = validate(dict(msg))
+        frame = msgpack.packb(msg, use_bin_type=True)
+    except NoticeError:
+        raise
+    except Exception as exc:  # TypeError / OverflowError / ValueError from msgpack or dict()
+        raise NoticeError(f"notice cannot be encoded: {type(exc).__name__}: {exc}") from None
+    if len(frame) > MAX_NOTICE_BYTES:
+        raise NoticeError(f"notice is {len(frame)} bytes, more than {MAX_NOTICE_BYTES}")
+    return frame
 
 
 def decode(frame: bytes | memoryview) -> dict[str, Any]:
-    """Parse and validate one notice; raise :class:`NoticeError` on any defect."""
-    if len(frame) > MAX_NOTICE_BYTES:
-        raise NoticeError(f"notice is {len(frame)} bytes, more than {MAX_NOTICE_BYTES}")
+    """Parse and validate one notice frame.
+
+    Raises :class:`NoticeError` (or :class:`NoticeVersionError`) for any defect and nothing
+    else, whatever ``frame`` holds: not msgpack, trailing bytes, extension types, duplicate
+    map keys, a schema violation.
+    """
+    if type(frame) is bytes:
+        blob = frame
+    else:
+        try:
+            view = memoryview(frame)
+        except TypeError:
+            raise NoticeError(
+                f"notice frame: expected bytes, found {type(frame).__name__}") from None
+        if view.nbytes > MAX_NOTICE_BYTES:
+            raise NoticeError(f"notice is {view.nbytes} bytes, more than {MAX_NOTICE_BYTES}")
+        blob = view.tobytes()
+    if len(blob) > MAX_NOTICE_BYTES:
+        raise NoticeError(f"notice is {len(blob)} bytes, more than {MAX_NOTICE_BYTES}")
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True,
-                              max_bin_len=MAX_NOTICE_BYTES, max_str_len=1 << 20,
+        msg = unpack_canonical(blob)
+    except NoticeError as exc:
+        raise NoticeError(f"notice: {exc}") from None
+    return validate(msg)
+
+
+def unpack_canonical(blob: bytes) -> Any:
+    """Decode ``blob``, which MUST be one canonical msgpack object, or raise :class:`NoticeError`.
+
+    Canonical (docs/PROTOCOL.md "Encoding") means exactly what ``msgpack.packb(obj,
+    use_bin_type=True)`` produces for the decoded object: shortest forms, no duplicate map
+    keys, no trailing bytes, no extension types, float64 floats. Two decoders therefore can
+    never disagree about a frame (a duplicate key, say), and equal content is equal bytes.
+    """
+    try:
+        obj = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True,
                               ext_hook=_no_ext)
     except NoticeError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise NoticeError(f"notice is not valid msgpack: {type(exc).__name__}: {exc}") from exc
-    return validate(msg)
+        raise NoticeError(f"not valid msgpack: {type(exc).__name__}: {exc}"[:300]) from None
+    try:
+        canonical = msgpack.packb(obj, use_bin_type=True) == blob
+    except Exception as exc:  # nesting deeper than the packer's limit
+        raise NoticeError(f"msgpack nested too deeply: {type(exc).__name__}") from None
+    if not canonical:
+        raise NoticeError("not canonical msgpack (a duplicate map key, or a value not in its "
+                          "shortest encoding)")
+    return obj
 
 
 def _no_ext(code: int, data: bytes) -> Any:
-    raise NoticeError(f"msgpack extension type {code} is not allowed in notices")
-
-
-def embedded_meta(notice: Mapping[str, Any]) -> dict[str, Any]:
-    """The copy of a record notice that is stored inside the ring record itself."""
-    return {k: v for k, v in notice.items() if k not in PLACEMENT_FIELDS}
-
-
-def encode_embedded(meta: Mapping[str, Any]) -> bytes:
-    """Serialize an embedded meta map (a record notice minus placement fields)."""
-    return msgpack.packb(dict(meta), use_bin_type=True)
-
-
-def decode_embedded(frame: bytes | memoryview, placement: Mapping[str, Any], *,
-                    check: bool = True) -> dict[str, Any]:
-    """Parse the meta embedded in a ring record, completed by the record's own placement.
-
-    With ``check=False`` only the msgpack framing is checked: the caller MUST then compare the
-    result field by field with a validated notice (or validate it) before trusting it.
-    """
-    try:
-        meta = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_no_ext)
-    except NoticeError:
-        raise
-    except Exception as exc:
-        raise NoticeError(f"embedded record meta is not valid msgpack: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise NoticeError(f"embedded record meta must be a map, found {type(meta).__name__}")
-    meta.update(placement)
-    return validate(meta) if check else meta
-
-
-def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any],
-                     fields: Iterable[str]) -> list[str]:
-    """Names of ``fields`` on which two notices disagree (used to report mismatches)."""
-    return [f for f in fields if a.get(f) != b.get(f)]
+    raise NoticeError(f"msgpack extension type {code} is not allowed")
