@@ -105,6 +105,10 @@ class StoredSample:
         return d
 
 
+_FORK_GEN = [0]   # bumped in every forked child: handles opened before the fork are dropped
+os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+
+
 class _Handle:
     """One shard file opened with safe_open, plus what its header says."""
 
@@ -149,7 +153,8 @@ class ShardSet(Sequence):
             raise ShardError(f"{self.directory} is not a directory (expected a shard directory "
                              f"with index.jsonl)")
         self._handles: dict[str, _Handle] = {}
-        self._pid = os.getpid()
+        self._gen = _FORK_GEN[0]
+        self._layout: dict[int, tuple] = {}
         self.reload()
 
     # -- index ------------------------------------------------------------------------
@@ -172,6 +177,7 @@ class ShardSet(Sequence):
             pos[rid] = len(entries)
             entries.append(d)
         self._entries = entries
+        self._layout = {}
         self._pos = pos
         self._rids = [e["rid"] for e in entries]
 
@@ -210,9 +216,9 @@ class ShardSet(Sequence):
     # -- shards -----------------------------------------------------------------------
 
     def _handle(self, shard: str) -> _Handle:
-        if self._pid != os.getpid():  # forked: the parent's handles are not ours to use
+        if self._gen != _FORK_GEN[0]:  # forked: the parent's handles are not ours to use
             self._handles = {}
-            self._pid = os.getpid()
+            self._gen = _FORK_GEN[0]
         h = self._handles.get(shard)
         if h is None:
             h = _Handle(os.path.join(self.directory, shard))
@@ -246,13 +252,18 @@ class ShardSet(Sequence):
              fields: bool = True) -> StoredSample:
         """Read one sample (by position or rid). ``names``: only these layer names (all when
         None); ``fields=False`` skips per-token fields."""
-        ent = self.entry(key)
+        pos = self.position(key) if isinstance(key, str) else self._norm_pos(key)
+        ent = self._entries[pos]
+        lay = self._layout.get(pos)
+        if lay is None:
+            layers = [int(x) for x in ent.get("layers", [])]
+            kinds = [str(k) for k in ent.get("layer_kinds", [])]
+            lay = (layers, kinds, [layer_name(l, k) for l, k in zip(layers, kinds)])
+            self._layout[pos] = lay
+        layers, kinds, all_names = lay
         rid = ent["rid"]
         shard = ent["shard"]
         h = self._handle(shard)
-        layers = [int(x) for x in ent.get("layers", [])]
-        kinds = [str(k) for k in ent.get("layer_kinds", [])]
-        all_names = [layer_name(l, k) for l, k in zip(layers, kinds)]
         if names is None:
             want = all_names
         else:
@@ -272,15 +283,14 @@ class ShardSet(Sequence):
             flds = {n: f.get_tensor(prefix + "field." + n) for n in fnames} if fields else {}
         except Exception as e:  # safetensors raises SafetensorError for a missing name
             raise ShardError(f"rid {rid!r}: cannot read its tensors from {h.path}: {e}") from e
-        codec = h.meta.get("codec")
-        if codec:
-            from .codec import decode_sample
-
-            tensors = decode_sample(codec, f, prefix, tensors, ent)
+        if h.meta.get("codec"):
+            raise ShardError(f"{h.path}: codec {h.meta['codec']!r} is not supported by this "
+                             f"version of hscapture")
         meta = ent.get("meta") if isinstance(ent.get("meta"), dict) else {}
         return StoredSample(
             rid=rid, token_ids=token_ids, tensors=tensors, fields=flds, meta=meta,
-            layers=layers, layer_kinds=kinds, dtype=str(ent.get("dtype") or h.meta.get("dtype", "")),
+            layers=list(layers), layer_kinds=list(kinds),
+            dtype=str(ent.get("dtype") or h.meta.get("dtype", "")),
             hidden=int(ent.get("hidden") or h.meta.get("hidden", 0)),
             convention=str(meta.get("convention") or h.meta.get("convention", "")),
             model=str(meta.get("model") or h.meta.get("model", "")),
@@ -305,7 +315,7 @@ class ShardSet(Sequence):
 
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.__dict__.update(st)
-        self._pid = os.getpid()
+        self._gen = _FORK_GEN[0]
 
     def __repr__(self) -> str:
         return f"ShardSet({self.directory!r}, {len(self)} samples)"
