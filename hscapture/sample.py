@@ -49,6 +49,9 @@ class Sample:
     dtype: str
     hidden: int
     meta: dict[str, Any] = field(default_factory=dict)
+    #: per-token side fields (e.g. ``loss_mask``): name -> uint8 tensor of shape ``[num_tokens]``;
+    #: stored as ``"{rid}/field.{name}"`` in shards and handed to every reader and export.
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
     _release: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -71,5 +74,6 @@ class Sample:
         """Copy every tensor into process memory and release the ring space."""
         self.tensors = {k: v.clone() for k, v in self.tensors.items()}
         self.token_ids = self.token_ids.clone()
+        self.fields = {k: v.clone() for k, v in self.fields.items()}
         self.release()
         return self

@@ -24,7 +24,11 @@ Shards
 * Tensor names are ``"{rid}/{name}"``. ``name`` is a layer name
   (:func:`hscapture.sample.layer_name`: ``layer_{L}``, ``final_norm``, ``{kind}_{L}``) of shape
   ``[num_tokens, hidden]`` and the sample's dtype, or ``token_ids`` of shape ``[num_tokens]``
-  (I32 or I64). ``name`` MUST NOT contain ``/``; ``rid`` is stored verbatim (no escaping) and
+  (I32 or I64), or ``field.{field}`` of shape ``[num_tokens]`` and dtype U8: a per-token side
+  field of the sample (:attr:`hscapture.sample.Sample.fields`, e.g. ``field.loss_mask``, 1 =
+  the token is trained on); ``field`` matches ``[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}``. Readers
+  MUST hand fields to the user and exports MUST honour ``loss_mask`` when present.
+  ``name`` MUST NOT contain ``/``; ``rid`` is stored verbatim (no escaping) and
   MAY contain ``/`` or any other character: readers MUST split a tensor name at its LAST ``/``.
   rids MUST be non-empty, valid Unicode without lone surrogates, at most 4096 UTF-8 bytes.
 * Tensors of one sample are contiguous in the data section (larger element size first, token
@@ -44,8 +48,11 @@ index.jsonl
 -----------
 * One JSON object per line, ``\\n``-terminated: ``v`` (1), ``rid``, ``shard`` (file name),
   ``num_tokens``, ``nbytes`` (hidden-state bytes, token ids excluded), ``layers``,
-  ``layer_kinds``, ``dtype``, ``hidden``, ``producer_id``, ``epoch``, ``complete`` (bool), and
-  ``meta`` (the sample's meta, JSON-encoded; non-JSON values stringified).
+  ``layer_kinds``, ``dtype``, ``hidden``, ``producer_id``, ``epoch``, ``complete`` (bool),
+  ``fields`` (sorted names of the sample's per-token fields; MAY be absent in lines written
+  before fields existed: readers then look for ``{rid}/field.*`` tensors in the shard) and
+  ``meta`` (the sample's meta, JSON-encoded; non-JSON values stringified; small per-sample
+  user metadata such as a dataset row id or split travels in ``meta["extra"]``).
 * Each rid MUST appear at most once in the whole index. Lines are appended only after their
   shard has been renamed into place, so every indexed rid is loadable.
 * A final line without a terminating newline is a torn write: readers MUST ignore it, and a
@@ -245,6 +252,8 @@ class _Shard:
 
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_FIELD_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
+FIELD_PREFIX = "field."
 
 
 def _layout(rid_jlen: int, items: list, start: int) -> tuple[list, int]:
@@ -427,6 +436,7 @@ class ShardWriter:
             "layers": list(schema[2]), "layer_kinds": list(schema[3]), "dtype": schema[0],
             "hidden": schema[1], "producer_id": str(sample.producer_id), "epoch": int(sample.epoch),
             "complete": bool((sample.meta or {}).get("complete", True)),
+            "fields": sorted(sample.fields or {}),
             "meta": json.loads(_jdump(sample.meta or {})),
         }
         sh = self._shard
@@ -529,7 +539,7 @@ class ShardWriter:
         items = []
         want_dtype = getattr(torch, str(s.dtype), None)
         for i, (name, t) in enumerate(s.tensors.items()):
-            if "/" in name or name == "token_ids" or not name:
+            if "/" in name or name == "token_ids" or not name or name.startswith(FIELD_PREFIX):
                 raise ShardError(f"rid {s.rid!r}: invalid tensor name {name!r}")
             if tuple(t.shape) != (T, H):
                 raise ShardError(f"rid {s.rid!r}: tensor {name!r} has shape {list(t.shape)}, "
@@ -539,6 +549,19 @@ class ShardWriter:
                                  f"sample says {s.dtype}")
             items.append((-t.element_size(), i, name, t))
         items.append((-tid.element_size(), len(items), "token_ids", tid))
+        for fname, ft in (s.fields or {}).items():
+            if not isinstance(fname, str) or not _FIELD_NAME.match(fname):
+                raise ShardError(f"rid {s.rid!r}: invalid field name {fname!r} (expected "
+                                 f"letters, digits, '_', '-', '.')")
+            if not isinstance(ft, torch.Tensor) or ft.dtype not in (torch.uint8, torch.bool) \
+                    or tuple(ft.shape) != (T,):
+                raise ShardError(f"rid {s.rid!r}: field {fname!r} must be a uint8 (or bool) "
+                                 f"tensor of shape [{T}], got "
+                                 f"{getattr(ft, 'dtype', type(ft).__name__)} "
+                                 f"{list(getattr(ft, 'shape', []))}")
+            if ft.dtype == torch.bool:
+                ft = ft.to(torch.uint8)
+            items.append((-1, len(items), FIELD_PREFIX + fname, ft))
         items.sort(key=lambda x: (x[0], x[1]))
         return [(name, _DTYPES[t.dtype], [int(d) for d in t.shape], _byte_view(t))
                 for _, _, name, t in items]
@@ -921,25 +944,47 @@ def read_index(out_dir: str | os.PathLike) -> dict[str, dict]:
     return idx
 
 
-def load_sample(out_dir: str | os.PathLike, rid: str) -> dict[str, torch.Tensor]:
-    """Tensors of one sample (``{"layer_3": ..., "final_norm": ..., "token_ids": ...}``)."""
-    from safetensors import safe_open
+_SET_CACHE: dict[str, tuple[tuple, Any]] = {}
+_SET_CACHE_MAX = 8
 
-    entry = read_index(out_dir).get(rid)
-    if entry is None:
-        raise ShardError(f"rid {rid!r} is not in the index of {os.fspath(out_dir)}")
-    path = os.path.join(os.fspath(out_dir), entry["shard"])
-    prefix = rid + "/"
-    out = {}
+
+def _cached_set(out_dir: str):
+    """The :class:`~hscapture.reader.ShardSet` of ``out_dir``, reopened only when its index
+    file changed (inode, size or mtime), so repeated :func:`load_sample` calls are O(1)."""
+    from .reader import ShardSet
+
+    key = os.path.realpath(out_dir)
     try:
-        with safe_open(path, "pt") as f:
-            for k in f.keys():
-                if k.startswith(prefix) and "/" not in k[len(prefix):]:
-                    out[k[len(prefix):]] = f.get_tensor(k)
-    except Exception as e:
-        raise ShardError(f"cannot read rid {rid!r} from {path}: {e}") from e
-    if "token_ids" not in out:
-        raise ShardError(f"rid {rid!r}: no tensors in {path}")
+        st = os.stat(os.path.join(key, INDEX_NAME))
+        stamp: tuple = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        raise ShardError(f"{out_dir} has no {INDEX_NAME}: not a shard directory") from None
+    hit = _SET_CACHE.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    ss = ShardSet(key)
+    if len(_SET_CACHE) >= _SET_CACHE_MAX:
+        _SET_CACHE.pop(next(iter(_SET_CACHE)))
+    _SET_CACHE[key] = (stamp, ss)
+    return ss
+
+
+def load_sample(out_dir: str | os.PathLike, rid: str) -> dict[str, torch.Tensor]:
+    """Tensors of one sample: ``{"layer_3": ..., "final_norm": ..., "token_ids": ...,
+    "field.loss_mask": ...}`` (names as stored, without the ``rid/`` prefix).
+
+    Kept for compatibility; prefer :func:`hscapture.reader.open_shards`, which also returns
+    the sample's layers, meta and fields. The directory's index is read once and cached (it
+    is reread only when ``index.jsonl`` changes), and the sample's tensors are read by name
+    from its shard, so each call costs O(1) index work, not a reread of the index and a scan
+    of every tensor name.
+    """
+    d = os.fspath(out_dir)
+    ss = _cached_set(d)
+    if rid not in ss:
+        raise ShardError(f"rid {rid!r} is not in the index of {d}")
+    out = ss.load(rid).to_dict()
+    del out["rid"]
     return out
 
 
@@ -1025,8 +1070,18 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
         if tid is None or tid[1] != (T,):
             problems.append(f"rid {rid!r}: token_ids shape {tid and list(tid[1])} != [{T}]")
         hidden = ent.get("hidden")
+        want_fields = ent.get("fields")
+        if want_fields is not None:
+            have = sorted(n[len(FIELD_PREFIX):] for n in tens if n.startswith(FIELD_PREFIX))
+            if have != sorted(want_fields):
+                problems.append(f"rid {rid!r}: fields {have} in {shard} != index {want_fields}")
         for name, (dt, shape) in tens.items():
             if name == "token_ids":
+                continue
+            if name.startswith(FIELD_PREFIX):
+                if shape != (T,) or dt != "U8":
+                    problems.append(f"rid {rid!r}: {name} is {dt} {list(shape)}, expected "
+                                    f"U8 [{T}]")
                 continue
             if shape != (T, hidden):
                 problems.append(f"rid {rid!r}: {name} shape {list(shape)} != [{T}, {hidden}]")

@@ -1,0 +1,76 @@
+"""``hscapture export``: shards → a trainer's on-disk layout (registered in :mod:`hscapture.cli`
+with ``main.add_command(export)``)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .errors import HSCaptureError
+
+__all__ = ["export"]
+
+
+def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter(f"expected layer ids like 1,15,28, found {value!r}") from None
+
+
+@click.command("export")
+@click.option("--format", "-f", "fmt", type=click.Choice(["specforge", "speculators"]),
+              required=True, help="Trainer layout to write.")
+@click.argument("shard_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--layers", callback=_layers, default=None,
+              help="Aux layers as hscapture ids (output of decoder layer L), e.g. 1,15,28; "
+                   "default: every captured residual layer except the last decoder layer.")
+@click.option("--loss-mask", type=click.Choice(["require", "all"]), default="require",
+              show_default=True,
+              help="require: fail if a sample has no stored loss_mask; all: such samples "
+                   "train on every token (recorded in the export's manifest).")
+@click.option("--num-layers", type=int, default=None,
+              help="The model's number of decoder layers (default: from the captured "
+                   "final_norm's layer id).")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT instead of "
+                                                 "resuming it.")
+@click.option("--no-fsync", is_flag=True, help="Do not fsync each file (scratch data).")
+@click.option("--workers", type=int, default=None, help="Reader/writer threads (default 4).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_mask: str,
+           num_layers: int | None, overwrite: bool, no_fsync: bool, workers: int | None,
+           quiet: bool, as_json: bool) -> None:
+    """Export the samples of SHARD_DIR to OUT in SpecForge's or speculators' layout.
+
+    Resumable: rerunning skips complete files and rewrites partial ones. Refuses (exit 2)
+    when the captured layers or the loss masks cannot produce what the trainer needs.
+    """
+    from .export import ExportError, export as run_export
+
+    try:
+        r = run_export(shard_dir, out, fmt, layers=layers, loss_mask=loss_mask,
+                       num_layers=num_layers, progress=not quiet, overwrite=overwrite,
+                       fsync=not no_fsync, workers=workers)
+    except ExportError as e:
+        click.echo(f"error: {e}", err=True)
+        raise SystemExit(2) from None
+    except HSCaptureError as e:
+        click.echo(f"error: {e}", err=True)
+        raise SystemExit(1) from None
+    if as_json:
+        click.echo(json.dumps(r.as_dict()))
+        return
+    lm = r.loss_mask
+    click.echo(f"{r.format}: {r.samples} samples ({r.written} written, {r.skipped} already "
+               f"complete, {r.rewritten} partial rewritten), {r.tokens} tokens, "
+               f"{r.bytes_written / 1e9:.3f} GB in {r.seconds:.1f} s "
+               f"({r.gb_per_s:.2f} GB/s) -> {r.out_dir}")
+    click.echo(f"loss mask: {lm['stored']} stored, {lm['all_ones']} all-ones ({lm['mode']})")
+    hint = r.manifest.get("trainer_settings", {})
+    if hint:
+        click.echo("trainer settings: " + ", ".join(f"{k}={v}" for k, v in hint.items()))

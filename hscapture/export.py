@@ -1,0 +1,613 @@
+"""Export a shard directory to the on-disk layout an EAGLE-3 trainer reads.
+
+Two targets, each written exactly as its loader reads it (read from specforge 0.2.0 and
+speculators 0.9.0; see docs/training.md):
+
+``specforge``
+    ``rows_{g}-{g+2000}/data_{i}.ckpt`` for sample position ``i`` (``g = 2000 * (i // 2000)``):
+    a zip-format ``torch.save`` dict that ``OfflineEagle3Dataset`` / ``load_feature_file``
+    load with ``mmap=True``: ``input_ids`` int64 ``[L]``, ``loss_mask`` int64 ``[L]``,
+    ``hidden_state`` ``[1, L, H]`` = the final layer **after** the final norm (hscapture kind
+    ``final_norm``), ``aux_hidden_state`` ``[1, L, K*H]`` = the aux layers concatenated in
+    ascending layer order, in the captured dtype.
+``speculators``
+    An Arrow dataset (``datasets``' ``save_to_disk``, torch format) with ``input_ids`` int64,
+    ``loss_mask`` int64 and ``seq_len`` per row, ``token_freq.pt`` (token id -> count over
+    loss-masked tokens, what ``speculators prepare-data`` writes for vocab mappings), and
+    ``hidden_states/hs_{i}.safetensors`` for row ``i``: ``token_ids`` int64 ``[L]`` (equal to
+    row ``i``'s ``input_ids``) and ``hidden_states`` ``[L, K+1, H]`` = aux layers ascending,
+    last slot = the final decoder layer's output **before** the final norm (hscapture residual
+    layer ``N-1``), which speculators normalizes itself.
+
+Layer ids. hscapture names residual layer ``L`` = output of decoder layer ``L`` (0-based,
+pre-norm, HF ``hidden_states[L+1]``). SGLang/SpecForge id ``j`` = output of decoder layer
+``j`` (the same number); vLLM/speculators id ``j`` = output of decoder layer ``j-1`` (0 = the
+embeddings), so hscapture layer ``L`` is speculators id ``L+1``. ``layers`` arguments are
+hscapture ids; the manifest records both, and the convention, in every export.
+
+Guarantees:
+
+* Every file is written under a temporary name and renamed into place once complete (and
+  fsync'd unless ``fsync=False``); ``hscapture_export.json`` (the manifest) says
+  ``"status": "complete"`` only after every file is in place.
+* Resumable: a rerun with the same arguments on the same shard directory skips files that are
+  complete and correct (checked: keys, shapes, dtypes and token ids), rewrites partial or
+  wrong ones, and appends samples added to the shard directory since (the old sample order
+  must be a prefix of the new one; anything else is refused unless ``overwrite=True``).
+* ``loss_mask``: a sample's stored ``loss_mask`` field is always used when present. A sample
+  without one makes the export fail (``loss_mask="require"``, the default) or gets an all-ones
+  mask (``loss_mask="all"``); the manifest counts which samples got which.
+* Refuses, before writing anything, when the captured layers cannot produce what the target
+  needs (e.g. speculators needs the pre-norm final layer, SpecForge the post-norm one),
+  saying what is missing and how to capture it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .errors import HSCaptureError
+from .reader import ShardSet, StoredSample
+from .sample import layer_name
+
+__all__ = ["export", "ExportResult", "ExportError", "FORMATS", "MANIFEST_NAME",
+           "SPECFORGE_GROUP"]
+
+FORMATS = ("specforge", "speculators")
+MANIFEST_NAME = "hscapture_export.json"
+MANIFEST_VERSION = 1
+SPECFORGE_GROUP = 2000
+_TMP = ".hscapture-tmp"
+_DATASET_FILES = ("data-00000-of-00001.arrow", "dataset_info.json", "state.json")
+
+CONVENTIONS = {
+    "hscapture": "residual L = output of decoder layer L (0-based), pre-norm, HF "
+                 "hidden_states[L+1]; final_norm = final norm applied to the last layer's output",
+    "specforge": "SGLang: aux id j = output of decoder layer j (= hscapture layer j); "
+                 "hidden_state = last layer after the final norm",
+    "speculators": "vLLM: id j = output of decoder layer j-1, 0 = embeddings (= hscapture layer "
+                   "j-1); hidden_states[:, -1] = id num_layers = last layer before the final norm",
+}
+
+
+class ExportError(HSCaptureError):
+    """An export cannot be made (layers not captured, no loss mask, output holds another
+    export) or failed while writing."""
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export` did. ``written + skipped == samples``."""
+
+    format: str
+    out_dir: str
+    samples: int
+    written: int
+    skipped: int
+    rewritten: int          # partial or wrong files found and written again
+    tokens: int
+    bytes_written: int
+    seconds: float
+    loss_mask: dict[str, Any]
+    manifest: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_written / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("manifest")
+        d["gb_per_s"] = self.gb_per_s
+        return d
+
+
+@dataclass
+class _Plan:
+    fmt: str
+    aux: list[int]              # hscapture residual layer ids, ascending
+    aux_names: list[str]
+    target_name: str            # "final_norm" or "layer_{N-1}"
+    num_layers: int | None
+    hidden: int
+    dtype: str
+    loss_mask_mode: str
+    rids: list[str]
+    no_mask: list[int]          # positions without a stored loss_mask
+
+    def names(self) -> list[str]:
+        return self.aux_names + [self.target_name]
+
+    def key(self) -> dict[str, Any]:
+        return {"format": self.fmt, "aux_layers": self.aux, "target": self.target_name,
+                "hidden": self.hidden, "dtype": self.dtype, "loss_mask_mode": self.loss_mask_mode}
+
+
+# -- planning -------------------------------------------------------------------------------
+
+
+def _num_layers(ss: ShardSet, given: int | None) -> int | None:
+    if given is not None:
+        return int(given)
+    found: set[int] = set()
+    for i in range(len(ss)):
+        e = ss.entry(i)
+        for l, k in zip(e.get("layers", []), e.get("layer_kinds", [])):
+            if k == "final_norm" and int(l) >= 0:
+                found.add(int(l) + 1)
+        ex = (e.get("meta") or {}).get("extra") if isinstance(e.get("meta"), dict) else None
+        if isinstance(ex, dict) and isinstance(ex.get("num_hidden_layers"), int):
+            found.add(int(ex["num_hidden_layers"]))
+    if len(found) > 1:
+        raise ExportError(f"samples disagree on the model's number of decoder layers: "
+                          f"{sorted(found)}; pass num_layers (--num-layers)")
+    return found.pop() if found else None
+
+
+def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: str,
+               num_layers: int | None) -> _Plan:
+    if fmt not in FORMATS:
+        raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if loss_mask not in ("require", "all"):
+        raise ExportError(f"loss_mask must be 'require' or 'all', got {loss_mask!r}")
+    n = len(ss)
+    if n == 0:
+        raise ExportError(f"{ss.directory} holds no samples")
+    hiddens, dtypes = set(), set()
+    common: set[tuple[int, str]] | None = None
+    no_mask: list[int] = []
+    incomplete: list[str] = []
+    for i in range(n):
+        e = ss.entry(i)
+        hiddens.add(int(e.get("hidden", 0)))
+        dtypes.add(str(e.get("dtype", "")))
+        have = {(int(l), str(k)) for l, k in zip(e.get("layers", []), e.get("layer_kinds", []))}
+        common = have if common is None else common & have
+        fields = e.get("fields")
+        if fields is None:  # index line from before fields existed
+            fields = ss.load(i, names=[]).fields
+        if "loss_mask" not in fields:
+            no_mask.append(i)
+        if e.get("complete") is False:
+            incomplete.append(e["rid"])
+    if incomplete:
+        raise ExportError(f"{len(incomplete)} sample(s) are marked incomplete (e.g. "
+                          f"{incomplete[:3]}); a trainer must not see them")
+    if len(hiddens) != 1 or len(dtypes) != 1:
+        raise ExportError(f"samples differ in hidden size {sorted(hiddens)} or dtype "
+                          f"{sorted(dtypes)}; a trainer needs one of each (export the parts "
+                          f"separately)")
+    assert common is not None
+    N = _num_layers(ss, num_layers)
+    residual = sorted(l for l, k in common if k == "residual")
+    has_final_norm = any(k == "final_norm" for _, k in common)
+    where = f"{ss.directory}: every sample has residual layers {residual}" + \
+        (" and final_norm" if has_final_norm else " and no final_norm")
+
+    if fmt == "specforge":
+        if not has_final_norm:
+            raise ExportError(
+                f"SpecForge's hidden_state is the last layer AFTER the final norm (hscapture "
+                f"kind final_norm), which is not captured in every sample ({where}). Capture it "
+                f"with the SGLang hook's default HSCAPTURE_FINAL_NORM=1 (or final_norm=True in "
+                f"the transformers adapter); a pre-norm layer cannot stand in for it")
+        target = "final_norm"
+    else:
+        if N is None:
+            raise ExportError(
+                f"speculators needs the last decoder layer's pre-norm output (hscapture layer "
+                f"num_layers-1), but the number of decoder layers is unknown ({where}; no "
+                f"final_norm with a layer id). Pass num_layers (--num-layers)")
+        if N - 1 not in residual:
+            raise ExportError(
+                f"speculators needs the last decoder layer's output BEFORE the final norm "
+                f"(hscapture residual layer {N - 1} = vLLM id {N}), which is not captured "
+                f"({where}). final_norm cannot stand in for it (the norm is not invertible). "
+                f"SGLang 0.5.23 cannot capture it (aux id {N - 1} would be taken at the input "
+                f"of layer {N}, which does not exist); capture with the transformers adapter "
+                f"(HiddenStateCapture(layers=[..., {N - 1}])) or vLLM, or export to SpecForge")
+        target = layer_name(N - 1, "residual")
+    if layers is None:
+        aux = [l for l in residual if N is None or l != N - 1]
+    else:
+        aux = sorted(int(l) for l in layers)
+        if len(set(aux)) != len(aux):
+            raise ExportError(f"layers repeats a layer: {list(layers)}")
+        missing = [l for l in aux if l not in residual]
+        if missing:
+            raise ExportError(f"layers {missing} are not captured as residual layers ({where})")
+        if fmt == "speculators" and N is not None and N - 1 in aux:
+            raise ExportError(f"layer {N - 1} is speculators' final slot; it cannot also be an "
+                              f"aux layer")
+    if not aux:
+        raise ExportError(f"no aux layers to export ({where})")
+    if loss_mask == "require" and no_mask:
+        raise ExportError(
+            f"{len(no_mask)} of {n} samples have no loss_mask field (e.g. rids "
+            f"{[ss.rids[i] for i in no_mask[:3]]}); attach one when capturing (Sample.fields / "
+            f"the extraction client's loss_mask) or pass loss_mask='all' (--loss-mask all) to "
+            f"train on every token of those samples")
+    return _Plan(fmt, aux, [layer_name(l, "residual") for l in aux], target, N,
+                 hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask)
+
+
+# -- files ----------------------------------------------------------------------------------
+
+
+def _specforge_rel(i: int) -> str:
+    g = SPECFORGE_GROUP * (i // SPECFORGE_GROUP)
+    return f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
+
+
+def _speculators_rel(i: int) -> str:
+    return f"hidden_states/hs_{i}.safetensors"
+
+
+def _mask(s: StoredSample) -> tuple[torch.Tensor, bool]:
+    m = s.fields.get("loss_mask")
+    if m is None:
+        return torch.ones(s.num_tokens, dtype=torch.int64), False
+    return m.to(torch.int64), True
+
+
+def _write_atomic(path: str, write, fsync: bool) -> int:
+    tmp = path + _TMP
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+        size = f.tell()
+    os.replace(tmp, path)
+    return size
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    t = t.contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+_ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
+
+
+def _write_safetensors(f, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """A plain safetensors file (header padded to 8 bytes, data in the given order)."""
+    header: dict[str, Any] = {}
+    off = 0
+    for name, t in tensors:
+        nb = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + nb]}
+        off += nb
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (-len(body) % 8)
+    f.write(struct.pack("<Q", len(body)))
+    f.write(body)
+    for _, t in tensors:
+        f.write(_bytes_of(t))
+
+
+def _build_specforge(s: StoredSample, plan: _Plan) -> dict[str, torch.Tensor]:
+    T, H = s.num_tokens, plan.hidden
+    aux = torch.empty(1, T, len(plan.aux_names) * H, dtype=s.tensors[plan.aux_names[0]].dtype)
+    for k, name in enumerate(plan.aux_names):
+        aux[0, :, k * H:(k + 1) * H].copy_(s.tensors[name])
+    mask, _ = _mask(s)
+    return {"input_ids": s.token_ids.to(torch.int64), "loss_mask": mask,
+            "hidden_state": s.tensors[plan.target_name].clone().unsqueeze(0),
+            "aux_hidden_state": aux}
+
+
+def _build_speculators(s: StoredSample, plan: _Plan) -> list[tuple[str, torch.Tensor]]:
+    T, H = s.num_tokens, plan.hidden
+    names = plan.aux_names + [plan.target_name]
+    hs = torch.empty(T, len(names), H, dtype=s.tensors[names[0]].dtype)
+    for k, name in enumerate(names):
+        hs[:, k].copy_(s.tensors[name])
+    return [("hidden_states", hs), ("token_ids", s.token_ids.to(torch.int64))]
+
+
+def _check_specforge(path: str, s: StoredSample, plan: _Plan) -> bool:
+    """True if ``path`` is a complete, matching SpecForge record of ``s``."""
+    try:
+        d = torch.load(path, mmap=True, weights_only=True)
+    except Exception:
+        return False
+    T, H, K = s.num_tokens, plan.hidden, len(plan.aux_names)
+    dt = getattr(torch, plan.dtype)
+    try:
+        return (set(d) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+                and d["input_ids"].dtype == torch.int64 and d["loss_mask"].dtype == torch.int64
+                and tuple(d["hidden_state"].shape) == (1, T, H)
+                and tuple(d["aux_hidden_state"].shape) == (1, T, K * H)
+                and d["hidden_state"].dtype == dt and d["aux_hidden_state"].dtype == dt
+                and torch.equal(d["input_ids"], s.token_ids.to(torch.int64))
+                and torch.equal(d["loss_mask"], _mask(s)[0]))
+    except Exception:
+        return False
+
+
+def _check_speculators(path: str, s: StoredSample, plan: _Plan) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            if set(f.keys()) != {"token_ids", "hidden_states"}:
+                return False
+            sl = f.get_slice("hidden_states")
+            if tuple(sl.get_shape()) != (s.num_tokens, len(plan.aux_names) + 1, plan.hidden) \
+                    or sl.get_dtype() != _ST.get(getattr(torch, plan.dtype)):
+                return False
+            return torch.equal(f.get_tensor("token_ids"), s.token_ids.to(torch.int64))
+    except Exception:
+        return False
+
+
+# -- manifest -------------------------------------------------------------------------------
+
+
+def _read_manifest(out_dir: str) -> dict | None:
+    p = os.path.join(out_dir, MANIFEST_NAME)
+    try:
+        with open(p, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise ExportError(f"{p} is not valid JSON ({e}); remove it or pass overwrite=True") \
+            from None
+
+
+def _write_manifest(out_dir: str, m: dict, fsync: bool) -> None:
+    data = json.dumps(m, indent=1, ensure_ascii=False).encode()
+    _write_atomic(os.path.join(out_dir, MANIFEST_NAME), lambda f: f.write(data), fsync)
+
+
+def _ours(name: str) -> bool:
+    return (name == MANIFEST_NAME or name.startswith("rows_") or name == "hidden_states"
+            or name in _DATASET_FILES or name == "token_freq.pt" or name.endswith(_TMP))
+
+
+def _clear(out_dir: str) -> None:
+    """Remove what an earlier export wrote (only names an export writes)."""
+    for name in os.listdir(out_dir):
+        if _ours(name):
+            p = os.path.join(out_dir, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+
+
+def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) -> dict[str, Any]:
+    conv = sorted({ss.shard_metadata(sh).get("convention", "")
+                   for sh in {ss.entry(i)["shard"] for i in range(len(ss))}})
+    models = sorted({ss.shard_metadata(sh).get("model", "")
+                     for sh in {ss.entry(i)["shard"] for i in range(len(ss))}})
+    if plan.fmt == "specforge":
+        trainer_aux = list(plan.aux)
+        target = {"name": "hidden_state", "hscapture": plan.target_name,
+                  "what": "last decoder layer after the final norm"}
+        files = "rows_{g}-{g+2000}/data_{i}.ckpt"
+        hint = {"model.aux_hidden_state_layer_ids": trainer_aux,
+                "data.hidden_states_path": os.path.abspath(out)}
+    else:
+        trainer_aux = [l + 1 for l in plan.aux]
+        target = {"name": "hidden_states[:, -1]", "hscapture": plan.target_name,
+                  "speculators_id": plan.num_layers,
+                  "what": "last decoder layer before the final norm"}
+        files = "hidden_states/hs_{i}.safetensors + Arrow dataset (row i) + token_freq.pt"
+        hint = {"--target-layer-ids": trainer_aux}
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "status": status,
+        "format": plan.fmt,
+        "layout_read_from": {"specforge": "specforge 0.2.0",
+                             "speculators": "speculators 0.9.0"}[plan.fmt],
+        "files": files,
+        "source": os.path.abspath(ss.directory),
+        "model": models,
+        "source_convention": conv,
+        "conventions": {"hscapture": CONVENTIONS["hscapture"], plan.fmt: CONVENTIONS[plan.fmt]},
+        "layers": {"aux_hscapture": plan.aux, f"aux_{plan.fmt}_ids": trainer_aux,
+                   "target": target, "num_layers": plan.num_layers},
+        "trainer_settings": hint,
+        "hidden": plan.hidden,
+        "dtype": plan.dtype,
+        "loss_mask": counts,
+        "samples": len(plan.rids),
+        "plan": plan.key(),
+        "rids": plan.rids,
+        "written_by": "hscapture.export/1",
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *,
+           layers: Sequence[int] | None = None, loss_mask: str = "require",
+           num_layers: int | None = None, progress: bool = True, overwrite: bool = False,
+           fsync: bool = True, workers: int | None = None) -> ExportResult:
+    """Export every sample of ``shard_dir`` to ``out_dir`` in trainer layout ``fmt``.
+
+    Args:
+        fmt: ``"specforge"`` or ``"speculators"`` (see the module docstring for the layouts).
+        layers: aux layers as hscapture residual layer ids (output of decoder layer L);
+            default: every captured residual layer except the last decoder layer. Written in
+            ascending order whatever order is given.
+        loss_mask: ``"require"`` (a sample without a stored ``loss_mask`` fails the export)
+            or ``"all"`` (such samples train on every token; counted in the manifest).
+        num_layers: the model's number of decoder layers; default: from the ``final_norm``
+            layer id (``num_layers - 1``) the capture recorded. Needed for speculators.
+        progress: show a tqdm progress bar on stderr.
+        overwrite: remove an earlier export's files from ``out_dir`` first (only the names
+            an export writes) instead of resuming it.
+        fsync: fsync each file before renaming it into place.
+        workers: threads reading and writing samples (default ``min(4, cpus)``).
+
+    Returns an :class:`ExportResult`; raises :class:`ExportError` (nothing written) when the
+    shards cannot produce the target, and :class:`ExportError` for a failed write (a rerun
+    resumes).
+    """
+    t0 = time.perf_counter()
+    src = os.fspath(shard_dir)
+    out = os.fspath(out_dir)
+    ss = ShardSet(src)
+    plan = _make_plan(ss, fmt, layers, loss_mask, num_layers)
+    if os.path.realpath(out) == os.path.realpath(src):
+        raise ExportError(f"out_dir {out} is the shard directory itself")
+    os.makedirs(out, exist_ok=True)
+    old = _read_manifest(out)
+    if overwrite:
+        _clear(out)
+        old = None
+    elif old is None:
+        stray = sorted(n for n in os.listdir(out) if _ours(n))
+        if stray:
+            raise ExportError(f"{out} holds {stray[:5]} but no {MANIFEST_NAME}: not an export "
+                              f"this tool can resume; pass overwrite=True (--overwrite) to "
+                              f"replace them")
+    else:
+        if old.get("plan") != plan.key():
+            raise ExportError(f"{out} holds another export ({old.get('plan')}); this one is "
+                              f"{plan.key()}; pass overwrite=True (--overwrite) to replace it")
+        old_rids = old.get("rids") or []
+        if plan.rids[:len(old_rids)] != old_rids:
+            raise ExportError(f"{out} holds an export of {len(old_rids)} samples that is not a "
+                              f"prefix of {src}'s {len(plan.rids)} samples; pass overwrite=True")
+    counts = {"mode": loss_mask, "stored": len(plan.rids) - len(plan.no_mask),
+              "all_ones": len(plan.no_mask),
+              "all_ones_rids": [plan.rids[i] for i in plan.no_mask[:100]]}
+    manifest = _manifest(plan, ss, out, "in_progress", counts)
+    _write_manifest(out, manifest, fsync)
+
+    rel = _specforge_rel if fmt == "specforge" else _speculators_rel
+    check = _check_specforge if fmt == "specforge" else _check_speculators
+    names = plan.names()
+    dirs = {os.path.dirname(os.path.join(out, rel(i))) for i in range(len(plan.rids))}
+    for d in sorted(dirs):
+        os.makedirs(d, exist_ok=True)
+        for name in os.listdir(d):
+            if name.endswith(_TMP):
+                os.unlink(os.path.join(d, name))
+
+    def one(i: int) -> tuple[str, int, int]:
+        path = os.path.join(out, rel(i))
+        existed = os.path.exists(path)
+        if existed and check(path, ss.load(i, names=[]), plan):
+            return "skipped", int(ss.entry(i).get("num_tokens", 0)), 0
+        s = ss.load(i, names=names)
+        if fmt == "specforge":
+            d = _build_specforge(s, plan)
+            n = _write_atomic(path, lambda f: torch.save(d, f), fsync)
+        else:
+            items = _build_speculators(s, plan)
+            n = _write_atomic(path, lambda f: _write_safetensors(f, items), fsync)
+        return ("rewritten" if existed else "written"), s.num_tokens, n
+
+    from tqdm import tqdm
+
+    stats = {"written": 0, "skipped": 0, "rewritten": 0}
+    tokens = nbytes = 0
+    nw = workers or min(4, os.cpu_count() or 1)
+    bar = tqdm(total=len(plan.rids), unit="sample", disable=not progress,
+               desc=f"export {fmt}", dynamic_ncols=True)
+    try:
+        with ThreadPoolExecutor(nw, thread_name_prefix="hsc-export") as pool:
+            # at most 2*workers samples in flight (bounded memory), taken in completion order
+            it = iter(range(len(plan.rids)))
+            pending = {pool.submit(one, i) for _, i in zip(range(2 * nw), it)}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    what, t, n = fut.result()
+                    stats[what] += 1
+                    tokens += t
+                    nbytes += n
+                    bar.update(1)
+                    nxt = next(it, None)
+                    if nxt is not None:
+                        pending.add(pool.submit(one, nxt))
+                if nbytes and bar.n % 64 == 0:
+                    bar.set_postfix_str(f"{nbytes / max(time.perf_counter() - t0, 1e-9) / 1e9:.2f} GB/s")
+    except HSCaptureError:
+        raise
+    except OSError as e:
+        raise ExportError(f"export to {out} failed: {e}; rerun to resume") from e
+    finally:
+        bar.close()
+
+    if fmt == "speculators":
+        nbytes += _write_dataset(ss, plan, out, fsync)
+    manifest["status"] = "complete"
+    manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _write_manifest(out, manifest, fsync)
+    written = stats["written"] + stats["rewritten"]
+    return ExportResult(fmt, out, len(plan.rids), written, stats["skipped"], stats["rewritten"],
+                        tokens, nbytes, time.perf_counter() - t0, counts, manifest)
+
+
+def _write_dataset(ss: ShardSet, plan: _Plan, out: str, fsync: bool) -> int:
+    """The speculators Arrow dataset (row i = sample i) and token_freq.pt; returns bytes."""
+    import numpy as np
+    import pyarrow as pa
+    from datasets import Dataset
+
+    ids_parts, mask_parts, lens = [], [], []
+    freq: dict[int, int] = {}
+    for i in range(len(plan.rids)):
+        s = ss.load(i, names=[])
+        ids = s.token_ids.to(torch.int64)
+        mask, _ = _mask(s)
+        ids_parts.append(ids.numpy())
+        mask_parts.append(mask.numpy())
+        lens.append(s.num_tokens)
+        u, c = ids[mask.bool()].unique(return_counts=True)
+        for k, v in zip(u.tolist(), c.tolist()):
+            freq[k] = freq.get(k, 0) + v
+    offsets = np.zeros(len(lens) + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    table = pa.table({
+        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids_parts))),
+        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(mask_parts))),
+        "seq_len": pa.array(np.asarray(lens, dtype=np.int64)),
+    })
+    ds = Dataset(table)
+    ds.set_format(type="torch")
+    tmp = os.path.join(out, "dataset" + _TMP)
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    from datasets.utils import logging as ds_logging
+
+    was_on = ds_logging.is_progress_bar_enabled()
+    ds_logging.disable_progress_bar()   # ours is the one bar; datasets' would interleave
+    try:
+        ds.save_to_disk(tmp)
+    finally:
+        if was_on:
+            ds_logging.enable_progress_bar()
+    nbytes = 0
+    names = sorted(os.listdir(tmp), key=lambda n: n == "state.json")  # state.json last
+    for name in names:
+        p = os.path.join(tmp, name)
+        nbytes += os.path.getsize(p)
+        if fsync:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(p, os.path.join(out, name))
+    os.rmdir(tmp)
+    nbytes += _write_atomic(os.path.join(out, "token_freq.pt"), lambda f: torch.save(freq, f), fsync)
+    return nbytes

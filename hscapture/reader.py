@@ -1,0 +1,350 @@
+"""Random access to a shard directory: load the index once, then O(1) by rid or by position.
+
+::
+
+    from hscapture.reader import open_shards
+
+    with open_shards("shards/") as ss:
+        print(len(ss), ss.rids[:3])
+        s = ss.get("hscap-000042")          # or ss[0], ss[-1]
+        s.token_ids                          # int64/int32 [T]
+        s.tensors["layer_15"]                # [T, H], memory-mapped
+        s.fields.get("loss_mask")            # uint8 [T] or None
+        s.layer(15), s.final_norm            # by layer id / kind
+
+Guarantees:
+
+* ``index.jsonl`` is read once, when the set is opened (a torn last line is ignored, as the
+  format requires); later lookups touch no index. Samples are in index order (the order they
+  became durable); a rid that appears twice keeps its first line, like
+  :func:`hscapture.shards.read_index`.
+* Each shard file is opened with ``safetensors.safe_open`` on first use and kept open; its
+  tensors are read from the memory map. A :class:`ShardSet` is picklable (handles are not
+  pickled but reopened lazily) and reopens its handles in a forked child, so it can be handed
+  to ``DataLoader`` workers.
+* A sample is returned only if every tensor its index line names is in its shard
+  (:class:`~hscapture.errors.ShardError` otherwise, naming rid, shard and tensor).
+* Samples written by an active :class:`~hscapture.shards.ShardWriter` after the set was opened
+  are not seen; open a new set (or call :meth:`ShardSet.reload`) to see them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from .errors import ShardError
+from .sample import layer_name
+
+__all__ = ["open_shards", "ShardSet", "StoredSample", "ShardDataset"]
+
+
+@dataclass
+class StoredSample:
+    """One sample read back from a shard directory.
+
+    ``tensors`` maps layer names (:func:`hscapture.sample.layer_name`: ``layer_L``,
+    ``final_norm``, ``{kind}_L``) to ``[num_tokens, hidden]`` tensors in ``dtype``;
+    ``fields`` maps per-token field names (e.g. ``loss_mask``) to uint8 ``[num_tokens]``
+    tensors. ``layers[i]``/``layer_kinds[i]`` describe the i-th captured layer in capture order.
+    ``convention`` and ``model`` are the sample's own values, else its shard's.
+    """
+
+    rid: str
+    token_ids: torch.Tensor
+    tensors: dict[str, torch.Tensor]
+    fields: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    layers: list[int]
+    layer_kinds: list[str]
+    dtype: str
+    hidden: int
+    convention: str
+    model: str
+    shard: str = ""
+    index: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Small per-sample user metadata (``meta["extra"]``: a dataset row id, a split)."""
+        ex = self.meta.get("extra") if isinstance(self.meta, dict) else None
+        return ex if isinstance(ex, dict) else {}
+
+    @property
+    def loss_mask(self) -> torch.Tensor | None:
+        """The stored ``loss_mask`` field (uint8 ``[T]``, 1 = trained on), or None."""
+        return self.fields.get("loss_mask")
+
+    @property
+    def final_norm(self) -> torch.Tensor | None:
+        """The post-final-norm last layer, or None if it was not captured."""
+        return self.tensors.get("final_norm")
+
+    def layer(self, layer: int, kind: str = "residual") -> torch.Tensor:
+        """The tensor of captured layer ``layer`` of ``kind`` (``residual`` = output of decoder
+        layer ``layer``, pre-norm). Raises KeyError naming what was captured."""
+        name = layer_name(layer, kind)
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"rid {self.rid!r}: layer {layer} ({kind}) not captured; captured: "
+                           f"{sorted(self.tensors)}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (``rid``, ``token_ids``, every layer name, ``field.{name}``)."""
+        d: dict[str, Any] = {"rid": self.rid, "token_ids": self.token_ids}
+        d.update(self.tensors)
+        d.update({f"field.{k}": v for k, v in self.fields.items()})
+        return d
+
+
+_FORK_GEN = [0]   # bumped in every forked child: handles opened before the fork are dropped
+os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+
+
+class _Handle:
+    """One shard file opened with safe_open, plus what its header says."""
+
+    __slots__ = ("path", "f", "meta", "_field_map")
+
+    def __init__(self, path: str) -> None:
+        from safetensors import safe_open
+
+        self.path = path
+        try:
+            self.f = safe_open(path, "pt")
+        except FileNotFoundError:
+            raise ShardError(f"shard {path} is in the index but does not exist") from None
+        except Exception as e:
+            raise ShardError(f"shard {path} does not open with safetensors: {e}") from e
+        self.meta: dict[str, str] = self.f.metadata() or {}
+        self._field_map: dict[str, list[str]] | None = None
+
+    def field_names(self, rid: str) -> list[str]:
+        """Field names of ``rid`` found by scanning the header once (old index lines)."""
+        if self._field_map is None:
+            fm: dict[str, list[str]] = {}
+            for k in self.f.keys():
+                r, _, name = k.rpartition("/")
+                if name.startswith("field."):
+                    fm.setdefault(r, []).append(name[len("field."):])
+            self._field_map = fm
+        return sorted(self._field_map.get(rid, ()))
+
+
+class ShardSet(Sequence):
+    """The samples of one shard directory, indexed once; see the module docstring.
+
+    ``len(ss)``, ``ss[i]`` (negative ok), ``ss.get(rid)``, ``rid in ss``, ``ss.rids``,
+    ``ss.position(rid)``, ``ss.entry(i_or_rid)`` (the index line, no tensor read) and iteration
+    (index order). ``ss.load(key, names=[...])`` reads only the named layers.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = os.fspath(directory)
+        if not os.path.isdir(self.directory):
+            raise ShardError(f"{self.directory} is not a directory (expected a shard directory "
+                             f"with index.jsonl)")
+        self._handles: dict[str, _Handle] = {}
+        self._gen = _FORK_GEN[0]
+        self._layout: dict[int, tuple] = {}
+        self.reload()
+
+    # -- index ------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Read ``index.jsonl`` again (sees samples finalized since); keeps open handles."""
+        from .shards import _read_index_lines, INDEX_NAME
+
+        if not os.path.exists(os.path.join(self.directory, INDEX_NAME)):
+            raise ShardError(f"{self.directory} has no {INDEX_NAME}: not a shard directory "
+                             f"(or nothing was ever finalized in it)")
+        entries: list[dict] = []
+        pos: dict[str, int] = {}
+        for d in _read_index_lines(self.directory):
+            rid = d["rid"]
+            if rid in pos:
+                continue
+            if not isinstance(d.get("shard"), str):
+                raise ShardError(f"{self.directory}: index line of rid {rid!r} has no shard name")
+            pos[rid] = len(entries)
+            entries.append(d)
+        self._entries = entries
+        self._layout = {}
+        self._pos = pos
+        self._rids = [e["rid"] for e in entries]
+
+    @property
+    def rids(self) -> list[str]:
+        """Every rid, in index order (do not mutate)."""
+        return self._rids
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._pos
+
+    def position(self, rid: str) -> int:
+        try:
+            return self._pos[rid]
+        except KeyError:
+            raise KeyError(f"rid {rid!r} is not in {self.directory}") from None
+
+    def entry(self, key: int | str) -> dict[str, Any]:
+        """The index line of a sample (by position or rid), without reading its tensors."""
+        if isinstance(key, str):
+            return self._entries[self.position(key)]
+        return self._entries[self._norm_pos(key)]
+
+    def _norm_pos(self, i: int) -> int:
+        n = len(self._entries)
+        j = int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"position {i} out of range for {n} samples in {self.directory}")
+        return j
+
+    # -- shards -----------------------------------------------------------------------
+
+    def _handle(self, shard: str) -> _Handle:
+        if self._gen != _FORK_GEN[0]:  # forked: the parent's handles are not ours to use
+            self._handles = {}
+            self._gen = _FORK_GEN[0]
+        h = self._handles.get(shard)
+        if h is None:
+            h = _Handle(os.path.join(self.directory, shard))
+            self._handles[shard] = h
+        return h
+
+    def shard_metadata(self, shard: str) -> dict[str, str]:
+        """The ``__metadata__`` of one shard file."""
+        return dict(self._handle(shard).meta)
+
+    # -- samples ----------------------------------------------------------------------
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self.load(j) for j in range(*i.indices(len(self)))]
+        return self.load(i)
+
+    def get(self, rid: str, default: Any = ..., *, names: Sequence[str] | None = None) -> Any:
+        """The sample ``rid``; ``default`` if given and the rid is absent, else KeyError."""
+        if rid not in self._pos:
+            if default is not ...:
+                return default
+            raise KeyError(f"rid {rid!r} is not in {self.directory}")
+        return self.load(rid, names=names)
+
+    def __iter__(self) -> Iterator[StoredSample]:
+        for i in range(len(self)):
+            yield self.load(i)
+
+    def load(self, key: int | str, *, names: Sequence[str] | None = None,
+             fields: bool = True) -> StoredSample:
+        """Read one sample (by position or rid). ``names``: only these layer names (all when
+        None); ``fields=False`` skips per-token fields."""
+        pos = self.position(key) if isinstance(key, str) else self._norm_pos(key)
+        ent = self._entries[pos]
+        lay = self._layout.get(pos)
+        if lay is None:
+            layers = [int(x) for x in ent.get("layers", [])]
+            kinds = [str(k) for k in ent.get("layer_kinds", [])]
+            lay = (layers, kinds, [layer_name(l, k) for l, k in zip(layers, kinds)])
+            self._layout[pos] = lay
+        layers, kinds, all_names = lay
+        rid = ent["rid"]
+        shard = ent["shard"]
+        h = self._handle(shard)
+        if names is None:
+            want = all_names
+        else:
+            want = list(names)
+            missing = [n for n in want if n not in all_names]
+            if missing:
+                raise KeyError(f"rid {rid!r}: layers {missing} not captured; captured: "
+                               f"{all_names}")
+        f = h.f
+        prefix = rid + "/"
+        try:
+            tensors = {n: f.get_tensor(prefix + n) for n in want}
+            token_ids = f.get_tensor(prefix + "token_ids")
+            fnames = ent.get("fields")
+            if fnames is None:
+                fnames = h.field_names(rid)
+            flds = {n: f.get_tensor(prefix + "field." + n) for n in fnames} if fields else {}
+        except Exception as e:  # safetensors raises SafetensorError for a missing name
+            raise ShardError(f"rid {rid!r}: cannot read its tensors from {h.path}: {e}") from e
+        if h.meta.get("codec"):
+            raise ShardError(f"{h.path}: codec {h.meta['codec']!r} is not supported by this "
+                             f"version of hscapture")
+        meta = ent.get("meta") if isinstance(ent.get("meta"), dict) else {}
+        return StoredSample(
+            rid=rid, token_ids=token_ids, tensors=tensors, fields=flds, meta=meta,
+            layers=list(layers), layer_kinds=list(kinds),
+            dtype=str(ent.get("dtype") or h.meta.get("dtype", "")),
+            hidden=int(ent.get("hidden") or h.meta.get("hidden", 0)),
+            convention=str(meta.get("convention") or h.meta.get("convention", "")),
+            model=str(meta.get("model") or h.meta.get("model", "")),
+            shard=shard, index=ent)
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop every open shard handle (tensors already returned stay valid)."""
+        self._handles = {}
+
+    def __enter__(self) -> "ShardSet":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        st = dict(self.__dict__)
+        st["_handles"] = {}
+        return st
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._gen = _FORK_GEN[0]
+
+    def __repr__(self) -> str:
+        return f"ShardSet({self.directory!r}, {len(self)} samples)"
+
+
+def open_shards(directory: str | os.PathLike) -> ShardSet:
+    """Open a shard directory for random access (reads ``index.jsonl`` once)."""
+    return ShardSet(directory)
+
+
+class ShardDataset(torch.utils.data.Dataset):
+    """A map-style ``torch.utils.data.Dataset`` over a shard directory.
+
+    ``ds[i]`` is ``transform(sample)`` (the :class:`StoredSample` itself without a transform).
+    Safe with ``DataLoader(num_workers>0)``: each worker reopens the shards it reads.
+    ``names`` restricts which layers are read.
+    """
+
+    def __init__(self, shards: ShardSet | str | os.PathLike,
+                 transform: Callable[[StoredSample], Any] | None = None, *,
+                 names: Sequence[str] | None = None) -> None:
+        self.shards = shards if isinstance(shards, ShardSet) else ShardSet(shards)
+        self.transform = transform
+        self.names = list(names) if names is not None else None
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, i: int) -> Any:
+        s = self.shards.load(i, names=self.names)
+        return self.transform(s) if self.transform is not None else s
+

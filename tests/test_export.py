@@ -1,0 +1,269 @@
+"""Tests of the trainer exports (hscapture/export.py, hscapture/cli_export.py).
+
+Every export is read back through the trainers' OWN published loader code, installed on CPU
+with --no-deps (requirements-trainers-test.txt; scripts/setup.sh installs it):
+
+* SpecForge 0.2.0: ``specforge.data.preprocessing.list_local_files`` +
+  ``OfflineEagle3Dataset`` (what its offline trainer iterates) and
+  ``specforge.runtime.data_plane.feature_store.load_feature_file`` (raw dict).
+* speculators 0.9.0: ``speculators.train.data.ArrowDataset`` (``load_from_disk`` + the
+  ``hs_connectors`` FileTransfer reading ``hidden_states/hs_{i}.safetensors``; it drops a sample
+  whose token ids differ, so each returned item proves alignment),
+  ``speculators.data_generation.offline.check_hidden_states`` and
+  ``speculators.train.vocab_mapping.save_token_frequency_distribution``.
+
+No re-implementation is needed: both import on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from hscapture.cli_export import export as export_cmd
+from hscapture.export import MANIFEST_NAME, ExportError, export
+from hscapture.reader import open_shards
+from shard_support import NUM_LAYERS, make_sample, write_shards
+
+from specforge.data.preprocessing import OfflineEagle3Dataset, list_local_files
+from specforge.runtime.data_plane.feature_store import load_feature_file
+from speculators.data_generation.offline import check_hidden_states
+from speculators.train.data import ArrowDataset
+from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+N = 25
+
+
+@pytest.fixture
+def samples():
+    return [make_sample(i) for i in range(N)]
+
+
+@pytest.fixture
+def shard_dir(tmp_path, samples):
+    d = tmp_path / "shards"
+    write_shards(d, samples)
+    return d
+
+
+def manifest(out) -> dict:
+    return json.loads((out / MANIFEST_NAME).read_text())
+
+
+def aux_cat(s, layers=(1, 3, 5)) -> torch.Tensor:
+    return torch.cat([s.tensors[f"layer_{l}"] for l in layers], dim=-1)
+
+
+def test_specforge_export_reads_back_through_specforge_loaders_field_by_field(
+        shard_dir, samples, tmp_path):
+    out = tmp_path / "sf"
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False)
+    assert (r.samples, r.written, r.skipped) == (N, N, 0)
+    files = list_local_files(str(out))
+    assert len(files) == N
+    assert all(os.path.relpath(f, out).startswith("rows_0-2000/data_") for f in files)
+    for f in files:
+        i = int(os.path.basename(f)[len("data_"):-len(".ckpt")])
+        s = samples[i]
+        raw = load_feature_file(f)
+        assert set(raw) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+        assert raw["input_ids"].dtype == torch.int64 and raw["loss_mask"].dtype == torch.int64
+        assert torch.equal(raw["input_ids"], s.token_ids.to(torch.int64))
+        assert torch.equal(raw["loss_mask"], s.fields["loss_mask"].to(torch.int64))
+        T = s.num_tokens
+        assert raw["hidden_state"].shape == (1, T, 16)
+        assert raw["hidden_state"].dtype == torch.bfloat16
+        assert torch.equal(raw["hidden_state"][0], s.tensors["final_norm"])   # post-norm
+        assert raw["aux_hidden_state"].shape == (1, T, 48)
+        assert torch.equal(raw["aux_hidden_state"][0], aux_cat(s))            # ascending
+    ds = OfflineEagle3Dataset(files, max_len=2048)
+    for k in range(len(ds)):
+        item = ds[k]
+        i = int(os.path.basename(files[k])[len("data_"):-len(".ckpt")])
+        s = samples[i]
+        want_mask = s.fields["loss_mask"].to(torch.int64).clone()
+        want_mask[-1] = 0                                   # SpecForge's own adjustment
+        assert torch.equal(item["loss_mask"][0], want_mask)
+        assert torch.equal(item["target"][0], s.tensors["final_norm"])
+        assert torch.equal(item["hidden_state"][0], aux_cat(s))
+        assert torch.equal(item["input_ids"][0], s.token_ids.to(torch.int64))
+    m = manifest(out)
+    assert m["status"] == "complete" and m["format"] == "specforge"
+    assert m["rids"] == [s.rid for s in samples]
+    assert m["layers"]["aux_hscapture"] == [1, 3, 5]
+    assert m["layers"]["aux_specforge_ids"] == [1, 3, 5]          # SGLang id j = layer j
+    assert m["layers"]["target"]["hscapture"] == "final_norm"
+    assert "SGLang" in m["conventions"]["specforge"] and "hscapture" in m["conventions"]
+    assert m["source_convention"] == ["test-convention"]
+    assert m["loss_mask"] == {"mode": "require", "stored": N, "all_ones": 0, "all_ones_rids": []}
+
+
+def test_speculators_export_reads_back_through_speculators_loaders_field_by_field(
+        shard_dir, samples, tmp_path):
+    out = tmp_path / "sp"
+    r = export(shard_dir, out, "speculators", progress=False, fsync=False)
+    assert (r.samples, r.written) == (N, N)
+    ds = ArrowDataset(max_len=4096, datapath=str(out), on_missing="raise")
+    assert len(ds) == N
+    assert ds.approx_lengths == [s.num_tokens for s in samples]
+    for i, s in enumerate(samples):
+        item = ds[i]
+        assert isinstance(item, dict), item              # a mismatch comes back unavailable
+        assert torch.equal(item["input_ids"], s.token_ids.to(torch.int64))
+        assert torch.equal(item["hidden_states"], aux_cat(s))          # [:, :-1] flattened
+        # last slot: the last decoder layer BEFORE the final norm (residual layer N-1)
+        assert torch.equal(item["verifier_last_hidden_states"],
+                           s.tensors[f"layer_{NUM_LAYERS - 1}"])
+        assert not torch.equal(item["verifier_last_hidden_states"], s.tensors["final_norm"])
+        assert torch.equal(item["loss_mask"], s.fields["loss_mask"].to(torch.int64))
+        assert item["loss_mask"].dtype == torch.int64
+        assert int(ds.data[i]["seq_len"]) == s.num_tokens
+        hs = ds.transfer.get_cached(i)
+        assert hs["hidden_states"].shape == (s.num_tokens, 4, 16)
+        assert hs["token_ids"].dtype == torch.int64
+        check_hidden_states(hs, s.token_ids.tolist())
+    theirs = tmp_path / "their_freq.pt"
+    save_token_frequency_distribution(ds.data, theirs)
+    assert torch.load(out / "token_freq.pt") == torch.load(theirs)
+    m = manifest(out)
+    assert m["layers"]["aux_speculators_ids"] == [2, 4, 6]      # vLLM id j = layer j-1
+    assert m["layers"]["target"]["speculators_id"] == NUM_LAYERS
+    assert m["trainer_settings"] == {"--target-layer-ids": [2, 4, 6]}
+    assert "vLLM" in m["conventions"]["speculators"]
+
+
+def test_speculators_refuses_a_capture_without_the_prenorm_final_layer(tmp_path):
+    d = tmp_path / "shards"
+    write_shards(d, [make_sample(i, last_residual=False) for i in range(3)])
+    out = tmp_path / "sp"
+    with pytest.raises(ExportError, match=r"BEFORE the final norm.*residual layer 7.*SGLang"):
+        export(d, out, "speculators", progress=False)
+    assert not out.exists() or not os.listdir(out)
+
+
+def test_speculators_needs_the_layer_count_when_no_final_norm_records_it(tmp_path):
+    d = tmp_path / "shards"
+    write_shards(d, [make_sample(i, final_norm=False) for i in range(3)])
+    with pytest.raises(ExportError, match="num_layers"):
+        export(d, tmp_path / "sp", "speculators", progress=False)
+    r = export(d, tmp_path / "sp", "speculators", num_layers=NUM_LAYERS, progress=False,
+               fsync=False)
+    assert r.written == 3
+
+
+def test_specforge_refuses_a_capture_without_final_norm(tmp_path):
+    d = tmp_path / "shards"
+    write_shards(d, [make_sample(i, final_norm=False) for i in range(3)])
+    with pytest.raises(ExportError, match=r"AFTER the final norm.*HSCAPTURE_FINAL_NORM"):
+        export(d, tmp_path / "sf", "specforge", progress=False)
+
+
+def test_missing_loss_mask_is_refused_by_default_and_all_ones_only_when_asked(tmp_path):
+    d = tmp_path / "shards"
+    ss = [make_sample(i, mask=(i % 2 == 0)) for i in range(6)]
+    write_shards(d, ss)
+    with pytest.raises(ExportError, match=r"3 of 6 samples have no loss_mask.*--loss-mask all"):
+        export(d, tmp_path / "sf", "specforge", progress=False)
+    out = tmp_path / "sf"
+    export(d, out, "specforge", loss_mask="all", progress=False, fsync=False)
+    for i, s in enumerate(ss):
+        raw = load_feature_file(str(out / f"rows_0-2000/data_{i}.ckpt"))
+        want = s.fields["loss_mask"].to(torch.int64) if i % 2 == 0 else \
+            torch.ones(s.num_tokens, dtype=torch.int64)
+        assert torch.equal(raw["loss_mask"], want)   # a stored mask is always used
+    lm = manifest(out)["loss_mask"]
+    assert lm["mode"] == "all" and lm["stored"] == 3 and lm["all_ones"] == 3
+    assert lm["all_ones_rids"] == [ss[1].rid, ss[3].rid, ss[5].rid]
+
+
+def test_layers_are_hscapture_ids_written_ascending_and_must_be_captured(shard_dir, samples,
+                                                                        tmp_path):
+    out = tmp_path / "sf"
+    export(shard_dir, out, "specforge", layers=[5, 1], progress=False, fsync=False)
+    raw = load_feature_file(str(out / "rows_0-2000/data_4.ckpt"))
+    assert torch.equal(raw["aux_hidden_state"][0], aux_cat(samples[4], (1, 5)))
+    with pytest.raises(ExportError, match=r"layers \[2\] are not captured"):
+        export(shard_dir, tmp_path / "x", "specforge", layers=[1, 2], progress=False)
+    with pytest.raises(ExportError, match="final slot"):
+        export(shard_dir, tmp_path / "y", "speculators", layers=[1, 7], progress=False)
+
+
+def test_rerun_skips_complete_files_rewrites_partial_ones_and_appends_new_samples(
+        shard_dir, samples, tmp_path):
+    out = tmp_path / "sf"
+    export(shard_dir, out, "specforge", progress=False, fsync=False)
+    f3, f8 = out / "rows_0-2000/data_3.ckpt", out / "rows_0-2000/data_8.ckpt"
+    data = f3.read_bytes()
+    f3.write_bytes(data[: len(data) // 2])                # torn
+    f8.unlink()                                           # never written
+    (out / "rows_0-2000/data_9.ckpt.hscapture-tmp").write_bytes(b"junk")
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False)
+    assert (r.written, r.rewritten, r.skipped) == (2, 1, N - 2)
+    assert not (out / "rows_0-2000/data_9.ckpt.hscapture-tmp").exists()
+    assert torch.equal(load_feature_file(str(f3))["aux_hidden_state"][0], aux_cat(samples[3]))
+    more = [make_sample(i) for i in range(N, N + 3)]
+    write_shards(shard_dir, more)
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False)
+    assert (r.samples, r.written, r.skipped) == (N + 3, 3, N)
+    assert len(list_local_files(str(out))) == N + 3
+    assert manifest(out)["rids"][-3:] == [s.rid for s in more]
+
+
+def test_speculators_rerun_rewrites_a_file_with_other_token_ids(shard_dir, samples, tmp_path):
+    out = tmp_path / "sp"
+    export(shard_dir, out, "speculators", progress=False, fsync=False)
+    os.replace(out / "hidden_states/hs_1.safetensors", out / "hidden_states/hs_2.safetensors")
+    r = export(shard_dir, out, "speculators", progress=False, fsync=False)
+    assert (r.written, r.rewritten) == (2, 1)
+    ds = ArrowDataset(max_len=4096, datapath=str(out), on_missing="raise")
+    assert all(isinstance(ds[i], dict) for i in range(N))
+
+
+def test_another_export_in_out_is_refused_unless_overwrite(shard_dir, tmp_path):
+    out = tmp_path / "sf"
+    export(shard_dir, out, "specforge", progress=False, fsync=False)
+    with pytest.raises(ExportError, match="another export"):
+        export(shard_dir, out, "specforge", layers=[1, 3], progress=False)
+    with pytest.raises(ExportError, match="another export"):
+        export(shard_dir, out, "speculators", progress=False)
+    r = export(shard_dir, out, "speculators", overwrite=True, progress=False, fsync=False)
+    assert r.written == N
+    assert not any(n.startswith("rows_") for n in os.listdir(out))   # the old export is gone
+    assert manifest(out)["format"] == "speculators"
+
+
+def test_stray_export_files_without_manifest_are_refused(shard_dir, tmp_path):
+    out = tmp_path / "sf"
+    (out / "rows_0-2000").mkdir(parents=True)
+    with pytest.raises(ExportError, match="no hscapture_export.json"):
+        export(shard_dir, out, "specforge", progress=False)
+
+
+def test_cli_exports_with_progress_and_exits_2_with_the_reason_when_refused(shard_dir,
+                                                                            tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "sf"
+    res = runner.invoke(export_cmd, ["--format", "specforge", str(shard_dir), str(out),
+                                     "--no-fsync", "--layers", "1,3,5"])
+    assert res.exit_code == 0, res.output
+    assert f"{N} samples ({N} written" in res.output
+    assert "model.aux_hidden_state_layer_ids=[1, 3, 5]" in res.output
+    res = runner.invoke(export_cmd, ["-f", "speculators", str(shard_dir), str(tmp_path / "sp"),
+                                     "--json", "-q", "--no-fsync"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output.strip().splitlines()[-1])["written"] == N
+    d = tmp_path / "nomask"
+    write_shards(d, [make_sample(0, mask=False)])
+    res = runner.invoke(export_cmd, ["-f", "specforge", str(d), str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert "no loss_mask" in res.output
+
+
+def test_reader_sees_what_export_read(shard_dir, samples):
+    # the export's source of truth is the public reader
+    ss = open_shards(shard_dir)
+    assert [ss[i].rid for i in range(len(ss))] == [s.rid for s in samples]

@@ -1,0 +1,212 @@
+"""Tests of the shard reader (hscapture/reader.py), per-token fields in the writer, and
+shards.load_sample on top of the reader. Real ShardWriter, real files, several shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+import hscapture.shards as shards
+from hscapture.errors import ShardError
+from hscapture.reader import ShardDataset, StoredSample, open_shards
+from hscapture.shards import ShardWriter, load_sample, verify_dir
+from shard_support import make_sample, write_shards
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same(got: StoredSample, want) -> None:
+    assert got.rid == want.rid
+    assert got.layers == want.layers and got.layer_kinds == want.layer_kinds
+    assert set(got.tensors) == set(want.tensors)
+    for k, v in want.tensors.items():
+        assert got.tensors[k].dtype == v.dtype and torch.equal(bits(got.tensors[k]), bits(v)), k
+    assert got.token_ids.dtype == want.token_ids.dtype
+    assert torch.equal(got.token_ids, want.token_ids)
+    assert set(got.fields) == set(want.fields)
+    for k, v in want.fields.items():
+        assert got.fields[k].dtype == torch.uint8 and torch.equal(got.fields[k], v)
+
+
+@pytest.fixture
+def samples():
+    return [make_sample(i) for i in range(40)]
+
+
+@pytest.fixture
+def shard_dir(tmp_path, samples):
+    d = tmp_path / "shards"
+    write_shards(d, samples)
+    assert len([f for f in os.listdir(d) if f.endswith(".safetensors")]) > 3
+    return d
+
+
+def test_every_sample_reads_back_bit_exact_by_position_and_by_rid(shard_dir, samples):
+    ss = open_shards(shard_dir)
+    assert len(ss) == len(samples)
+    assert ss.rids == [s.rid for s in samples]
+    for i, s in enumerate(samples):
+        assert_same(ss[i], s)
+        assert_same(ss.get(s.rid), s)
+        assert ss.position(s.rid) == i
+    assert_same(ss[-1], samples[-1])
+    got = ss[5]
+    assert got.dtype == "bfloat16" and got.hidden == 16 and got.num_tokens == samples[5].num_tokens
+    assert got.model == "toy" and got.convention == "test-convention"
+    assert got.extra == {"row": 5}
+    assert torch.equal(got.loss_mask, samples[5].fields["loss_mask"])
+    assert torch.equal(got.layer(3), samples[5].tensors["layer_3"])
+    assert torch.equal(got.final_norm, samples[5].tensors["final_norm"])
+
+
+def test_unknown_rid_and_position_fail_with_what_was_asked(shard_dir):
+    ss = open_shards(shard_dir)
+    with pytest.raises(KeyError, match="nope"):
+        ss.get("nope")
+    assert ss.get("nope", None) is None
+    assert "nope" not in ss and "hscap-00000" in ss
+    with pytest.raises(IndexError, match="40 samples"):
+        ss[40]
+    with pytest.raises(KeyError, match="not captured"):
+        ss[0].layer(2)
+    with pytest.raises(KeyError, match=r"layer_2"):
+        ss.load(0, names=["layer_2"])
+
+
+def test_reader_reads_the_index_once_then_never_again(shard_dir, samples):
+    ss = open_shards(shard_dir)
+    os.rename(shard_dir / "index.jsonl", shard_dir / "index.moved")  # a reread would now fail
+    for i in (39, 0, 17, 3):
+        assert_same(ss.get(samples[i].rid), samples[i])
+
+
+def test_load_only_named_layers_reads_only_those(shard_dir, samples):
+    got = open_shards(shard_dir).load(2, names=["layer_5"])
+    assert list(got.tensors) == ["layer_5"]
+    assert torch.equal(got.tensors["layer_5"], samples[2].tensors["layer_5"])
+    assert torch.equal(got.token_ids, samples[2].token_ids)
+
+
+def test_load_sample_reads_the_index_once_for_many_calls_and_sees_new_samples(
+        shard_dir, samples, monkeypatch):
+    calls = []
+    real = shards._read_index_lines
+    monkeypatch.setattr(shards, "_read_index_lines",
+                        lambda d: calls.append(d) or real(d))
+    shards._SET_CACHE.clear()
+    for s in samples * 3:
+        loaded = load_sample(shard_dir, s.rid)
+        assert set(loaded) == set(s.tensors) | {"token_ids", "field.loss_mask"}
+        assert torch.equal(bits(loaded["layer_1"]), bits(s.tensors["layer_1"]))
+    assert len(calls) == 1
+    more = make_sample(99)
+    write_shards(shard_dir, [more])            # the index changes: reread once
+    calls.clear()                              # (the writer read it too)
+    assert torch.equal(load_sample(shard_dir, more.rid)["token_ids"], more.token_ids)
+    assert torch.equal(load_sample(shard_dir, samples[0].rid)["token_ids"], samples[0].token_ids)
+    assert len(calls) == 1
+    with pytest.raises(ShardError, match="not in the index"):
+        load_sample(shard_dir, "absent")
+
+
+def test_fields_and_extra_meta_travel_through_the_writer_into_index_and_shard(shard_dir):
+    lines = [json.loads(l) for l in (shard_dir / "index.jsonl").read_text().splitlines()]
+    assert all(l["fields"] == ["loss_mask"] for l in lines)
+    assert lines[7]["meta"]["extra"] == {"row": 7}
+    rep = verify_dir(shard_dir)
+    assert rep["ok"], rep["problems"]
+
+
+def test_index_lines_without_fields_key_find_fields_in_the_shard(shard_dir, samples):
+    p = shard_dir / "index.jsonl"
+    lines = [json.loads(l) for l in p.read_text().splitlines()]
+    for l in lines:
+        del l["fields"]
+    p.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    ss = open_shards(shard_dir)
+    for i in (0, 13, 39):
+        assert_same(ss[i], samples[i])
+
+
+def test_writer_rejects_a_field_of_the_wrong_shape_dtype_or_name(tmp_path):
+    bad = [
+        ({"loss_mask": torch.ones(2, dtype=torch.uint8)}, "shape"),
+        ({"loss_mask": torch.ones(5, dtype=torch.int64)}, "uint8"),
+        ({"a/b": torch.ones(5, dtype=torch.uint8)}, "invalid field name"),
+        ({"": torch.ones(5, dtype=torch.uint8)}, "invalid field name"),
+    ]
+    with ShardWriter(tmp_path / "d", fsync=False) as w:
+        for i, (fields, match) in enumerate(bad):
+            s = make_sample(i, T=5)
+            s.fields = fields
+            with pytest.raises(ShardError, match=match):
+                w.add(s)
+        s = make_sample(9, T=5)
+        s.fields = {"loss_mask": torch.tensor([0, 1, 1, 0, 1], dtype=torch.bool)}
+        w.add(s)
+    got = open_shards(tmp_path / "d")[0]
+    assert got.fields["loss_mask"].dtype == torch.uint8
+    assert got.fields["loss_mask"].tolist() == [0, 1, 1, 0, 1]
+
+
+def test_verify_dir_flags_a_field_the_index_does_not_list(shard_dir):
+    p = shard_dir / "index.jsonl"
+    lines = [json.loads(l) for l in p.read_text().splitlines()]
+    lines[3]["fields"] = []
+    p.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    rep = verify_dir(shard_dir)
+    assert not rep["ok"]
+    assert any("fields ['loss_mask']" in x for x in rep["problems"])
+
+
+def test_sample_without_fields_reads_back_with_none(tmp_path):
+    write_shards(tmp_path / "d", [make_sample(0, mask=False)])
+    got = open_shards(tmp_path / "d")[0]
+    assert got.fields == {} and got.loss_mask is None
+
+
+def test_a_shard_named_by_the_index_but_missing_fails_naming_it(shard_dir):
+    ss = open_shards(shard_dir)
+    shard = ss.entry(0)["shard"]
+    os.unlink(shard_dir / shard)
+    with pytest.raises(ShardError, match=shard):
+        ss[0]
+
+
+def test_torn_last_index_line_is_ignored(shard_dir, samples):
+    with open(shard_dir / "index.jsonl", "ab") as f:
+        f.write(b'{"v":1,"rid":"torn","sha')
+    ss = open_shards(shard_dir)
+    assert len(ss) == len(samples) and "torn" not in ss
+
+
+def test_not_a_shard_directory_is_refused(tmp_path):
+    with pytest.raises(ShardError, match="not a directory"):
+        open_shards(tmp_path / "missing")
+    with pytest.raises(ShardError, match="index.jsonl"):
+        open_shards(tmp_path)
+
+
+def _to_training(s: StoredSample) -> dict:
+    return {"ids": s.token_ids.to(torch.int64), "mask": s.loss_mask.to(torch.int64),
+            "l1": s.tensors["layer_1"].float()}
+
+
+def test_dataset_in_dataloader_workers_returns_every_sample_once(shard_dir, samples):
+    ds = ShardDataset(shard_dir, transform=_to_training, names=["layer_1"])
+    pickle.loads(pickle.dumps(ds.shards))  # handles are not pickled
+    ds.shards[0]  # open a handle in the parent: workers must not reuse it blindly
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    got = list(loader)
+    assert len(got) == len(samples)
+    for g, s in zip(got, samples):
+        assert torch.equal(g["ids"], s.token_ids.to(torch.int64))
+        assert torch.equal(g["mask"], s.fields["loss_mask"].to(torch.int64))
+        assert torch.equal(g["l1"], s.tensors["layer_1"].float())
