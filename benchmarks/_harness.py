@@ -176,3 +176,32 @@ def unique_producer(tag: str) -> tuple[str, str]:
 
     pid = f"bench-{tag}-{os.getpid()}-{random.randrange(1 << 30):x}"
     return default_endpoint(pid), pid
+
+
+# -- model shapes -------------------------------------------------------------------------------
+
+#: Llama shapes the GPU benchmarks use (random weights; only the shape matters here).
+#: "1b": Llama-3.2-1B; "8b": Llama-3.1-8B; "tiny": a CPU dry run that checks the code path.
+MODEL_SHAPES: dict[str, dict[str, int]] = {
+    "1b": dict(hidden=2048, num_layers=16, intermediate=8192, heads=32, kv_heads=8,
+               vocab=128256),
+    "8b": dict(hidden=4096, num_layers=32, intermediate=14336, heads=32, kv_heads=8,
+               vocab=128256),
+    "tiny": dict(hidden=256, num_layers=4, intermediate=512, heads=8, kv_heads=4, vocab=4096),
+}
+
+
+def aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's aux layers for a model of ``num_layers``: 2, L/2, L-3 (distinct, sorted)."""
+    return sorted({min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3)})
+
+
+def parse_mixes(text: str) -> list[tuple[int, int, int]]:
+    """``"1x4096,8x64-4096"`` -> ``[(1, 4096, 4096), (8, 64, 4096)]``: (requests, min tokens,
+    max tokens) per batch mix."""
+    out = []
+    for part in text.split(","):
+        b, _, t = part.strip().partition("x")
+        lo, _, hi = t.partition("-")
+        out.append((int(b), int(lo), int(hi or lo)))
+    return out
