@@ -1,151 +1,74 @@
-"""End to end: producer process → ring → Subscriber → ShardWriter shards, vs raw writes and the
-old per-request ``torch.save`` + folder polling, side by side in one run.
+"""End to end: producer process -> ring -> drain process -> shards, vs a raw write of the same
+byte counts from the same kind of memory in the same kind of process; plus live delivery and
+the old per-request ``torch.save`` way.
 
-    python benchmarks/bench_e2e.py [--device cpu|cuda] [--gb 2] [--disk-dir DIR]
-                                   [--out bench-results/bench_e2e.json] [--plot bench-results/bench_e2e.png]
+    python benchmarks/bench_e2e.py [--device cpu|cuda] [--gb 2] [--disk-dir DIR] [--reps 5]
+                                   [--out bench-results/bench_e2e.json]
 
-Workload: EAGLE-3-like records (``--layers`` 4 tensors × T tokens × ``--hidden`` 4096, bf16; T
-uniform in ``--min-tokens``..``--max-tokens``), one request per record, the same request list for
-every method, about ``--gb`` GB of hidden states per run. Methods, each timed from the producer's
-first capture to the last byte durable at the consumer:
+Workload (EAGLE-3 shape, e.g. Qwen3-8B-like): per request ``--layers`` 4 tensors (3 aux layers +
+final norm) x T tokens x ``--hidden`` 4096, bf16 (32 KiB per token), T uniform in
+``--min-tokens``..``--max-tokens`` (default 350..750: prompts ~550 tokens), about ``--gb`` GB per
+run, ``--rows-per-forward`` requests captured per forward pass through the one capture entry
+point (``_harness.capture_forward``). Every method is a set of freshly spawned child processes;
+every repetition runs each method once, the order rotating by one per repetition, after one
+discarded warm-up repetition (``_stats.run_alternating``); ratios are paired per repetition.
 
-* ``hscapture``: a real producer process (``Producer.capture`` of ``--device`` tensors, full
-  policy ``wait`` so nothing is dropped and the producer runs at the consumer's pace) and, in this
-  process, the real :func:`hscapture.drain.drain` (Subscriber → ShardWriter, fsync'd, ring space
-  released after each durable flush). Written once into ``--shm-dir`` (tmpfs) and once into
-  ``--disk-dir`` (whatever filesystem that is: reported in the JSON).
-* ``raw``: this process writes the same bytes (one ``writev`` per request, ``fdatasync`` every
-  ``--flush-mb`` like the drain, ``fsync`` at the end) into one file in the same directory: the
-  ceiling for that storage.
-* ``deliver``: the same producer, consumed live by a Subscriber in this process that copies
-  every sample out of the ring and releases it (no storage): what a training job reading
-  hidden states online gets.
-* ``deliver_view``: the same, but the subscriber reads every byte in place (a checksum over
-  the zero-copy ring views) instead of copying it out: what hscapture's zero-copy API gives.
-* ``old``: the approach hscapture replaces: a producer process ``torch.save``s each request
-  (tensors moved to CPU) into ``<shm-dir>/…/req_N/hidden.pt`` (tmp + rename); a reader process
-  polls the folder, ``torch.load``s every file (all bytes are read) and deletes it.
+Methods (what each clock covers is also in the JSON's ``timed_region``):
 
-Goals printed: hscapture ≥ 90% of raw write to the same directory; hscapture ≥ 20× the old way
-(both into tmpfs). Results go to ``--out`` (JSON) and ``--plot`` (PNG, needs matplotlib).
+* ``hscapture_<target>``: a producer process (``Producer`` with ``full_policy="wait"``:
+  nothing is dropped, the producer runs at the storage's pace) captures every request from
+  ``--device`` tensors; a drain process runs :func:`hscapture.drain.drain` (Subscriber ->
+  ShardWriter, fsync'd, ring space released after each durable flush). Clock: producer's
+  first capture -> ``drain()`` returned (every byte durable, shards closed). Bytes: hidden-state
+  bytes of samples the drain wrote (committed and durable only); producer drops printed beside.
+  First and last request are then read back from the shards and compared bit for bit.
+* ``raw_<target>``: one writer process writes the same per-request byte counts (hidden states +
+  token ids, one ``writev`` per request, ``fdatasync`` every ``--flush-mb``, ``fsync`` at the
+  end) from a MAP_SHARED ``/dev/shm`` mapping of the ring's capacity (fallocated and
+  MAP_POPULATE'd like the ring segment the drain writes from), walking it at the ring's record
+  positions and wrapping. The mapping holds random bytes (contents do not change write speed).
+  Clock: first ``open`` -> last ``fsync``. The ceiling for that storage from ring-like memory;
+  it does not include the device->host copy the hscapture producer also does.
+* ``deliver``: the same producer, consumed live by a subscriber process that copies every
+  sample out of the ring (``Sample.detach()``) and releases it, no storage. Clock: first capture
+  -> last sample copied out.
+* ``old``: what hscapture replaces: a producer process ``torch.save``s each request (tensors
+  moved to CPU) into ``<shm>/…/req_N/hidden.pt`` (tmp + rename); a reader process polls the
+  folder (1 ms sleep when idle), ``torch.load``s each file and deletes it. Clock: first save ->
+  last file loaded. Runs ``--old-gb``. Like-for-like pairs: ``hscapture_shm / old`` (files vs
+  files, both into tmpfs) and ``deliver / old`` (live, bytes copied out, vs the old way's files).
+
+Goals: hscapture >= 0.9 of raw write into each target over the whole spread.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import mmap
 import os
 import random
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+import _stats  # noqa: E402
+from _harness import (Row, capture_forward, child_main, emit, read_event, spawn,  # noqa: E402
+                      stop_child, unique_producer)
 
 GOAL_VS_RAW = 0.90
-GOAL_VS_OLD = 20.0
-
-
-# -- shared helpers (also used by bench_gpu.py) ---------------------------------------------
-
-def fs_info(path: str | os.PathLike) -> dict:
-    """Filesystem type, mount point and free space of ``path`` (from /proc/self/mountinfo)."""
-    real = os.path.realpath(path)
-    best = ("", "?", "?")
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                parts = line.split()
-                sep = parts.index("-")
-                mnt = parts[4].replace("\\040", " ")
-                if (real == mnt or real.startswith(mnt.rstrip("/") + "/") or mnt == "/") \
-                        and len(mnt) >= len(best[0]):
-                    best = (mnt, parts[sep + 1], parts[sep + 2])
-    except (OSError, ValueError):
-        pass
-    st = os.statvfs(real)
-    fstype = best[1]
-    return {"path": real, "mount": best[0], "fstype": fstype, "source": best[2],
-            "free_bytes": st.f_bavail * st.f_frsize, "size_bytes": st.f_blocks * st.f_frsize,
-            "memory_backed": fstype in ("tmpfs", "ramfs", "hugetlbfs")}
-
-
-def env_info() -> dict:
-    info = {"python": sys.version.split()[0], "torch": torch.__version__,
-            "cpus": os.cpu_count(), "cuda": torch.cuda.is_available()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["cuda_version"] = torch.version.cuda
-    try:
-        import hscapture
-        info["hscapture"] = hscapture.__version__
-    except Exception:  # pragma: no cover
-        pass
-    return info
-
-
-def save_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-    print(f"wrote {path}", flush=True)
-
-
-def get_pyplot():
-    """matplotlib.pyplot with a non-interactive backend, or None (with a message)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        return plt
-    except Exception as exc:
-        print(f"no plot: matplotlib is not importable ({type(exc).__name__}: {exc}); "
-              f"pip install matplotlib, the JSON has every number", flush=True)
-        return None
-
-
-def read_event(proc: subprocess.Popen, want: str, timeout: float = 600.0) -> dict:
-    """Read JSON lines from a child's stdout until the event ``want`` (others are skipped)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child {proc.args[1] if len(proc.args) > 1 else proc.args} "
-                               f"exited with {proc.wait()} before event {want!r}")
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            print(f"  [child] {line.rstrip()}", flush=True)
-            continue
-        if ev.get("event") == "error":
-            raise RuntimeError(f"child failed: {ev.get('message')}")
-        if ev.get("event") == want:
-            return ev
-    raise TimeoutError(f"no {want!r} event within {timeout:g}s")
-
-
-def emit(**event) -> None:
-    print(json.dumps(event), flush=True)
-
-
-def stop_child(proc: subprocess.Popen, timeout: float = 30.0) -> int:
-    try:
-        if proc.stdin and not proc.stdin.closed:
-            proc.stdin.close()          # children wait for EOF on stdin before exiting
-    except OSError:
-        pass
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+SLACK = 509     # requests start at varying (odd) row offsets into the pool
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+RECORD_HEADER = 64
 
 
 # -- the workload -----------------------------------------------------------------------------
@@ -161,11 +84,8 @@ def make_requests(gb: float, hidden: int, layers: int, lo: int, hi: int, seed: i
     return out
 
 
-SLACK = 509     # requests start at varying (odd) row offsets into the pool
-
-
 def make_pool(hidden: int, layers: int, max_tokens: int, seed: int, device: str):
-    """Source tensors [max_tokens + SLACK, hidden] bf16 per layer and int32 token ids (CPU)."""
+    """Source tensors [max_tokens + SLACK, hidden] bf16 per layer, and int32 token ids (CPU)."""
     g = torch.Generator().manual_seed(seed)
     pool = [torch.randn(max_tokens + SLACK, hidden, generator=g).to(torch.bfloat16).to(device)
             for _ in range(layers)]
@@ -178,40 +98,141 @@ def request_slice(i: int, tokens: int) -> slice:
     return slice(o, o + tokens)
 
 
-# -- child processes -----------------------------------------------------------------------
+def rid_of(i: int) -> str:
+    return f"req-{i:07d}"
+
+
+def _layer_ids(spec: dict) -> tuple[list[int], list[str]]:
+    return (list(range(spec["layers"] - 1)) + [spec["num_model_layers"] - 1],
+            ["residual"] * (spec["layers"] - 1) + ["final_norm"])
+
+
+# -- child processes ----------------------------------------------------------------------------
 
 def child_produce(spec: dict) -> None:
-    """hscapture producer: capture every request, as fast as the ring lets it."""
+    """hscapture producer: capture every request, ``rows_per_forward`` per forward pass."""
     from hscapture import Producer
 
     dev = spec["device"]
     if dev == "cuda":
         torch.cuda.init()
     pool, ids = make_pool(spec["hidden"], spec["layers"], spec["max_tokens"], spec["seed"], dev)
-    layer_ids = list(range(spec["layers"] - 1)) + [spec["num_model_layers"] - 1]
-    kinds = ["residual"] * (spec["layers"] - 1) + ["final_norm"]
+    layer_ids, kinds = _layer_ids(spec)
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"], capacity=spec["ring_bytes"],
                  full_policy="wait", wait_timeout_s=600.0, model="bench-e2e")
-    emit(event="ready", pinned=p.stats()["pinned"], segment=p.segment)
-    if not p.wait_for_consumers(1, timeout_s=60):
-        emit(event="error", message="no consumer attached within 60 s")
+    emit(event="ready", pinned=p.stats().get("pinned"), segment=p.segment)
+    if not p.wait_for_consumers(1, timeout_s=120):
+        emit(event="error", message="no consumer attached within 120 s")
         return
     if dev == "cuda":
         torch.cuda.synchronize()
+    before = p.stats()
+    reqs = spec["requests"]
+    k = spec["rows_per_forward"]
+    ok: list[bool] = []
     t0 = time.monotonic()
     emit(event="start", t=t0)
-    drops = 0
-    for i, tokens in enumerate(spec["requests"]):
-        s = request_slice(i, tokens)
-        ok = p.capture(f"req-{i:07d}", [t[s] for t in pool], layers=layer_ids, layer_kinds=kinds,
-                       token_ids=ids[s])
-        drops += not ok
+    for f in range(0, len(reqs), k):
+        rows = []
+        for i in range(f, min(f + k, len(reqs))):
+            s = request_slice(i, reqs[i])
+            rows.append(Row(rid_of(i), [t[s] for t in pool], ids[s]))
+        ok += capture_forward(p, rows, layers=layer_ids, layer_kinds=kinds)
     t_issued = time.monotonic()
     p.flush(timeout_s=600)
-    emit(event="captured", t_issued=t_issued, t_flushed=time.monotonic(), drops=drops,
-         stats={k: v for k, v in p.stats().items() if isinstance(v, (int, bool))})
+    after = p.stats()
+    emit(event="captured", t_issued=t_issued, t_flushed=time.monotonic(),
+         refused=len(ok) - sum(ok),
+         dropped=int(after.get("dropped", 0)) - int(before.get("dropped", 0)),
+         stats={k_: v for k_, v in after.items() if isinstance(v, (int, bool))})
     sys.stdin.read()        # stay alive (segment, notices) until the parent is done
     p.close()
+
+
+def child_drain(spec: dict) -> None:
+    """The real drain (Subscriber -> ShardWriter), in its own process."""
+    from hscapture.drain import drain
+
+    emit(event="ready")
+    res = drain(spec["endpoint"], spec["out_dir"], max_samples=len(spec["requests"]),
+                idle_timeout_s=120, connect_timeout_s=120, flush_bytes=spec["flush_bytes"],
+                progress=False, metadata={"model": "bench-e2e"},
+                write_threads=spec["write_threads"])
+    t_end = time.monotonic()
+    emit(event="done", t=t_end, samples=res.samples, bytes=res.bytes, drain_seconds=res.seconds,
+         dropped=len(res.dropped), incomplete=len(res.incomplete), rejected=len(res.rejected))
+    sys.stdin.read()
+
+
+def child_deliver(spec: dict) -> None:
+    """A live subscriber: copy every sample out of the ring, release it; no storage."""
+    from hscapture import Subscriber
+
+    n = nbytes = 0
+    with Subscriber(spec["endpoint"]) as sub:
+        emit(event="ready")
+        sub.wait_ready(timeout=120)
+        for sample in sub.samples(limit=len(spec["requests"]), timeout=120):
+            sample.detach()
+            n += 1
+            nbytes += sample.nbytes
+        t_end = time.monotonic()
+        bad = {k: len(getattr(sub, k)) for k in ("dropped", "incomplete", "rejected")}
+    emit(event="done", t=t_end, samples=n, bytes=nbytes, **bad)
+    sys.stdin.read()
+
+
+def child_raw(spec: dict) -> None:
+    """Raw write of the requests' byte counts from a ring-like shared-memory mapping."""
+    cap = spec["ring_bytes"]
+    shm = f"/dev/shm/hsc-e2e-raw-src-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    fd = os.open(shm, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.posix_fallocate(fd, 0, cap)
+    m = mmap.mmap(fd, cap, MAP_FLAGS)
+    os.close(fd)
+    os.unlink(shm)
+    block = os.urandom(1 << 20)
+    for o in range(0, cap, len(block)):      # fill (and touch) every page, outside the clock
+        m[o:o + len(block)] = block[:cap - o]
+    view = memoryview(m)
+    per_tok = spec["hidden"] * 2
+    L = spec["layers"]
+    path = os.path.join(spec["target"], f"hsc-e2e-raw-{os.getpid()}.bin")
+    flush = spec["flush_bytes"]
+    emit(event="ready")
+    sys.stdin.readline()                  # go
+    hidden_bytes = total = since = pos = 0
+    t0 = time.monotonic()
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for tokens in spec["requests"]:
+        lengths = [tokens * per_tok] * L + [tokens * 4]
+        rec = RECORD_HEADER + sum((x + 63) // 64 * 64 for x in lengths) + 4096  # + meta
+        rec = (rec + 63) // 64 * 64
+        if pos + rec > cap:
+            pos = 0                        # the ring wraps the same way
+        views, o = [], pos + RECORD_HEADER + 4096
+        for x in lengths:
+            views.append(view[o:o + x])
+            o += (x + 63) // 64 * 64
+        want = sum(lengths)
+        k = os.writev(out, views)
+        while k < want:                    # partial write: finish it
+            rest = b"".join(bytes(v) for v in views)[k:]
+            k += os.write(out, rest)
+        pos += rec
+        total += want
+        since += want
+        hidden_bytes += want - tokens * 4
+        if since >= flush:
+            os.fdatasync(out)
+            since = 0
+    os.fsync(out)
+    os.close(out)
+    t1 = time.monotonic()
+    os.unlink(path)
+    emit(event="done", t0=t0, t=t1, bytes=hidden_bytes, file_bytes=total,
+         samples=len(spec["requests"]))
+    sys.stdin.read()       # the mapping goes with the process
 
 
 def child_old_produce(spec: dict) -> None:
@@ -241,173 +262,137 @@ def child_old_read(spec: dict) -> None:
     """Old way, client side: poll the folder, torch.load each request, delete it."""
     root, n = spec["root"], len(spec["requests"])
     emit(event="ready")
-    got, nbytes, polls, checksum = 0, 0, 0, 0
+    got, nbytes, polls = 0, 0, 0
     while got < n:
         polls += 1
-        names = [x for x in os.listdir(root) if x.startswith("req_")]
         progressed = False
+        names = [x for x in os.listdir(root) if x.startswith("req_")]
         for name in sorted(names, key=lambda x: int(x[4:])):
             f = os.path.join(root, name, "hidden.pt")
             if not os.path.exists(f):
                 continue
             obj = torch.load(f)            # reads every byte of the file into memory
-            for k, t in obj.items():
-                if k != "token_ids":
-                    nbytes += t.numel() * t.element_size()
-            checksum ^= int(obj["token_ids"][0])
+            nbytes += sum(t.numel() * t.element_size() for k, t in obj.items()
+                          if k != "token_ids")
             shutil.rmtree(os.path.join(root, name))
             got += 1
             progressed = True
         if not progressed:
-            time.sleep(0.001)
-    emit(event="done", t=time.monotonic(), samples=got, bytes=nbytes, polls=polls,
-         checksum=checksum)
+            time.sleep(0.001)  # the old way's poll interval (part of what is measured)
+    emit(event="done", t=time.monotonic(), samples=got, bytes=nbytes, polls=polls)
     sys.stdin.read()
 
 
-def spawn(role: str, spec: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), role, json.dumps(spec)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=str(ROOT))
+ROLES = {"_produce": child_produce, "_drain": child_drain, "_deliver": child_deliver,
+         "_raw": child_raw, "_oldproduce": child_old_produce, "_oldread": child_old_read}
 
 
-# -- the three methods ------------------------------------------------------------------------
+# -- the methods (parent side) --------------------------------------------------------------------
 
-def run_hscapture(base: dict, target: str, run: int) -> dict:
-    from hscapture.drain import drain
-    from hscapture.endpoint import default_endpoint
-    from hscapture.shards import load_sample, read_index
-
-    producer_id = f"bench-e2e-{os.getpid()}-{run}"
-    out_dir = tempfile.mkdtemp(prefix="hsc-e2e-shards-", dir=target)
-    spec = dict(base, endpoint=default_endpoint(producer_id), producer_id=producer_id)
-    proc = spawn("_produce", spec)
-    try:
-        ready = read_event(proc, "ready", timeout=300)
-        res = drain(spec["endpoint"], out_dir, max_samples=len(base["requests"]),
-                    idle_timeout_s=120, connect_timeout_s=120,
-                    flush_bytes=base["flush_bytes"], progress=False,
-                    metadata={"model": "bench-e2e"}, write_threads=base["write_threads"])
-        t_end = time.monotonic()
-        start = read_event(proc, "start")
-        cap = read_event(proc, "captured")
-        stop_child(proc)
-        # correctness spot check (outside the timing): first and last request, bit for bit
-        index = read_index(out_dir)
-        pool, ids = make_pool(base["hidden"], base["layers"], base["max_tokens"], base["seed"],
-                              "cpu")
-        checked = []
-        for i in sorted({0, len(base["requests"]) - 1}):
-            got = load_sample(out_dir, f"req-{i:07d}")
-            s = request_slice(i, base["requests"][i])
-            names = [k for k in got if k != "token_ids"]
-            exact = len(names) == base["layers"] and all(
-                torch.equal(got[n].view(torch.int16), pool[k][s].view(torch.int16))
-                for k, n in enumerate(sorted(names, key=_layer_order))) and \
-                torch.equal(got["token_ids"].to(torch.int32), ids[s])
-            checked.append({"rid": f"req-{i:07d}", "exact": bool(exact)})
-        seconds = t_end - start["t"]
-        out = {"method": "hscapture", "dir": out_dir, "seconds": seconds, "bytes": res.bytes,
-               "samples": res.samples, "GBps": res.bytes / seconds / 1e9,
-               "samples_per_s": res.samples / seconds, "drain_GBps": res.gbps,
-               "producer_drops": cap["drops"], "producer_pinned": ready.get("pinned"),
-               "producer_issue_seconds": cap["t_issued"] - start["t"],
-               "dropped": len(res.dropped), "incomplete": len(res.incomplete),
-               "rejected": len(res.rejected), "indexed": len(index),
-               "shards": len({e["shard"] for e in index.values()}), "spot_check": checked}
-        ok = (res.samples == len(base["requests"]) and not res.dropped and not res.incomplete
-              and not res.rejected and all(c["exact"] for c in checked))
-        out["ok"] = ok
-        if not ok:
-            print(f"  WARNING: hscapture run incomplete or inexact: {out}", flush=True)
-        return out
-    finally:
-        if proc.poll() is None:
-            stop_child(proc)
-        shutil.rmtree(out_dir, ignore_errors=True)
-
-
-def run_deliver(base: dict, run: int, zero_copy: bool = False) -> dict:
-    """hscapture into a consuming process, no storage: a training script reading samples live.
-
-    Every byte of every sample is read by the consumer, as ``torch.load`` reads every byte in
-    the old way: copied out of the ring (``Sample.detach()``), or with ``zero_copy`` read in
-    place (a checksum over the ring views) and never copied.
-    """
-    from hscapture import Subscriber
-    from hscapture.endpoint import default_endpoint
-
-    producer_id = f"bench-deliver-{os.getpid()}-{run}"
-    spec = dict(base, endpoint=default_endpoint(producer_id), producer_id=producer_id)
-    proc = spawn("_produce", spec)
-    try:
-        read_event(proc, "ready", timeout=300)
-        n = nbytes = 0
-        with Subscriber(spec["endpoint"]) as sub:
-            sub.wait_ready(timeout=120)
-            for sample in sub.samples(limit=len(base["requests"]), timeout=120):
-                if zero_copy:
-                    for t in sample.tensors.values():   # reads every byte, 8 at a time
-                        flat = t.reshape(-1).view(torch.uint8)
-                        (flat.view(torch.int64) if flat.numel() % 8 == 0 else flat).sum()
-                else:
-                    sample.detach()
-                n += 1
-                nbytes += sample.nbytes
-            t_end = time.monotonic()
-            bad = len(sub.dropped) + len(sub.incomplete) + len(sub.rejected)
-        start = read_event(proc, "start")
-        seconds = t_end - start["t"]
-        return {"method": "deliver_view" if zero_copy else "deliver", "seconds": seconds, "bytes": nbytes, "samples": n,
-                "GBps": nbytes / seconds / 1e9, "samples_per_s": n / seconds,
-                "ok": n == len(base["requests"]) and not bad}
-    finally:
-        stop_child(proc)
+def _spawn(role: str, spec: dict):
+    return spawn(__file__, role, spec)
 
 
 def _layer_order(name: str) -> tuple:
     return (1, 0) if name == "final_norm" else (0, int(name.split("_")[-1]))
 
 
-def run_raw(base: dict, target: str, pool, ids) -> dict:
-    path = os.path.join(target, f"hsc-e2e-raw-{os.getpid()}.bin")
-    flush = base["flush_bytes"]
-    total = hidden_bytes = since = 0
-    t0 = time.monotonic()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def spot_check(out_dir: str, base: dict, pool, ids) -> list[dict]:
+    """First and last request read back from the shards, bit for bit (outside any clock)."""
+    from hscapture.shards import load_sample
+
+    checked = []
+    for i in sorted({0, len(base["requests"]) - 1}):
+        got = load_sample(out_dir, rid_of(i))
+        s = request_slice(i, base["requests"][i])
+        names = sorted((k for k in got if k != "token_ids"), key=_layer_order)
+        exact = len(names) == base["layers"] and all(
+            torch.equal(got[n].view(torch.int16), pool[k][s].view(torch.int16))
+            for k, n in enumerate(names)) and \
+            torch.equal(got["token_ids"].to(torch.int32), ids[s])
+        checked.append({"rid": rid_of(i), "exact": bool(exact)})
+    return checked
+
+
+def run_hscapture(base: dict, target: str, pool, ids) -> dict:
+    endpoint, producer_id = unique_producer("e2e")
+    out_dir = tempfile.mkdtemp(prefix="hsc-e2e-shards-", dir=target)
+    spec = dict(base, endpoint=endpoint, producer_id=producer_id, out_dir=out_dir)
+    prod = _spawn("_produce", spec)
+    drn = None
     try:
-        for i, tokens in enumerate(base["requests"]):
-            s = request_slice(i, tokens)
-            views = [memoryview(t[s].view(torch.uint8).numpy()).cast("B") for t in pool]
-            views.append(memoryview(ids[s].numpy()).cast("B"))
-            want = sum(len(v) for v in views)
-            k = os.writev(fd, views)
-            if k != want:
-                rest = memoryview(b"".join(views))[k:]
-                while len(rest):
-                    rest = rest[os.write(fd, rest):]
-            total += want
-            since += want
-            hidden_bytes += want - len(views[-1])
-            if since >= flush:
-                os.fdatasync(fd)
-                since = 0
-        os.fsync(fd)
+        ready = read_event(prod, "ready", timeout=300)
+        drn = _spawn("_drain", spec)
+        read_event(drn, "ready", timeout=300)
+        start = read_event(prod, "start", timeout=300)
+        done = read_event(drn, "done", timeout=3600)
+        cap = read_event(prod, "captured", timeout=600)
+        stop_child(drn)
+        stop_child(prod)
+        checked = spot_check(out_dir, base, pool, ids)
+        seconds = done["t"] - start["t"]
+        n = len(base["requests"])
+        out = {"seconds": seconds, "bytes": done["bytes"], "samples": done["samples"],
+               "GBps": done["bytes"] / seconds / 1e9, "samples_per_s": done["samples"] / seconds,
+               "producer_refused": cap["refused"], "producer_dropped": cap["dropped"],
+               "producer_pinned": ready.get("pinned"),
+               "producer_issue_seconds": cap["t_issued"] - start["t"],
+               "drain_dropped": done["dropped"], "incomplete": done["incomplete"],
+               "rejected": done["rejected"], "spot_check": checked}
+        out["ok"] = (done["samples"] == n and not done["dropped"] and not done["incomplete"]
+                     and not done["rejected"] and all(c["exact"] for c in checked))
+        return out
     finally:
-        os.close(fd)
-    seconds = time.monotonic() - t0
-    os.unlink(path)
-    n = len(base["requests"])
-    return {"method": "raw", "seconds": seconds, "bytes": hidden_bytes, "file_bytes": total,
-            "samples": n, "GBps": hidden_bytes / seconds / 1e9, "samples_per_s": n / seconds,
-            "ok": True}
+        for p in (drn, prod):
+            if p is not None and p.poll() is None:
+                stop_child(p)
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def run_deliver(base: dict) -> dict:
+    endpoint, producer_id = unique_producer("deliver")
+    spec = dict(base, endpoint=endpoint, producer_id=producer_id)
+    prod = _spawn("_produce", spec)
+    sub = None
+    try:
+        read_event(prod, "ready", timeout=300)
+        sub = _spawn("_deliver", spec)
+        read_event(sub, "ready", timeout=300)
+        start = read_event(prod, "start", timeout=300)
+        done = read_event(sub, "done", timeout=3600)
+        cap = read_event(prod, "captured", timeout=600)
+        seconds = done["t"] - start["t"]
+        bad = done["dropped"] + done["incomplete"] + done["rejected"]
+        return {"seconds": seconds, "bytes": done["bytes"], "samples": done["samples"],
+                "GBps": done["bytes"] / seconds / 1e9, "samples_per_s": done["samples"] / seconds,
+                "producer_refused": cap["refused"], "producer_dropped": cap["dropped"],
+                "subscriber_lost": bad, "ok": done["samples"] == len(base["requests"]) and not bad}
+    finally:
+        for p in (sub, prod):
+            if p is not None:
+                stop_child(p)
+
+
+def run_raw(base: dict, target: str) -> dict:
+    proc = _spawn("_raw", dict(base, target=target))
+    try:
+        read_event(proc, "ready", timeout=300)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        done = read_event(proc, "done", timeout=3600)
+        seconds = done["t"] - done["t0"]
+        return {"seconds": seconds, "bytes": done["bytes"], "file_bytes": done["file_bytes"],
+                "samples": done["samples"], "GBps": done["bytes"] / seconds / 1e9,
+                "samples_per_s": done["samples"] / seconds, "producer_dropped": 0, "ok": True}
+    finally:
+        stop_child(proc)
 
 
 def run_old(base: dict, target: str) -> dict:
     root = tempfile.mkdtemp(prefix="hsc-e2e-old-", dir=target)
     spec = dict(base, root=root)
-    reader = spawn("_oldread", spec)
-    writer = spawn("_oldproduce", spec)
+    reader = _spawn("_oldread", spec)
+    writer = _spawn("_oldproduce", spec)
     try:
         read_event(reader, "ready", timeout=120)
         read_event(writer, "ready", timeout=300)
@@ -417,42 +402,70 @@ def run_old(base: dict, target: str) -> dict:
         done = read_event(reader, "done", timeout=3600)
         written = read_event(writer, "written")
         seconds = done["t"] - start["t"]
-        n = len(base["requests"])
-        return {"method": "old", "dir": root, "seconds": seconds, "bytes": done["bytes"],
-                "samples": done["samples"], "GBps": done["bytes"] / seconds / 1e9,
-                "samples_per_s": done["samples"] / seconds, "polls": done["polls"],
-                "writer_seconds": written["t"] - start["t"], "ok": done["samples"] == n}
+        return {"seconds": seconds, "bytes": done["bytes"], "samples": done["samples"],
+                "GBps": done["bytes"] / seconds / 1e9, "samples_per_s": done["samples"] / seconds,
+                "polls": done["polls"], "writer_seconds": written["t"] - start["t"],
+                "producer_dropped": 0, "ok": done["samples"] == len(base["requests"])}
     finally:
         for p in (writer, reader):
             stop_child(p)
         shutil.rmtree(root, ignore_errors=True)
 
 
-# -- report ---------------------------------------------------------------------------------
+TIMED = {
+    "hscapture": _stats.timed_region(
+        ["producer: capture_forward of every request (reserve, meta, copy into the ring, "
+         "commit, notice), waiting for ring space (full_policy=wait)",
+         "drain process: Subscriber -> ShardWriter, fdatasync every --flush-mb, close() "
+         "(headers, renames, index, fsync)",
+         "clock: producer's first capture -> drain() returned in the drain process"],
+        ["process start, torch import, CUDA init, pool creation", "ring creation",
+         "subscriber connect/attach (the producer waits for it before its clock starts)",
+         "read-back bit-for-bit check of the first and last request", "process exit"],
+        "CLOCK_MONOTONIC (time.monotonic, shared by processes)"),
+    "raw": _stats.timed_region(
+        ["writer process: open, one writev per request from a MAP_SHARED /dev/shm mapping of "
+         "the ring's capacity at the ring's record positions, fdatasync every --flush-mb, "
+         "fsync + close"],
+        ["process start", "mapping creation (fallocate + MAP_POPULATE) and random fill",
+         "the device->host copy (the hscapture producer does it inside its clock)",
+         "unlink of the file"],
+        "CLOCK_MONOTONIC (time.monotonic)"),
+    "deliver": _stats.timed_region(
+        ["producer as for hscapture", "subscriber process: Sample.detach() of every sample "
+         "(copies every byte out of the ring) + release",
+         "clock: producer's first capture -> last sample copied out"],
+        ["process start, pool creation, ring creation, subscriber attach", "process exit"],
+        "CLOCK_MONOTONIC (time.monotonic, shared by processes)"),
+    "old": _stats.timed_region(
+        ["writer process: per request .to('cpu'), torch.save to req_N/hidden.pt.tmp, rename",
+         "reader process: poll the folder (1 ms sleep when idle), torch.load, rmtree",
+         "clock: writer's first save -> reader's last file loaded"],
+        ["process start, pool creation"], "CLOCK_MONOTONIC (time.monotonic, shared by processes)"),
+}
 
-def plot(results: dict, path: str) -> None:
-    plt = get_pyplot()
+
+# -- report ---------------------------------------------------------------------------------------
+
+def plot(rec: dict, path: str) -> None:
+    plt = _stats.get_pyplot()
     if plt is None:
         return
-    med = results["median_GBps"]
-    labels = list(med)
-    vals = [med[k] for k in labels]
-    colors = ["tab:green" if k.startswith("hscapture") else "tab:gray" if k.startswith("raw")
-              else "tab:red" for k in labels]
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(labels) + 1.8))
-    bars = ax.barh(labels, vals, color=colors)
-    for b, v in zip(bars, vals):
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {v:.2f}", va="center")
+    res = rec["results"]
+    names = list(res["GBps"])
+    med, err = _stats.errorbar_args([res["GBps"][n] for n in names])
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(names) + 2))
+    colors = ["tab:green" if n.startswith(("hscapture", "deliver")) else "tab:gray"
+              if n.startswith("raw") else "tab:red" for n in names]
+    ax.barh(names, med, xerr=err, color=colors, capsize=4)
+    for i, n in enumerate(names):
+        sps = res["samples_per_s"][n]["median"]
+        ax.text(med[i], i, f" {med[i]:.2f} GB/s, {sps:,.0f} samples/s", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("GB/s of hidden states (higher is better)")
-    r = results["ratios"]
-    sub = "; ".join(f"{k} {v:.2f}" for k, v in r.items() if v is not None)
-    c = results["config"]
-    ax.set_title(f"end to end, {c['device']} sources, {c['gb']:g} GB, H={c['hidden']}, "
-                 f"{c['layers']} layers, T {c['min_tokens']}..{c['max_tokens']}\n{sub}",
+    ax.set_xlabel("GB/s of hidden states (median, min..max)")
+    ax.set_title("; ".join(f"{k} {v['median']:.2f}" for k, v in res["ratios"].items()),
                  fontsize=8)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     fig.savefig(path, dpi=120)
     print(f"wrote {path}", flush=True)
 
@@ -463,27 +476,30 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the producer's source tensors live")
     ap.add_argument("--gb", type=float, default=2.0, help="GB of hidden states per run")
-    ap.add_argument("--old-gb", type=float, default=1.0,
+    ap.add_argument("--old-gb", type=float, default=0.5,
                     help="GB for the (slow) old way; its rate does not depend on the total")
     ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=4, help="tensors per record (EAGLE-3: 4)")
-    ap.add_argument("--min-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=4, help="tensors per request (EAGLE-3: 4)")
+    ap.add_argument("--min-tokens", type=int, default=350)
+    ap.add_argument("--max-tokens", type=int, default=750)
+    ap.add_argument("--rows-per-forward", type=int, default=1,
+                    help="requests captured per forward pass (one capture_forward call)")
     ap.add_argument("--ring-mb", type=int, default=1024, help="producer ring capacity (MiB)")
     ap.add_argument("--flush-mb", type=int, default=256,
                     help="drain flush_bytes, and the raw writer's fdatasync interval (MiB)")
+    ap.add_argument("--write-threads", type=int, default=1, help="ShardWriter threads")
     ap.add_argument("--shm-dir", default="/dev/shm", help="tmpfs target")
     ap.add_argument("--disk-dir", default=str(ROOT / "build" / "bench-e2e"),
                     help="local-disk target (its filesystem type is reported)")
-    ap.add_argument("--methods", default="raw,hscapture,deliver,deliver_view,old",
-                    help="comma list of raw,hscapture,deliver,deliver_view,old")
-    ap.add_argument("--write-threads", type=int, default=1,
-                    help="ShardWriter threads for large samples in the hscapture drain")
     ap.add_argument("--targets", default="shm,disk", help="comma list of shm,disk")
-    ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions (median)")
+    ap.add_argument("--methods", default="hscapture,raw,deliver,old",
+                    help="comma list of hscapture,raw,deliver,old")
+    ap.add_argument("--reps", "--repeat", dest="reps", type=int, default=5,
+                    help="counted repetitions (after one warm-up)")
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results/bench_e2e.json")
-    ap.add_argument("--plot", default="bench-results/bench_e2e.png")
+    ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available here (use --device cpu)")
@@ -492,14 +508,14 @@ def main(argv: list[str] | None = None) -> dict:
     targets = {k: targets[k] for k in a.targets.split(",") if k}
     for d in targets.values():
         os.makedirs(d, exist_ok=True)
-    fs = {k: fs_info(d) for k, d in targets.items()}
+    fs = {k: _stats.fs_info(d) for k, d in targets.items()}
+    notes = []
     for k, info in fs.items():
-        kind = "memory (tmpfs)" if info["memory_backed"] else "storage"
-        print(f"{k}: {info['path']} is {info['fstype']} on {info['mount']} ({kind}), "
+        print(f"{k}: {info['path']} is {info['fstype']} on {info['mount']}, "
               f"{info['free_bytes'] / 1e9:.1f} GB free", flush=True)
         if k == "disk" and info["memory_backed"]:
-            print(f"  WARNING: --disk-dir {info['path']} is memory-backed; pass a real disk dir",
-                  flush=True)
+            notes.append(f"--disk-dir {info['path']} is memory-backed ({info['fstype']})")
+            print(f"  WARNING: {notes[-1]}; pass a real disk dir", flush=True)
     requests = make_requests(a.gb, a.hidden, a.layers, a.min_tokens, a.max_tokens, a.seed)
     per_tok = a.hidden * 2 * a.layers
     total = sum(requests) * per_tok
@@ -508,92 +524,72 @@ def main(argv: list[str] | None = None) -> dict:
     base = {"device": a.device, "hidden": a.hidden, "layers": a.layers,
             "num_model_layers": 32, "max_tokens": a.max_tokens, "seed": a.seed,
             "requests": requests, "ring_bytes": a.ring_mb << 20, "flush_bytes": a.flush_mb << 20,
-            "write_threads": a.write_threads}
-    shm_need = (a.ring_mb << 20) + (total if "shm" in targets else 0) + (256 << 20)
-    shm_free = fs_info(a.shm_dir)["free_bytes"] if os.path.isdir(a.shm_dir) else 0
-    if shm_free < shm_need:
-        print(f"WARNING: {a.shm_dir} has {shm_free / 1e9:.1f} GB free, this run needs about "
-              f"{shm_need / 1e9:.1f} GB (ring + shards); lower --gb / --ring-mb", flush=True)
-    print(f"workload: {len(requests)} requests, {total / 1e9:.2f} GB, {per_tok} bytes/token "
-          f"(old way: {len(old_requests)} requests), producer sources on {a.device}", flush=True)
+            "write_threads": a.write_threads, "rows_per_forward": a.rows_per_forward}
+    print(f"workload: {len(requests)} requests (mean {total / len(requests) / per_tok:.0f} "
+          f"tokens), {total / 1e9:.2f} GB, {per_tok} bytes/token; old way {len(old_requests)} "
+          f"requests; sources on {a.device}; {a.reps} reps + {a.warmup} warm-up", flush=True)
     pool, ids = make_pool(a.hidden, a.layers, a.max_tokens, a.seed, "cpu")
-    runs: dict[str, list[dict]] = {}
-    for r in range(a.repeat):
-        for tname, tdir in targets.items():
-            if "raw" in methods:
-                res = run_raw(base, tdir, pool, ids)
-                runs.setdefault(f"raw_{tname}", []).append(res)
-                print(f"[{r}] raw write+fsync -> {tname}: {res['GBps']:.3f} GB/s "
-                      f"({res['samples_per_s']:.1f} samples/s)", flush=True)
-            if "hscapture" in methods:
-                res = run_hscapture(base, tdir, r)
-                runs.setdefault(f"hscapture_{tname}", []).append(res)
-                print(f"[{r}] hscapture -> {tname}: {res['GBps']:.3f} GB/s "
-                      f"({res['samples_per_s']:.1f} samples/s; drain-only {res['drain_GBps']:.3f}"
-                      f" GB/s; drops {res['producer_drops']}; ok {res['ok']})", flush=True)
-        if "deliver" in methods:
-            res = run_deliver(base, r)
-            runs.setdefault("deliver_mem", []).append(res)
-            print(f"[{r}] hscapture -> subscriber process (no storage): {res['GBps']:.3f} GB/s "
-                  f"({res['samples_per_s']:.1f} samples/s; ok {res['ok']})", flush=True)
-        if "deliver_view" in methods:
-            res = run_deliver(base, r, zero_copy=True)
-            runs.setdefault("deliver_view_mem", []).append(res)
-            print(f"[{r}] hscapture -> subscriber process, read in place (no copy, no storage): "
-                  f"{res['GBps']:.3f} GB/s ({res['samples_per_s']:.1f} samples/s; ok "
-                  f"{res['ok']})", flush=True)
-        if "old" in methods:
-            res = run_old(dict(base, requests=old_requests), a.shm_dir)
-            runs.setdefault("old_shm", []).append(res)
-            print(f"[{r}] old torch.save + polling -> shm: {res['GBps']:.3f} GB/s "
-                  f"({res['samples_per_s']:.1f} samples/s)", flush=True)
-    med = {k: statistics.median(x["GBps"] for x in v) for k, v in runs.items()}
-    med_sps = {k: statistics.median(x["samples_per_s"] for x in v) for k, v in runs.items()}
 
-    def ratio(a_: str, b_: str) -> float | None:
-        return med[a_] / med[b_] if a_ in med and b_ in med and med[b_] > 0 else None
+    fns = {}
+    for t, d in targets.items():
+        if "hscapture" in methods:
+            fns[f"hscapture_{t}"] = (lambda d: lambda i: run_hscapture(base, d, pool, ids))(d)
+        if "raw" in methods:
+            fns[f"raw_{t}"] = (lambda d: lambda i: run_raw(base, d))(d)
+    if "deliver" in methods:
+        fns["deliver"] = lambda i: run_deliver(base)
+    if "old" in methods:
+        fns["old"] = lambda i: run_old(dict(base, requests=old_requests), a.shm_dir)
 
-    ratios = {"hscapture/raw (shm)": ratio("hscapture_shm", "raw_shm"),
-              "hscapture/raw (disk)": ratio("hscapture_disk", "raw_disk"),
-              "hscapture/old (shm)": ratio("hscapture_shm", "old_shm"),
-              "hscapture(disk)/old(shm)": ratio("hscapture_disk", "old_shm"),
-              "deliver(mem)/old(shm)": ratio("deliver_mem", "old_shm"),
-              "deliver_view(mem)/old(shm)": ratio("deliver_view_mem", "old_shm")}
-    goals = {}
-    for t in targets:
-        v = ratios.get(f"hscapture/raw ({t})")
-        if v is not None:
-            goals[f"hscapture >= {GOAL_VS_RAW:.0%} of raw write ({t})"] = v >= GOAL_VS_RAW
-    if ratios["hscapture/old (shm)"] is not None:
-        goals[f"hscapture >= {GOAL_VS_OLD:g}x old way (shm)"] = \
-            ratios["hscapture/old (shm)"] >= GOAL_VS_OLD
-    results = {"benchmark": "e2e", "config": {k: v for k, v in vars(a).items()},
-               "workload": {"requests": len(requests), "bytes": total, "bytes_per_token": per_tok,
-                            "old_requests": len(old_requests),
-                            "old_bytes": sum(old_requests) * per_tok},
-               "filesystems": fs, "env": env_info(), "median_GBps": med,
-               "median_samples_per_s": med_sps, "ratios": ratios, "goals": goals, "runs": runs,
-               "ok": all(x.get("ok", True) for v in runs.values() for x in v)}
-    print("summary (median GB/s): " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()))
+    def logged(name, fn):
+        def run(i):
+            r = fn(i)
+            tag = "warm-up" if i < 0 else f"rep {i}"
+            print(f"[{tag}] {name:<15} {r['GBps']:7.3f} GB/s {r['samples_per_s']:9.1f} samples/s"
+                  f"  drops {r.get('producer_dropped', 0) + r.get('producer_refused', 0)}"
+                  f"  ok {r['ok']}", flush=True)
+            return r
+        return run
+    runs, order = _stats.run_alternating({n: logged(n, f) for n, f in fns.items()},
+                                         reps=a.reps, warmup=a.warmup)
+    gbps = {n: _stats.summarize([r["GBps"] for r in v]) for n, v in runs.items()}
+    sps = {n: _stats.summarize([r["samples_per_s"] for r in v]) for n, v in runs.items()}
+    drops = {n: sum(r.get("producer_dropped", 0) + r.get("producer_refused", 0) for r in v)
+             for n, v in runs.items()}
+    pairs = {f"hscapture/raw ({t})": (f"hscapture_{t}", f"raw_{t}") for t in targets}
+    pairs["hscapture(shm)/old, files vs files"] = ("hscapture_shm", "old")
+    pairs["deliver/old, live copy-out vs old files"] = ("deliver", "old")
+    ratios = {k: _stats.ratio_summary([r["GBps"] for r in runs[c]], [r["GBps"] for r in runs[b]])
+              for k, (c, b) in pairs.items() if c in runs and b in runs}
+    goals = [_stats.goal_record(f"hscapture/raw write ({t})", ratios[f"hscapture/raw ({t})"]
+                                ["values"], GOAL_VS_RAW, ">=")
+             for t in targets if f"hscapture/raw ({t})" in ratios]
+    print("summary (median [min .. max] over reps):", flush=True)
+    for n in gbps:
+        print(f"  {n:<15} {_stats.fmt_spread(gbps[n])} GB/s, {_stats.fmt_spread(sps[n])} "
+              f"samples/s, drops {drops[n]}", flush=True)
     for k, v in ratios.items():
-        if v is not None:
-            print(f"  {k}: {v:.2f}")
-    for k, v in goals.items():
-        print(f"  goal {k}: {'MET' if v else 'NOT MET'}")
-    save_json(a.out, results)
-    if a.plot:
-        plot(results, a.plot)
-    return results
+        print(f"  {k}: {_stats.fmt_spread(v)}", flush=True)
+    for g in goals:
+        print(_stats.format_goal(g), flush=True)
+    ok = all(r.get("ok", True) for v in runs.values() for r in v)
+    if not ok:
+        print("WARNING: a run was incomplete or inexact (see runs[*].ok)", flush=True)
+    tr = {n: TIMED[n.split("_")[0]] for n in runs}
+    rec = _stats.write_record(
+        a.out, benchmark="bench_e2e", timed_regions=tr, config=vars(a), goals=goals,
+        notes=notes + ["GB/s counts hidden-state bytes of samples the consumer completed "
+                       "(committed and, for hscapture_*, durable); drops are the producer's"],
+        results={"workload": {"requests": len(requests), "bytes": total,
+                              "bytes_per_token": per_tok,
+                              "mean_tokens": total / len(requests) / per_tok,
+                              "old_requests": len(old_requests)},
+                 "filesystems": fs, "GBps": gbps, "samples_per_s": sps, "drops": drops,
+                 "ratios": ratios, "order": order, "ok": ok, "runs": runs})
+    plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")
+    return rec
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1].startswith("_"):
-        role, spec_ = sys.argv[1], json.loads(sys.argv[2])
-        try:
-            {"_produce": child_produce, "_oldproduce": child_old_produce,
-             "_oldread": child_old_read}[role](spec_)
-        except Exception as exc:
-            emit(event="error", message=f"{role}: {type(exc).__name__}: {exc}")
-            raise
-    else:
+    if not child_main(ROLES):
         main()

@@ -1,28 +1,26 @@
-"""GPU benchmarks of the capture path (issue #5). One section per subcommand:
+"""GPU benchmarks of the capture path. One section per subcommand:
 
-    python benchmarks/bench_gpu.py copy      # GPU→ring copy GB/s vs pin_memory vs pageable
-    python benchmarks/bench_gpu.py overhead  # prefill tokens/s of a Llama with capture off / on
-    python benchmarks/bench_gpu.py notices   # notice rate and latency, tiny records, 2 processes
+    python benchmarks/bench_gpu.py copy      # GPU->ring copy GB/s vs pinned vs pageable vs Producer
+    python benchmarks/bench_gpu.py overhead  # prefill slowdown, 1B/8B Llama, batch mixes, tail charged
+    python benchmarks/bench_gpu.py notices   # samples/s end to end, latency at paced rates
     python benchmarks/bench_gpu.py e2e       # bench_e2e.py --device cuda
-    python benchmarks/bench_gpu.py all       # every section, one JSON + one PNG each
+    python benchmarks/bench_gpu.py all       # every section
 
-Results: ``--out-dir`` (default ``bench-results/gpu``) gets ``gpu_<section>.json`` and
-``gpu_<section>.png`` (PNG needs matplotlib). ``--device cpu`` runs ``copy`` and ``overhead``
-as a dry run on small sizes (checks the code path; the numbers mean nothing); ``notices`` uses
-CPU records anyway. See benchmarks/README.md for what each section measures exactly.
+Each section writes ``<out-dir>/gpu_<section>.json`` (via ``_stats.write_record``: timed region,
+machine, commit) and a PNG when matplotlib imports. ``--device cpu`` (default without CUDA) runs
+every section on small sizes to check the code path; those numbers mean nothing. Every
+comparison alternates its methods in every repetition (``--reps``, default 5, after one
+discarded warm-up) and a goal is met only when the whole spread clears it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import inspect
 import math
 import os
-import random
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,22 +32,26 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_e2e import emit, env_info, fs_info, get_pyplot, read_event, save_json, stop_child  # noqa: E402
+import _stats  # noqa: E402
+from _harness import (MODEL_SHAPES, Row, aux_layers, capture_forward, child_consume,  # noqa: E402
+                      child_main, committed_rows, emit, parse_mixes, read_event, spawn,
+                      stop_child, unique_producer)
 
 MB = 1 << 20
-GOAL_COPY = 0.90          # ring >= 90% of pin_memory
-GOAL_OVERHEAD_PCT = 2.0   # <= 2% prefill slowdown
-GOAL_NOTICES = 100_000    # notices/s
+GOAL_COPY = 0.90           # ring >= 90 % of pinned, whole spread, every size
+GOAL_OVERHEAD_PCT = 1.0    # <= 1 % prefill slowdown, whole spread, every shape and mix
+GOAL_NOTICES = 100_000     # samples/s end to end
+GOAL_LATENCY_P99_US = 1000.0
 
 
 def _sync(device: str) -> None:
     if device == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()   # every stream of the device, the capture side stream too
 
 
 def _shm_budget(want: int, reserve: int = 512 * MB) -> int:
     """``want`` bytes, or less if /dev/shm cannot hold it (leaving ``reserve`` free)."""
-    free = fs_info("/dev/shm")["free_bytes"]
+    free = _stats.fs_info("/dev/shm")["free_bytes"]
     if free - reserve < want:
         got = max(64 * MB, (free - reserve) // MB * MB)
         print(f"  note: /dev/shm has {free / 1e9:.1f} GB free; ring lowered from "
@@ -58,32 +60,15 @@ def _shm_budget(want: int, reserve: int = 512 * MB) -> int:
     return want
 
 
-def _endpoint(tag: str) -> tuple[str, str]:
-    from hscapture.endpoint import default_endpoint
-
-    pid = f"bench-gpu-{tag}-{os.getpid()}-{random.randrange(1 << 30):x}"
-    return default_endpoint(pid), pid
+def _spawn(role: str, spec: dict):
+    return spawn(__file__, role, spec)
 
 
-def _spawn(role: str, spec: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), role, json.dumps(spec)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=str(ROOT))
-
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, int(math.ceil(q / 100 * len(xs))) - 1))
-    return xs[k]
-
-
-# -- a) copy --------------------------------------------------------------------------------
+# -- copy -------------------------------------------------------------------------------------
 
 def section_copy(a: argparse.Namespace) -> dict:
-    """GPU→host copy GB/s: real ring payload (cudaHostRegister) vs pin_memory vs pageable, plus
-    the full Producer.capture path (reserve, side-stream copy, commit, notice)."""
+    """GPU->host copy GB/s into: a real ring payload (registered), pinned, pageable memory; and
+    the whole Producer path (capture_forward + flush), counting committed bytes only."""
     from hscapture import Producer, _ring
     from hscapture.pinning import register_host_memory
     from hscapture.ring import segment_name
@@ -92,15 +77,16 @@ def section_copy(a: argparse.Namespace) -> dict:
     cuda = dev == "cuda"
     sizes = [MB << k for k in range(0, 20) if (MB << k) <= a.max_mb * MB]
     top = sizes[-1]
+    hidden = 4096                      # producer path: one [rows, 4096] bf16 tensor per record
     print(f"[copy] sizes {[s // MB for s in sizes]} MiB on {dev}, {a.copy_gb:g} GB per "
-          f"measurement, {a.reps} reps", flush=True)
+          f"measurement, {a.reps} reps + 1 warm-up", flush=True)
     src = torch.randint(0, 256, (top,), dtype=torch.uint8, device=dev)
     dsts: dict[str, torch.Tensor] = {}
-    notes = {}
+    notes = []
     if cuda:
         dsts["pinned"] = torch.empty(top, dtype=torch.uint8, pin_memory=True)
     else:
-        notes["pinned"] = "skipped: pin_memory needs CUDA"
+        notes.append("pinned skipped: pin_memory needs CUDA")
     dsts["pageable"] = torch.empty(top, dtype=torch.uint8)
     dsts["pageable"].fill_(1)          # fault the pages in before timing
     ring_cap = _shm_budget(top + 4 * MB)
@@ -110,111 +96,116 @@ def section_copy(a: argparse.Namespace) -> dict:
     payload = raw.payload(pos)
     dsts["ring"] = torch.frombuffer(payload, dtype=torch.uint8, count=len(payload))
     dsts["ring"].fill_(0)
-    ring_pinned = reg is not None
-    if cuda and not ring_pinned:
-        notes["ring"] = "cudaHostRegister failed: ring copies are unpinned"
-    ep, pid = _endpoint("copy")
+    if cuda and reg is None:
+        notes.append("cudaHostRegister failed: ring copies are unpinned")
+    ep, pid = unique_producer("copy")
     prod = Producer(ep, producer_id=pid, capacity=_shm_budget(2 * top + 64 * MB),
-                    full_policy="drop")
-    hidden = 4096                       # producer path: [rows, 4096] bf16 records
-    results: dict[str, dict[str, list[float]]] = {}
-    rid_n = [0]
+                    full_policy="wait", wait_timeout_s=60.0)
+    n_rid = [0]
 
-    def measure(method: str, size: int) -> float:
+    def measure(method: str, size: int) -> dict:
         iters = max(5, min(500, math.ceil(a.copy_gb * 1e9 / size)))
         if method == "producer":
             rows = size // (hidden * 2)
-            if rows == 0:
-                return float("nan")
             t = src[:rows * hidden * 2].view(torch.bfloat16).view(rows, hidden)
             ids = np.zeros(rows, dtype=np.int32)
-
-            def one() -> None:
-                rid_n[0] += 1
-                prod.capture(f"c{rid_n[0]}", [t], layers=[0], token_ids=ids)
             nbytes = rows * hidden * 2
-        else:
-            d, s = dsts[method][:size], src[:size]
-            nb = method != "pageable"
-
-            def one() -> None:
-                d.copy_(s, non_blocking=nb)
-            nbytes = size
-        one()                              # warm-up
-        if method == "producer":
-            prod.flush()
+            _sync(dev)
+            before = prod.stats()
+            ok: list[bool] = []
+            t_issue = 0.0
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                n_rid[0] += 1
+                ti = time.perf_counter()
+                ok += capture_forward(prod, [Row(f"c{n_rid[0]}", [t], ids)], layers=[0])
+                t_issue += time.perf_counter() - ti
+            prod.flush(timeout_s=120)     # every copy done and committed (the tail is charged)
+            _sync(dev)
+            dt = time.perf_counter() - t0
+            done = committed_rows(ok, before, prod.stats())
+            return {"GBps": done * nbytes / dt / 1e9, "seconds": dt, "iters": iters,
+                    "committed": done, "dropped": iters - done,
+                    "capture_call_us": t_issue / iters * 1e6}
+        d, s = dsts[method][:size], src[:size]
+        nb = method != "pageable"
         _sync(dev)
         t0 = time.perf_counter()
         for _ in range(iters):
-            one()
-        if method == "producer":
-            prod.flush()
+            d.copy_(s, non_blocking=nb)
         _sync(dev)
-        return iters * nbytes / (time.perf_counter() - t0) / 1e9
+        dt = time.perf_counter() - t0
+        return {"GBps": iters * size / dt / 1e9, "seconds": dt, "iters": iters}
 
-    methods = [m for m in ("ring", "pinned", "pageable", "producer") if m in dsts or
-               m == "producer"]
+    methods = [m for m in ("ring", "pinned", "pageable") if m in dsts] + ["producer"]
+    rows_out, goals = [], []
     try:
         for size in sizes:
-            for r in range(a.reps):
-                order = methods if r % 2 == 0 else methods[::-1]
-                for m in order:
-                    results.setdefault(m, {}).setdefault(str(size), []).append(measure(m, size))
-            line = ", ".join(f"{m} {statistics.median(results[m][str(size)]):.2f}"
-                             for m in methods)
-            print(f"[copy] {size // MB:4d} MiB: {line} GB/s", flush=True)
-        pstats = prod.stats()
+            runs, order = _stats.run_alternating(
+                {m: (lambda m: lambda i: measure(m, size))(m) for m in methods},
+                reps=a.reps, warmup=1)
+            row = {"size": size, "order": order, "runs": runs,
+                   "GBps": {m: _stats.summarize([r["GBps"] for r in v]) for m, v in runs.items()},
+                   "producer_dropped": sum(r["dropped"] for r in runs["producer"]),
+                   "producer_capture_call_us": _stats.summarize(
+                       [r["capture_call_us"] for r in runs["producer"]])}
+            ref = "pinned" if "pinned" in runs else "pageable"
+            row["ratio_to_" + ref] = {m: _stats.ratio_summary(
+                [r["GBps"] for r in runs[m]], [r["GBps"] for r in runs[ref]])
+                for m in ("ring", "producer")}
+            rows_out.append(row)
+            print(f"[copy] {size // MB:4d} MiB: " + ", ".join(
+                f"{m} {_stats.fmt_spread(row['GBps'][m])}" for m in methods) +
+                f" GB/s; producer drops {row['producer_dropped']}, capture() "
+                f"{row['producer_capture_call_us']['median']:.0f} us/call", flush=True)
+        if cuda:
+            goals.append(_stats.goal_record(
+                "ring/pinned at every size",
+                [x for r in rows_out for x in r["ratio_to_pinned"]["ring"]["values"]],
+                GOAL_COPY, ">="))
     finally:
         prod.close()
         if reg is not None:
             reg.close()
         raw.close(True)
-    med = {m: {s: statistics.median(v) for s, v in per.items()} for m, per in results.items()}
-    ratio = {}
-    if "pinned" in med:
-        ratio = {m: {s: med[m][s] / med["pinned"][s] for s in med[m]}
-                 for m in ("ring", "producer")}
-    big = str(top)
-    goal = None
-    if ratio:
-        goal = {f"ring >= {GOAL_COPY:.0%} of pinned at {top // MB} MiB":
-                ratio["ring"][big] >= GOAL_COPY,
-                f"ring >= {GOAL_COPY:.0%} of pinned at every size":
-                all(v >= GOAL_COPY for v in ratio["ring"].values())}
-    out = {"benchmark": "gpu.copy", "device": dev, "dry_run": not cuda, "sizes": sizes,
-           "ring_registered": ring_pinned, "median_GBps": med, "ratio_to_pinned": ratio,
-           "runs_GBps": results, "goals": goal, "notes": notes,
-           "producer_stats": {k: v for k, v in pstats.items() if isinstance(v, (int, bool))},
-           "method_notes": {
-               "ring": "copy_(non_blocking=True) into a reserved payload of a real hscapture "
-                       "ring segment registered via hscapture.pinning (current stream)",
-               "pinned": "copy_(non_blocking=True) into torch.empty(pin_memory=True)",
-               "pageable": "copy_() into torch.empty() (pageable, pre-faulted)",
-               "producer": "Producer.capture of one [rows, 4096] bf16 tensor per record "
-                           "(reserve, meta, side-stream copy, commit, notice); timed until "
-                           "Producer.flush() returned; no consumer attached (the ring wraps)"},
-           "timing": "wall clock around N back-to-back copies, torch.cuda.synchronize() "
-                     "before and after; median of reps", "env": env_info()}
-    if goal:
-        for k, v in goal.items():
-            print(f"[copy] goal {k}: {'MET' if v else 'NOT MET'} "
-                  f"(ring/pinned at {top // MB} MiB = {ratio['ring'][big]:.3f})", flush=True)
-    return out
+    for g in goals:
+        print("[copy] " + _stats.format_goal(g), flush=True)
+    tr = {m: _stats.timed_region(
+        [f"{_copy_what(m)}, N back-to-back (N = --copy-gb / size, 5..500)",
+         "torch.cuda.synchronize() before the first and after the last (device-wide)"] +
+        (["Producer.flush(): every side-stream copy done, committed and announced"]
+         if m == "producer" else []),
+        ["allocation and page faulting of the destinations", "source fill"] +
+        (["bytes of dropped captures (not counted)"] if m == "producer" else []),
+        "time.perf_counter") for m in methods}
+    return {"timed_regions": tr, "goals": goals, "notes": notes,
+            "results": {"device": dev, "dry_run": not cuda, "sizes": sizes,
+                        "ring_registered": reg is not None, "rows": rows_out}}
 
 
-def plot_copy(res: dict, path: str) -> None:
-    plt = get_pyplot()
+def _copy_what(m: str) -> str:
+    return {"ring": "copy_(non_blocking=True) into a reserved payload of a real ring segment "
+                    "registered with cudaHostRegister (hscapture.pinning)",
+            "pinned": "copy_(non_blocking=True) into torch.empty(pin_memory=True)",
+            "pageable": "copy_() into a pre-faulted torch.empty()",
+            "producer": "capture_forward(Producer, one [rows, 4096] bf16 row): reserve, meta, "
+                        "side-stream copy, commit, notice (full_policy=wait, no consumer)"}[m]
+
+
+def plot_copy(rec: dict, path: str) -> None:
+    plt = _stats.get_pyplot()
     if plt is None:
         return
+    rows = rec["results"]["rows"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m, per in res["median_GBps"].items():
-        xs = [int(s) // MB for s in per]
-        ax.plot(xs, list(per.values()), marker="o", label=m)
+    xs = [r["size"] // MB for r in rows]
+    for m in rows[0]["GBps"]:
+        med, err = _stats.errorbar_args([r["GBps"][m] for r in rows])
+        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=m)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("copy size (MiB)")
-    ax.set_ylabel("GB/s")
-    ax.set_title(f"GPU → host copy ({res['device']}; ring registered: "
-                 f"{res['ring_registered']})")
+    ax.set_ylabel("GB/s (median, min..max; producer: committed bytes)")
+    ax.set_title(f"GPU -> host copy ({rec['results']['device']})")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -222,16 +213,17 @@ def plot_copy(res: dict, path: str) -> None:
     print(f"wrote {path}", flush=True)
 
 
-# -- b) overhead ------------------------------------------------------------------------------
+# -- overhead -------------------------------------------------------------------------------------
 
-def build_llama(a: argparse.Namespace, device: str) -> torch.nn.Module:
-    """A Llama-architecture causal LM with random weights, built directly on ``device``."""
+def build_llama(shape: dict, device: str, max_pos: int) -> torch.nn.Module:
+    """A Llama-architecture causal LM with random bf16 weights, built directly on ``device``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden,
-                      intermediate_size=a.intermediate, num_hidden_layers=a.num_layers,
-                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-                      max_position_embeddings=max(4096, a.seq))
+    cfg = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                      intermediate_size=shape["intermediate"],
+                      num_hidden_layers=shape["num_layers"],
+                      num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                      max_position_embeddings=max(4096, max_pos))
     torch.manual_seed(0)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -244,84 +236,96 @@ def build_llama(a: argparse.Namespace, device: str) -> torch.nn.Module:
 
 
 def section_overhead(a: argparse.Namespace) -> dict:
-    import inspect
-
     from hscapture import Producer
     from hscapture.adapters.transformers import CONVENTION, HiddenStateCapture
 
     dev = a.device
-    t_build = time.perf_counter()
-    model = build_llama(a, dev)
-    n_params = sum(p.numel() for p in model.parameters())
-    _sync(dev)
-    t_build = time.perf_counter() - t_build
-    L = a.num_layers
-    aux = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else \
-        sorted({min(2, L - 1), L // 2, max(0, L - 3)})
-    print(f"[overhead] Llama {n_params / 1e9:.2f} B params (hidden {a.hidden}, {L} layers), "
-          f"built in {t_build:.1f}s on {dev}; batch {a.batch} x seq {a.seq}; capture layers "
-          f"{aux} + final_norm", flush=True)
-    fwd_kw = {"use_cache": False}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        fwd_kw["logits_to_keep"] = 1        # prefill computes logits for the last token only
-    g = torch.Generator().manual_seed(1)
-    ids_cpu = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
-    ids_dev = ids_cpu.to(dev)
-    tokens = a.batch * a.seq
-    rec_bytes = tokens * a.hidden * 2 * (len(aux) + 1)
-    ep, pid = _endpoint("overhead")
+    mixes = parse_mixes(a.mixes)
+    ep, pid = unique_producer("overhead")
     ring = _shm_budget(a.ring_mb * MB)
     producer = Producer(ep, producer_id=pid, capacity=ring, full_policy="drop",
                         convention=CONVENTION, model="random-llama")
     consumer = _spawn("_consume", {"endpoint": ep})
-    counter = [0]
-    modes = ["off", "on"] + (["on_gpu_ids"] if a.gpu_ids_variant else [])
+    results, goals, counter = [], [], [0]
     try:
         read_event(consumer, "ready", timeout=120)
         if not producer.wait_for_consumers(1, timeout_s=60):
             raise RuntimeError("the consumer process did not attach within 60 s")
-        cap = HiddenStateCapture(model, producer, aux)
-
-        def forward(mode: str) -> None:
-            if mode == "off":
-                model(input_ids=ids_dev, **fwd_kw)
-                return
-            counter[0] += 1
-            rids = [f"f{counter[0]}-{b}" for b in range(a.batch)]
-            # "on": token ids the adapter slices are on the CPU, as in a server; "on_gpu_ids":
-            # the same CUDA tensor the model gets (the adapter then copies ids to the CPU).
-            with cap.request(rids, ids_cpu if mode == "on" else ids_dev):
-                model(input_ids=ids_dev, **fwd_kw)
-
-        def timed(mode: str) -> float:
-            # The forward pass's own stream is what the server waits on; the capture's side
-            # stream copies run behind it and are not part of prefill latency (they are
-            # drained before the next measurement starts, outside the timing).
+        for shape_name in a.shapes.split(","):
+            shape = MODEL_SHAPES[shape_name]
+            t_build = time.perf_counter()
+            model = build_llama(shape, dev, max(hi for _, _, hi in mixes))
             _sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(a.iters):
-                forward(mode)
+            t_build = time.perf_counter() - t_build
+            n_params = sum(p.numel() for p in model.parameters())
+            aux = aux_layers(shape["num_layers"])
+            print(f"[overhead] {shape_name}: {n_params / 1e9:.2f} B params, built in "
+                  f"{t_build:.1f}s; capture layers {aux} + final_norm", flush=True)
+            fwd_kw = {"use_cache": False}
+            if "logits_to_keep" in inspect.signature(model.forward).parameters:
+                fwd_kw["logits_to_keep"] = 1
+            cap = HiddenStateCapture(model, producer, aux)
+            for b, lo, hi in mixes:
+                seq = (lo + hi) // 2
+                g = torch.Generator().manual_seed(1)
+                ids_cpu = torch.randint(0, shape["vocab"], (b, seq), generator=g)
+                ids_dev = ids_cpu.to(dev)
+                tokens = b * seq
+
+                def forward(on: bool) -> None:
+                    if not on:
+                        model(input_ids=ids_dev, **fwd_kw)
+                        return
+                    counter[0] += 1
+                    rids = [f"f{counter[0]}-{k}" for k in range(b)]
+                    with cap.request(rids, ids_cpu):   # token ids on the CPU, as a server has
+                        model(input_ids=ids_dev, **fwd_kw)
+
+                def timed(on: bool):
+                    def run(i: int) -> dict:
+                        producer.flush(timeout_s=120)   # the previous run's tail: not here
+                        _sync(dev)
+                        d0 = int(producer.stats().get("dropped", 0))
+                        t0 = time.perf_counter()
+                        for _ in range(a.iters):
+                            forward(on)
+                        _sync(dev)       # device-wide: the side-stream copy tail is charged
+                        dt = time.perf_counter() - t0
+                        return {"tokens_per_s": a.iters * tokens / dt, "seconds": dt,
+                                "dropped": int(producer.stats().get("dropped", 0)) - d0}
+                    return run
+                with torch.inference_mode():
+                    for _ in range(a.warmup_forwards):
+                        forward(False)
+                        forward(True)
+                    p = _stats.run_paired(timed(True), timed(False), reps=a.reps, warmup=1,
+                                          key="tokens_per_s")
+                slow = _stats.slowdown_pct(p.candidate, p.baseline)
+                drops = sum(r["dropped"] for r in p.candidate_runs)
+                name = f"{shape_name} {b}x{seq}"
+                g_rec = _stats.goal_record(f"capture slowdown {name}", slow, GOAL_OVERHEAD_PCT,
+                                           "<=", "%")
+                if drops:
+                    g_rec["met"] = False
+                    g_rec["why_not"] = f"{drops} captures dropped during timing"
+                goals.append(g_rec)
+                results.append({"shape": shape_name, "params": n_params, "batch": b,
+                                "seq": seq, "tokens_per_forward": tokens,
+                                "captured_bytes_per_forward": tokens * shape["hidden"] * 2 *
+                                (len(aux) + 1), "aux_layers": aux,
+                                "off_tokens_per_s": _stats.summarize(p.baseline),
+                                "on_tokens_per_s": _stats.summarize(p.candidate),
+                                "slowdown_pct": _stats.summarize(slow), "drops": drops,
+                                "forward_ms_off": 1e3 * tokens / _stats.median(p.baseline),
+                                "order": p.order, "build_seconds": t_build})
+                print(f"[overhead] {name}: off {_stats.fmt_spread(results[-1]['off_tokens_per_s'])}"
+                      f" tok/s, on {_stats.fmt_spread(results[-1]['on_tokens_per_s'])} tok/s, "
+                      f"slowdown {_stats.fmt_spread(results[-1]['slowdown_pct'])} %, drops "
+                      f"{drops} -> {'MET' if g_rec['met'] else 'MISSED'}", flush=True)
+            cap.close()
+            del model, cap
             if dev == "cuda":
-                torch.cuda.current_stream().synchronize()
-            t1 = time.perf_counter()
-            _sync(dev)
-            return a.iters * tokens / (t1 - t0)
-
-        with torch.inference_mode():
-            for m in modes:             # warm-up (kernels, allocator, side stream)
-                for _ in range(a.warmup):
-                    forward(m)
-            producer.flush()
-            runs: dict[str, list[float]] = {m: [] for m in modes}
-            drops_before = producer.stats().get("dropped", 0)
-            for r in range(a.reps):
-                order = modes if r % 2 == 0 else modes[::-1]
-                for m in order:
-                    runs[m].append(timed(m))
-                print(f"[overhead] rep {r}: " + ", ".join(
-                    f"{m} {runs[m][-1]:,.0f}" for m in modes) + " tokens/s", flush=True)
-            producer.flush()
-        cap.close()
+                torch.cuda.empty_cache()
         pstats = producer.stats()
     finally:
         try:
@@ -334,95 +338,52 @@ def section_overhead(a: argparse.Namespace) -> dict:
             except Exception as exc:
                 cons = {"error": f"{type(exc).__name__}: {exc}"}
             stop_child(consumer)
-    slow = {}
-    for m in modes[1:]:
-        pcts = [(off - on) / off * 100 for off, on in zip(runs["off"], runs[m])]
-        slow[m] = {"median_pct": statistics.median(pcts), "min_pct": min(pcts),
-                   "max_pct": max(pcts),
-                   "stdev_pct": statistics.stdev(pcts) if len(pcts) > 1 else 0.0,
-                   "per_rep_pct": pcts}
-    med = {m: statistics.median(v) for m, v in runs.items()}
-    drops = pstats.get("dropped", 0) - drops_before
-    out = {"benchmark": "gpu.overhead", "device": dev, "dry_run": dev != "cuda",
-           "model": {"params": n_params, "hidden": a.hidden, "layers": L,
-                     "intermediate": a.intermediate, "heads": a.heads, "kv_heads": a.kv_heads,
-                     "vocab": a.vocab, "dtype": "bfloat16", "build_seconds": t_build},
-           "batch": a.batch, "seq": a.seq, "tokens_per_forward": tokens,
-           "capture_layers": aux, "final_norm": True, "bytes_captured_per_forward": rec_bytes,
-           "forward_kwargs": {k: v for k, v in fwd_kw.items()}, "iters_per_measurement": a.iters,
-           "reps": a.reps, "median_tokens_per_s": med, "runs_tokens_per_s": runs,
-           "slowdown": slow, "ring_bytes": ring, "producer_drops_during_timing": drops,
-           "producer_stats": {k: v for k, v in pstats.items() if isinstance(v, (int, bool))},
-           "consumer": cons,
-           "goal": {f"capture on <= {GOAL_OVERHEAD_PCT:g}% slower (median)":
-                    slow["on"]["median_pct"] <= GOAL_OVERHEAD_PCT},
-           "modes": {"off": "forward only (capture hooks installed, outside request())",
-                     "on": "forward inside HiddenStateCapture.request(), token ids on CPU",
-                     "on_gpu_ids": "same, token ids passed as the CUDA tensor the model gets"},
-           "timing": "wall clock of iters forwards between torch.cuda.synchronize() calls "
-                     "(includes the side-stream copies); modes interleaved, order alternating",
-           "env": env_info()}
-    print(f"[overhead] median tokens/s: " + ", ".join(f"{m} {v:,.0f}" for m, v in med.items()),
-          flush=True)
-    for m, s in slow.items():
-        print(f"[overhead] {m}: slowdown median {s['median_pct']:+.2f}% (min "
-              f"{s['min_pct']:+.2f}%, max {s['max_pct']:+.2f}%)", flush=True)
-    print(f"[overhead] drops during timing: {drops}; goal <= {GOAL_OVERHEAD_PCT:g}%: "
-          f"{'MET' if out['goal'][next(iter(out['goal']))] else 'NOT MET'}", flush=True)
-    return out
+    for g in goals:
+        print("[overhead] " + _stats.format_goal(g), flush=True)
+    inside = [f"--iters forwards (model(input_ids), use_cache=False, logits_to_keep=1)",
+              "torch.cuda.synchronize() at the end: device-wide, so the capture side stream's "
+              "copies (the tail of the last forward) are charged to 'on'"]
+    outside = ["Producer.flush() and a synchronize before each measurement (the previous "
+               "measurement's tail)", "model build", "the consumer process's work (another "
+                                                      "process; it shares the CPU)"]
+    tr = {"off": _stats.timed_region(inside, outside, "time.perf_counter"),
+          "on": _stats.timed_region(inside + ["the same forwards inside "
+                                              "HiddenStateCapture.request(): hooks, per-row "
+                                              "capture (reserve, meta, side-stream copy "
+                                              "issue)"], outside, "time.perf_counter")}
+    return {"timed_regions": tr, "goals": goals,
+            "notes": ["transformers eager forward of a random-weight Llama; a batch mix BxS is "
+                      "B requests of S tokens (padded batches cannot mix lengths: S is the "
+                      "middle of the mix's range)",
+                      "slowdown per repetition = 1 - on/off tokens/s; goal judged on every "
+                      "repetition; a run with drops never meets it"],
+            "results": {"device": dev, "dry_run": dev != "cuda", "mixes": results,
+                        "ring_bytes": ring, "consumer": cons,
+                        "producer_stats": {k: v for k, v in pstats.items()
+                                           if isinstance(v, (int, bool))}}}
 
 
-def plot_overhead(res: dict, path: str) -> None:
-    plt = get_pyplot()
+def plot_overhead(rec: dict, path: str) -> None:
+    plt = _stats.get_pyplot()
     if plt is None:
         return
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    runs = res["runs_tokens_per_s"]
-    ax1.boxplot(list(runs.values()))
-    ax1.set_xticks(range(1, len(runs) + 1), list(runs))
-    ax1.set_ylabel("prefill tokens/s")
-    ax1.set_title(f"{res['model']['params'] / 1e9:.1f}B Llama, {res['batch']}x{res['seq']}")
-    sl = res["slowdown"]
-    ax2.bar(list(sl), [s["median_pct"] for s in sl.values()],
-            yerr=[[s["median_pct"] - s["min_pct"] for s in sl.values()],
-                  [s["max_pct"] - s["median_pct"] for s in sl.values()]], capsize=6)
-    ax2.axhline(GOAL_OVERHEAD_PCT, color="red", ls="--", label=f"goal {GOAL_OVERHEAD_PCT:g}%")
-    ax2.set_ylabel("slowdown vs off (%), median and min..max")
-    ax2.legend()
+    rows = rec["results"]["mixes"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
+    med, err = _stats.errorbar_args([r["slowdown_pct"] for r in rows])
+    ax.bar(range(len(rows)), med, yerr=err, capsize=4)
+    ax.set_xticks(range(len(rows)), [f"{r['shape']}\n{r['batch']}x{r['seq']}" for r in rows])
+    ax.axhline(GOAL_OVERHEAD_PCT, color="red", ls="--", label=f"goal {GOAL_OVERHEAD_PCT:g} %")
+    ax.set_ylabel("prefill slowdown, capture on vs off (%)\nmedian, min..max; tail charged")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}", flush=True)
 
 
-def child_consume(spec: dict) -> None:
-    """A subscriber that takes every sample and releases it at once (keeps the ring empty)."""
-    from hscapture import Subscriber
-
-    stop = threading.Event()
-
-    def watch() -> None:
-        sys.stdin.read()
-        stop.set()
-    threading.Thread(target=watch, daemon=True).start()
-    n = nbytes = 0
-    with Subscriber(spec["endpoint"]) as sub:
-        emit(event="ready")
-        while not stop.is_set():
-            s = sub.poll(timeout=0.05)
-            if s is not None:
-                n += 1
-                nbytes += s.nbytes
-                s.release()
-        sub.pump(0.2)
-        st = sub.stats()
-        emit(event="done", samples=n, bytes=nbytes, dropped=len(st["dropped"]),
-             incomplete=len(st["incomplete"]), rejected=len(st["rejected"]),
-             lost_notices=st.get("lost_notices", 0))
-
-
-# -- d) notices -------------------------------------------------------------------------------
+# -- notices --------------------------------------------------------------------------------------
 
 def child_notice_produce(spec: dict) -> None:
+    """Bursts (as fast as possible) then paced phases, each started by a line on stdin."""
     from hscapture import Producer
 
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"],
@@ -431,184 +392,203 @@ def child_notice_produce(spec: dict) -> None:
     if not p.wait_for_consumers(1, timeout_s=60):
         emit(event="error", message="no consumer attached within 60 s")
         return
-    time.sleep(0.2)                  # let the subscriber settle (attached via a heartbeat)
     t = torch.randn(1, spec["hidden"]).to(torch.bfloat16)
     ids = np.array([7], dtype=np.int32)
-    n1, n2 = spec["burst"], spec["paced"]
-    t0 = time.time_ns()
-    drops = 0
-    for i in range(n1):
-        drops += not p.capture(f"b{i}", [t], layers=[0], token_ids=ids,
-                               extra={"t": time.time_ns(), "ph": 1})
-    t1 = time.time_ns()
-    p.flush(timeout_s=120)
-    t2 = time.time_ns()
-    emit(event="burst_done")
-    sys.stdin.readline()             # the subscriber has caught up: measure unloaded latency
-    gap = 1.0 / spec["paced_rate"]
-    nxt = time.perf_counter()
-    for i in range(n2):
-        nxt += gap
-        drops += not p.capture(f"p{i}", [t], layers=[0], token_ids=ids,
-                               extra={"t": time.time_ns(), "ph": 2})
-        while time.perf_counter() < nxt:
-            pass                     # spin: sleep() granularity would distort the pacing
-    p.flush(timeout_s=120)
-    emit(event="captured", t_start_ns=t0, t_issued_ns=t1, t_flushed_ns=t2, drops=drops,
-         stats={k: v for k, v in p.stats().items() if isinstance(v, (int, bool))})
-    sys.stdin.read()
+    n = 0
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] == "stop":
+            break
+        phase, count, rate = cmd[0], int(cmd[1]), float(cmd[2])
+        before = p.stats()
+        ok: list[bool] = []
+        gap = 1.0 / rate if rate > 0 else 0.0
+        t0 = time.time_ns()
+        nxt = time.perf_counter()
+        for _ in range(count):
+            n += 1
+            ok += capture_forward(p, [Row(f"n{n}", [t], ids,
+                                          extra={"t": time.time_ns(), "ph": phase})],
+                                  layers=[0])
+            if gap:
+                nxt += gap
+                while time.perf_counter() < nxt:
+                    pass         # spin: sleep() granularity would distort the pacing
+        t1 = time.time_ns()
+        p.flush(timeout_s=120)
+        emit(event="phase_done", phase=phase, t_start_ns=t0, t_issued_ns=t1,
+             committed=committed_rows(ok, before, p.stats()), count=count)
     p.close()
 
 
 def section_notices(a: argparse.Namespace) -> dict:
     from hscapture import Subscriber
 
-    ep, pid = _endpoint("notices")
+    ep, pid = unique_producer("notices")
     spec = {"endpoint": ep, "producer_id": pid, "hidden": a.notice_hidden,
-            "burst": a.notices, "paced": a.paced, "paced_rate": a.paced_rate,
             "ring_bytes": 256 * MB}
-    print(f"[notices] {a.notices} records of 1 x {a.notice_hidden} bf16 as fast as possible, "
-          f"then {a.paced} paced at {a.paced_rate:g}/s; producer and subscriber in separate "
-          f"processes", flush=True)
+    rates = [float(x) for x in a.paced_rates.split(",") if x]
+    phases = [(f"burst{i}", a.notices, 0.0) for i in range(-1, a.reps)] + \
+        [(f"paced{int(r)}-{i}", max(1000, int(r * a.paced_seconds)), r)
+         for i in range(a.reps) for r in rates]
+    print(f"[notices] {a.reps} bursts (+1 warm-up) of {a.notices} records of 1 x "
+          f"{a.notice_hidden} bf16, then {a.reps} x paced at {rates}/s for {a.paced_seconds:g} s "
+          f"each, rates alternating; producer "
+          f"and subscriber in separate processes", flush=True)
     proc = _spawn("_notice_produce", spec)
-    lat = {1: [], 2: []}
-    first = {1: None, 2: None}
-    last = {1: None, 2: None}
-    total = a.notices + a.paced
+    per_phase: dict[str, dict] = {}
     try:
         read_event(proc, "ready", timeout=120)
         with Subscriber(ep) as sub:
             sub.wait_ready(timeout=60)
-            got = 0
-            idle_deadline = time.monotonic() + 120
-            while got < total and time.monotonic() < idle_deadline:
-                stalled = got and last[1] and time.time_ns() - last[1] > 3e9
-                if (got >= a.notices or stalled) and not first[2]:
-                    proc.stdin.write("paced\n")      # burst fully received: start pacing
-                    proc.stdin.flush()
-                    first[2] = -1
-                s = sub.poll(timeout=0.5)
-                if s is None:
-                    continue
-                now = time.time_ns()
-                ex = s.meta["extra"]
-                ph = ex["ph"]
-                lat[ph].append((now - ex["t"]) / 1e3)
-                first[ph] = now if first[ph] in (None, -1) else first[ph]
-                last[ph] = now
-                s.release()
-                got += 1
-                idle_deadline = time.monotonic() + 30
+            for phase, count, rate in phases:
+                proc.stdin.write(f"{phase} {count} {rate}\n")
+                proc.stdin.flush()
+                lat: list[float] = []
+                last = None
+                deadline = time.monotonic() + 120
+                while len(lat) < count and time.monotonic() < deadline:
+                    s = sub.poll(timeout=0.5)
+                    if s is None:
+                        continue
+                    now = time.time_ns()
+                    ex = s.meta["extra"]
+                    if ex.get("ph") == phase:
+                        lat.append((now - ex["t"]) / 1e3)
+                        last = now
+                    s.release()
+                    deadline = time.monotonic() + 30
+                done = read_event(proc, "phase_done", timeout=120)
+                secs = (last - done["t_start_ns"]) / 1e9 if last else float("nan")
+                per_phase[phase] = {
+                    "count": count, "received": len(lat), "committed": done["committed"],
+                    "rate_target": rate, "end_to_end_per_s": len(lat) / secs if last else 0.0,
+                    "producer_issue_per_s": count / ((done["t_issued_ns"] - done["t_start_ns"])
+                                                     / 1e9),
+                    "latency_us": _lat(lat), "_lat": lat}
+                print(f"[notices] {phase}: {per_phase[phase]['end_to_end_per_s']:,.0f}/s end to "
+                      f"end (producer issued {per_phase[phase]['producer_issue_per_s']:,.0f}/s), "
+                      f"latency p50 {per_phase[phase]['latency_us']['p50']:.0f} us p99 "
+                      f"{per_phase[phase]['latency_us']['p99']:.0f} us, received "
+                      f"{len(lat)}/{count}", flush=True)
             sub.pump(0.2)
             sst = sub.stats()
-        cap = read_event(proc, "captured", timeout=120)
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
     finally:
         stop_child(proc)
-    burst_s = (last[1] - cap["t_start_ns"]) / 1e9 if last[1] else float("nan")
-    rate = len(lat[1]) / burst_s if last[1] else 0.0
-    issue_rate = a.notices / ((cap["t_issued_ns"] - cap["t_start_ns"]) / 1e9)
+    bursts = [per_phase[f"burst{i}"]["end_to_end_per_s"] for i in range(a.reps)]
+    goals = [_stats.goal_record("samples/s end to end (bursts)", bursts, GOAL_NOTICES, ">=")]
+    paced = {}
+    for r in rates:
+        phs = [per_phase[f"paced{int(r)}-{i}"] for i in range(a.reps)]
+        paced[f"{r:g}"] = {"p50_us": _stats.summarize([p["latency_us"]["p50"] for p in phs]),
+                           "p99_us": _stats.summarize([p["latency_us"]["p99"] for p in phs]),
+                           "received": sum(p["received"] for p in phs),
+                           "count": sum(p["count"] for p in phs)}
+        g = _stats.goal_record(f"latency p99 at {r:,.0f}/s (one p99 per repetition)",
+                               [p["latency_us"]["p99"] for p in phs], GOAL_LATENCY_P99_US,
+                               "<=", " us")
+        if paced[f"{r:g}"]["received"] < paced[f"{r:g}"]["count"]:
+            g["met"] = False
+            g["why_not"] = f"received {paced[f'{r:g}']['received']}/{paced[f'{r:g}']['count']}"
+        goals.append(g)
+    for g in goals:
+        print("[notices] " + _stats.format_goal(g), flush=True)
+    lats = {k: v.pop("_lat") for k, v in per_phase.items()}
+    tr = {"burst": _stats.timed_region(
+              ["producer process: capture_forward of --notices 1-token records, back to back "
+               "(full_policy=wait), from its first capture", "subscriber process (this one): "
+               "Subscriber.poll() with every check on (the Subscriber has no switch to turn "
+               "them off) + release, until the last record of the burst"],
+              ["process start", "the warm-up burst (burst-1)"], "time.time_ns (wall clock, "
+                                                                "shared by processes)"),
+          "latency": _stats.timed_region(
+              ["from time.time_ns() taken right before capture() in the producer (stored in "
+               "the record's extra; CPU records are copied inside capture(), so this is at "
+               "most capture()'s own duration before copy-done) to Subscriber.poll() "
+               "returning the sample in the subscriber process"], ["release()"],
+              "time.time_ns (wall clock, shared by processes)")}
+    return {"timed_regions": tr, "goals": goals,
+            "results": {"records": {"tokens": 1, "hidden": a.notice_hidden, "dtype": "bfloat16"},
+                        "bursts_per_s": _stats.summarize(bursts), "paced": paced,
+                        "phases": per_phase,
+                        "subscriber": {k: (len(v) if isinstance(v, (dict, list)) else v)
+                                       for k, v in sst.items() if k != "producers"},
+                        "latency_samples_us_every_50th": {k: v[::50] for k, v in lats.items()}},
+            "_lats": lats}
 
-    def summ(xs: list[float]) -> dict:
-        return {"n": len(xs), "p50_us": _pct(xs, 50), "p90_us": _pct(xs, 90),
-                "p99_us": _pct(xs, 99), "max_us": max(xs) if xs else float("nan"),
-                "mean_us": statistics.fmean(xs) if xs else float("nan")}
-    out = {"benchmark": "gpu.notices", "records": {"tokens": 1, "hidden": a.notice_hidden,
-                                                   "dtype": "bfloat16", "layers": 1},
-           "burst": {"n": a.notices, "received": len(lat[1]),
-                     "end_to_end_per_s": rate, "producer_capture_per_s": issue_rate,
-                     "seconds": burst_s, "latency": summ(lat[1])},
-           "paced": {"n": a.paced, "rate_per_s": a.paced_rate, "received": len(lat[2]),
-                     "latency": summ(lat[2])},
-           "producer_drops": cap["drops"], "producer_stats": cap["stats"],
-           "subscriber": {k: (len(v) if isinstance(v, (dict, list)) else v)
-                          for k, v in sst.items() if k != "producers"},
-           "latency_definition": "time.time_ns() when Subscriber.poll() returned the sample in "
-                                 "the subscriber process minus time.time_ns() taken right before "
-                                 "Producer.capture() in the producer process (stored in the "
-                                 "record's extra). CPU records: the copy into the ring is done "
-                                 "inside capture(), so capture time = copy-done time.",
-           "rate_definition": "burst: samples received / (last receipt - producer's first "
-                              "capture); the producer uses full_policy=wait, so this is the "
-                              "sustained rate of the slower side",
-           "goal": {f">= {GOAL_NOTICES:,} notices/s end to end": rate >= GOAL_NOTICES},
-           "env": env_info()}
-    print(f"[notices] burst: {rate:,.0f} samples/s end to end (producer issued "
-          f"{issue_rate:,.0f}/s); latency p50 {out['burst']['latency']['p50_us']:.0f} us, "
-          f"p99 {out['burst']['latency']['p99_us']:.0f} us", flush=True)
-    print(f"[notices] paced {a.paced_rate:g}/s: latency p50 "
-          f"{out['paced']['latency']['p50_us']:.0f} us, p99 "
-          f"{out['paced']['latency']['p99_us']:.0f} us; received {len(lat[2])}/{a.paced}; "
-          f"drops {cap['drops']}", flush=True)
-    print(f"[notices] goal >= {GOAL_NOTICES:,}/s: {'MET' if rate >= GOAL_NOTICES else 'NOT MET'}",
-          flush=True)
-    out["_latencies_us"] = {"burst": lat[1], "paced": lat[2]}
-    return out
+
+def _lat(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0, "p50": float("nan"), "p90": float("nan"), "p99": float("nan"),
+                "max": float("nan")}
+    return {"n": len(xs), "p50": _stats.percentile(xs, 50), "p90": _stats.percentile(xs, 90),
+            "p99": _stats.percentile(xs, 99), "max": max(xs)}
 
 
-def plot_notices(res: dict, path: str) -> None:
-    plt = get_pyplot()
+def plot_notices(rec: dict, path: str, lats: dict) -> None:
+    plt = _stats.get_pyplot()
     if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, xs in res.pop("_plot_latencies", {}).items():
-        if xs:
+    for name, xs in lats.items():
+        if xs and not name.startswith("burst-"):
             xs = sorted(xs)
             ax1.plot(xs, np.linspace(0, 1, len(xs)), label=name)
+    ax1.axvline(GOAL_LATENCY_P99_US, color="red", ls="--", label="p99 goal")
     ax1.set_xscale("log")
-    ax1.set_xlabel("capture → subscriber receipt (µs)")
+    ax1.set_xlabel("capture -> delivery (us)")
     ax1.set_ylabel("CDF")
-    ax1.legend()
+    ax1.legend(fontsize=7)
     ax1.grid(alpha=0.3)
-    ax2.bar(["end to end", "producer issue"],
-            [res["burst"]["end_to_end_per_s"], res["burst"]["producer_capture_per_s"]])
+    b = rec["results"]["bursts_per_s"]
+    ax2.bar(["end to end"], [b["median"]], yerr=[[b["median"] - b["min"]], [b["max"] - b["median"]]],
+            capsize=6)
     ax2.axhline(GOAL_NOTICES, color="red", ls="--", label="goal")
-    ax2.set_ylabel("records/s (1 token x %d)" % res["records"]["hidden"])
+    ax2.set_ylabel("samples/s (1-token records), median min..max")
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}", flush=True)
 
 
-# -- c) e2e -----------------------------------------------------------------------------------
+# -- e2e ------------------------------------------------------------------------------------------
 
-def section_e2e(a: argparse.Namespace) -> dict:
+def section_e2e(a: argparse.Namespace) -> None:
     out_json = os.path.join(a.out_dir, "gpu_e2e.json")
-    out_png = os.path.join(a.out_dir, "gpu_e2e.png")
     cmd = [sys.executable, str(HERE / "bench_e2e.py"), "--device", a.device, "--gb",
-           str(a.e2e_gb), "--out", out_json, "--plot", out_png, *a.e2e_args]
+           str(a.e2e_gb), "--reps", str(a.reps), "--out", out_json, *a.e2e_args]
     if a.disk_dir:
         cmd += ["--disk-dir", a.disk_dir]
     print(f"[e2e] {' '.join(cmd[1:])}", flush=True)
     rc = subprocess.call(cmd, cwd=str(ROOT))
     if rc != 0:
         raise RuntimeError(f"bench_e2e.py exited with {rc}")
-    with open(out_json) as f:
-        return json.load(f)
 
 
-# -- main -------------------------------------------------------------------------------------
+# -- main -----------------------------------------------------------------------------------------
 
 SECTIONS = {"copy": (section_copy, plot_copy), "overhead": (section_overhead, plot_overhead),
-            "notices": (section_notices, plot_notices), "e2e": (section_e2e, None)}
+            "notices": (section_notices, None), "e2e": (section_e2e, None)}
 
 
-def run_section(name: str, a: argparse.Namespace) -> dict:
+def run_section(name: str, a: argparse.Namespace) -> None:
     fn, plotter = SECTIONS[name]
-    t0 = time.perf_counter()
     res = fn(a)
-    res["seconds"] = time.perf_counter() - t0
-    if name == "e2e":          # bench_e2e wrote its own JSON and PNG
-        return res
-    lats = res.pop("_latencies_us", None)
-    if lats is not None:
-        res["latency_samples_us_every_100th"] = {k: v[::100] for k, v in lats.items()}
-    save_json(os.path.join(a.out_dir, f"gpu_{name}.json"), res)
-    if plotter is not None:
-        if lats is not None:
-            res["_plot_latencies"] = lats
-        plotter(res, os.path.join(a.out_dir, f"gpu_{name}.png"))
-        res.pop("_plot_latencies", None)
-    return res
+    if res is None:        # e2e: bench_e2e.py wrote its own record
+        return
+    lats = res.pop("_lats", None)
+    cfg = {k: v for k, v in vars(a).items() if k != "e2e_args"}
+    rec = _stats.write_record(os.path.join(a.out_dir, f"gpu_{name}.json"),
+                              benchmark=f"bench_gpu.{name}", timed_regions=res["timed_regions"],
+                              results=res["results"], config=cfg, goals=res["goals"],
+                              notes=res.get("notes", []))
+    png = os.path.join(a.out_dir, f"gpu_{name}.png")
+    if name == "notices":
+        plot_notices(rec, png, lats or {})
+    elif plotter is not None:
+        plotter(rec, png)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -616,35 +596,27 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("section", choices=[*SECTIONS, "all"])
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                    help="cuda (default when available); cpu = dry run of copy/overhead")
+                    help="cuda (default when available); cpu = dry run on small sizes")
     ap.add_argument("--out-dir", default="bench-results/gpu")
-    ap.add_argument("--reps", type=int, default=None,
-                    help="interleaved repetitions (copy: 3, overhead: 6)")
+    ap.add_argument("--reps", type=int, default=5, help="counted repetitions (after 1 warm-up)")
     g = ap.add_argument_group("copy")
-    g.add_argument("--max-mb", type=int, default=256, help="largest copy (MiB); from 1 MiB x2")
-    g.add_argument("--copy-gb", type=float, default=2.0, help="GB copied per measurement")
-    g = ap.add_argument_group("overhead (defaults: ~3.6B Llama on cuda, tiny on cpu)")
-    g.add_argument("--hidden", type=int, default=None)
-    g.add_argument("--num-layers", type=int, default=None)
-    g.add_argument("--intermediate", type=int, default=None)
-    g.add_argument("--heads", type=int, default=None)
-    g.add_argument("--kv-heads", type=int, default=None)
-    g.add_argument("--vocab", type=int, default=None)
-    g.add_argument("--batch", type=int, default=None)
-    g.add_argument("--seq", type=int, default=None)
-    g.add_argument("--iters", type=int, default=None, help="forwards per measurement")
-    g.add_argument("--warmup", type=int, default=2)
-    g.add_argument("--aux-layers", default="", help="comma list (default 2, L/2, L-3)")
-    g.add_argument("--ring-mb", type=int, default=2048)
-    g.add_argument("--no-gpu-ids-variant", dest="gpu_ids_variant", action="store_false",
-                   help="skip the 'on_gpu_ids' mode")
+    g.add_argument("--max-mb", type=int, default=None, help="largest copy, MiB (cuda 256, cpu 8)")
+    g.add_argument("--copy-gb", type=float, default=None, help="GB per measurement (cuda 1)")
+    g = ap.add_argument_group("overhead")
+    g.add_argument("--shapes", default=None, help="comma list of " + ",".join(MODEL_SHAPES) +
+                   " (cuda: 1b,8b; cpu: tiny)")
+    g.add_argument("--mixes", default=None, help="batch mixes BxS or BxLO-HI (cuda: "
+                   "1x4096,8x512,64x128,256x64; cpu: 1x64,4x16)")
+    g.add_argument("--iters", type=int, default=None, help="forwards per measurement (cuda 3)")
+    g.add_argument("--warmup-forwards", type=int, default=2)
+    g.add_argument("--ring-mb", type=int, default=None, help="ring MiB (cuda 4096, cpu 256)")
     g = ap.add_argument_group("notices")
-    g.add_argument("--notices", type=int, default=100_000, help="burst records")
-    g.add_argument("--paced", type=int, default=5_000, help="paced records (latency)")
-    g.add_argument("--paced-rate", type=float, default=5_000.0, help="paced records/s")
+    g.add_argument("--notices", type=int, default=None, help="records per burst (cuda 50000)")
+    g.add_argument("--paced-rates", default="5000,50000", help="paced records/s, comma list")
+    g.add_argument("--paced-seconds", type=float, default=1.0, help="duration of each paced phase")
     g.add_argument("--notice-hidden", type=int, default=64)
     g = ap.add_argument_group("e2e")
-    g.add_argument("--e2e-gb", type=float, default=4.0)
+    g.add_argument("--e2e-gb", type=float, default=2.0)
     g.add_argument("--disk-dir", default=None, help="passed to bench_e2e.py --disk-dir")
     g.add_argument("--e2e-args", nargs=argparse.REMAINDER, default=[],
                    help="everything after this goes to bench_e2e.py")
@@ -654,40 +626,25 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available here")
     big = a.device == "cuda"
-    defaults = dict(hidden=4096 if big else 256, num_layers=16 if big else 4,
-                    intermediate=14336 if big else 512, heads=32 if big else 8,
-                    kv_heads=8 if big else 4, vocab=32000 if big else 4096,
-                    batch=4 if big else 2, seq=2048 if big else 128, iters=8 if big else 2)
+    defaults = dict(max_mb=256 if big else 8, copy_gb=1.0 if big else 0.05,
+                    shapes="1b,8b" if big else "tiny",
+                    mixes="1x4096,8x512,64x128,256x64" if big else "1x64,4x16",
+                    iters=3 if big else 1, ring_mb=4096 if big else 256,
+                    notices=50_000 if big else 5_000)
     for k, v in defaults.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     os.makedirs(a.out_dir, exist_ok=True)
-    names = list(SECTIONS) if a.section == "all" else [a.section]
-    if a.section == "all":
-        names = ["copy", "overhead", "notices", "e2e"]
-    summary, failed = {}, []
+    names = ["copy", "overhead", "notices", "e2e"] if a.section == "all" else [a.section]
+    failed = []
     for name in names:
-        sa = argparse.Namespace(**vars(a))
-        if sa.reps is None:
-            sa.reps = {"copy": 3, "overhead": 6}.get(name, 1)
-        if name == "copy" and not big:
-            sa.max_mb = min(sa.max_mb, 16)
-            sa.copy_gb = min(sa.copy_gb, 0.2)
-            print("[copy] dry run on CPU (no CUDA): sizes up to 16 MiB; numbers are memcpy",
-                  flush=True)
         try:
-            res = run_section(name, sa)
-            summary[name] = {k: res.get(k) for k in ("goal", "goals", "seconds") if k in res}
-        except Exception as exc:
+            run_section(name, a)
+        except Exception:
             import traceback
 
             traceback.print_exc()
             failed.append(name)
-            summary[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            if a.section != "all":
-                break
-    if a.section == "all":
-        save_json(os.path.join(a.out_dir, "gpu_summary.json"), summary)
     if failed:
         print(f"FAILED sections: {failed}", flush=True)
         return 1
@@ -695,12 +652,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1].startswith("_"):
-        role, spec_ = sys.argv[1], json.loads(sys.argv[2])
-        try:
-            {"_consume": child_consume, "_notice_produce": child_notice_produce}[role](spec_)
-        except Exception as exc:
-            emit(event="error", message=f"{role}: {type(exc).__name__}: {exc}")
-            raise
-    else:
+    if not child_main({"_consume": child_consume, "_notice_produce": child_notice_produce}):
         sys.exit(main())

@@ -1,141 +1,269 @@
-"""Throughput of the shared-memory ring between two processes vs a plain memcpy.
+"""The native ring between two processes vs the same two copies without the ring.
 
-What is measured, per record size (4 KiB, 64 KiB, 1 MiB, 16 MiB):
+Per record size (default 4 KiB, 64 KiB, 1 MiB, 16 MiB), ``--reps`` repetitions after one
+warm-up, ring and memcpy alternating (A B A B ...), each run in fresh processes:
 
-- ``ring``: a producer process reserves a record, fills the payload with ``np.copyto`` from a
-  source buffer, commits; a consumer process polls, copies the payload out with ``np.copyto``
-  into its own buffer, releases. Time = from the consumer's first record to its last; bytes =
-  payload bytes moved end to end (each byte is copied twice, once per side, in parallel).
-- ``ring-touch``: the same, but the consumer only reads one byte per 4 KiB page of the payload
-  (what a consumer that hands the zero-copy view to someone else costs) instead of copying it.
-- ``memcpy``: one process ``np.copyto`` of the same number of bytes, same record size, from a
-  source buffer to a destination buffer (the speed one copy of the data can go).
+- ``ring`` (candidate): producer process: ``reserve`` a record, ``np.copyto`` a reused
+  private source buffer into its payload, ``commit``; consumer process: ``poll``,
+  ``np.copyto`` the payload into one reused private destination, ``release``. The ring is a
+  shared-memory segment of ``capacity`` bytes; records advance through it and wrap.
+- ``memcpy`` (baseline, like for like): the same two processes and the same two copies,
+  without the ring's protocol: process A copies the same reused source into a MAP_SHARED
+  ``/dev/shm`` mapping of the same capacity (fallocated and MAP_POPULATE'd, as the ring's), at positions advancing by the ring's record
+  stride (payload + 64-byte header, 64-aligned) and wrapping; process B, at the same time,
+  copies from the same positions of the same mapping into one reused destination. No
+  hand-off: B does not wait for A's data, so this is the ceiling of what the ring can do.
 
-``ratio`` = ring GB/s / memcpy GB/s. Run: ``python benchmarks/bench_ring.py --out result.json``.
+Timed region (both): from the parent's ``go`` (both processes ready and waiting, mappings
+created) to the last byte copied by the slower process (ring: the consumer's last release).
+Process start, mapping creation and the source fill are outside. GB/s counts payload bytes
+once (each byte is copied twice, once per side, in parallel). ``ratio`` = ring / memcpy,
+paired per repetition. Goal: ring >= 0.8 of memcpy at 4 KiB and 64 KiB, whole spread.
+
+    python benchmarks/bench_ring.py --out bench-results/bench_ring.json [--gb 1] [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import mmap
 import multiprocessing as mp
 import os
-import platform
+import sys
 import time
 import uuid
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _stats  # noqa: E402
+
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+GOAL = 0.8
+GOAL_SIZES = (4 << 10, 64 << 10)
 CTX = mp.get_context("spawn")
+HEADER = 64          # the ring's record header (csrc/hscapture/layout.h): records are 64-aligned
+# The ring maps its segment MAP_SHARED | MAP_POPULATE after posix_fallocate (csrc/ring.cpp):
+# the baseline's mapping is made the same way, so neither pays page faults in the timed region.
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-def _producer(name, capacity, size, count, ready, go):
+def _stride(size: int) -> int:
+    return (size + HEADER + 63) // 64 * 64
+
+
+def _capacity(size: int) -> int:
+    return max(64 << 20, 4 * _stride(size)) // 4096 * 4096
+
+
+# -- ring ---------------------------------------------------------------------------------------
+
+def _ring_producer(name, capacity, size, count, ready, go, out):
     from hscapture import _ring
 
     p = _ring.Producer(name, capacity, 2)
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     ready.set()
-    go.wait(60)
+    go.wait(120)
     for _ in range(count):
         while (pos := p.reserve(size)) < 0:
             pass  # spin: the consumer frees space
         np.copyto(np.frombuffer(p.payload(pos), dtype=np.uint8), src)
         p.commit(pos)
-    go.wait(60)
-    p.close()
+    out.put(("producer", time.monotonic_ns()))
+    go.wait(120)  # stay alive (the segment) until the consumer is done
+    p.close(True)
 
 
-def _consumer(name, size, count, ready, out, mode):
+def _ring_consumer(name, size, count, ready, out):
     from hscapture import _ring
 
     c = _ring.Consumer(name)
     dst = np.empty(size, dtype=np.uint8)
+    dst.fill(0)
     ready.set()
     got = 0
-    t0 = None
     while got < count:
         rec = c.poll()
         if rec is None:
             continue
-        if t0 is None:
-            t0 = time.perf_counter()
-        view = np.frombuffer(rec.payload, dtype=np.uint8)
-        if mode == "copy":
-            np.copyto(dst, view)
-        else:
-            int(view[::4096].sum())
+        np.copyto(dst, np.frombuffer(rec.payload, dtype=np.uint8))
         c.release(rec.end)
         got += 1
-    elapsed = time.perf_counter() - t0
-    # the first record's copy is not timed: count it out
-    out.put((count - 1, elapsed))
+    out.put(("consumer", time.monotonic_ns()))
     c.close()
 
 
-def bench_ring(size: int, total_bytes: int, mode: str) -> dict:
-    count = max(16, total_bytes // size)
-    capacity = max(64 << 20, 4 * (size + 4096)) // 4096 * 4096
+def run_ring(size: int, count: int) -> dict:
+    capacity = _capacity(size)
     name = f"hscapture-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ready_p, ready_c, go, out = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
-    prod = CTX.Process(target=_producer, args=(name, capacity, size, count, ready_p, go))
+    prod = CTX.Process(target=_ring_producer, args=(name, capacity, size, count, ready_p, go, out))
     prod.start()
-    ready_p.wait(60)
-    cons = CTX.Process(target=_consumer, args=(name, size, count, ready_c, out, mode))
+    if not ready_p.wait(120):
+        raise TimeoutError("ring producer not ready in 120 s")
+    cons = CTX.Process(target=_ring_consumer, args=(name, size, count, ready_c, out))
     cons.start()
-    ready_c.wait(60)
+    if not ready_c.wait(120):
+        raise TimeoutError("ring consumer not ready in 120 s")
+    t0 = time.monotonic_ns()
     go.set()
-    n, elapsed = out.get(timeout=300)
+    ends = dict(out.get(timeout=600) for _ in range(2))
     cons.join(60)
     prod.join(60)
-    nbytes = n * size
-    return {"records": n, "bytes": nbytes, "seconds": elapsed,
-            "gb_s": nbytes / elapsed / 1e9, "records_s": n / elapsed, "capacity": capacity}
+    return _result(size, count, t0, max(ends.values()), capacity, ends)
 
 
-def bench_memcpy(size: int, total_bytes: int) -> dict:
-    count = max(16, total_bytes // size)
+# -- like-for-like memcpy ---------------------------------------------------------------------
+
+def _mem_writer(path, capacity, size, count, ready, go, out):
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, capacity, MAP_FLAGS)
+    buf = np.frombuffer(m, dtype=np.uint8)
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
-    # rotate through a destination as large as the ring, so caches help memcpy no more than the ring
-    slots = max(1, (64 << 20) // size)
-    dst = np.empty((slots, size), dtype=np.uint8)
+    stride, pos = _stride(size), 0
+    ready.set()
+    go.wait(120)
+    for _ in range(count):
+        if pos + stride > capacity:
+            pos = 0   # the ring wraps the same way: a record never straddles the end
+        np.copyto(buf[pos + HEADER:pos + HEADER + size], src)
+        pos += stride
+    out.put(("writer", time.monotonic_ns()))
+    del buf
+    m.close()
+    os.close(fd)
+
+
+def _mem_reader(path, capacity, size, count, ready, go, out):
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, capacity, MAP_FLAGS)
+    buf = np.frombuffer(m, dtype=np.uint8)
+    dst = np.empty(size, dtype=np.uint8)
     dst.fill(0)
-    np.copyto(dst[0], src)
-    t0 = time.perf_counter()
-    for i in range(count):
-        np.copyto(dst[i % slots], src)
-    elapsed = time.perf_counter() - t0
-    nbytes = count * size
-    return {"records": count, "bytes": nbytes, "seconds": elapsed,
-            "gb_s": nbytes / elapsed / 1e9, "records_s": count / elapsed}
+    stride, pos = _stride(size), 0
+    ready.set()
+    go.wait(120)
+    for _ in range(count):
+        if pos + stride > capacity:
+            pos = 0
+        np.copyto(dst, buf[pos + HEADER:pos + HEADER + size])
+        pos += stride
+    out.put(("reader", time.monotonic_ns()))
+    del buf
+    m.close()
+    os.close(fd)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="path of the JSON result")
-    ap.add_argument("--bytes", type=float, default=2.0, help="GB moved per record size and mode (default 2)")
-    ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="record sizes in bytes")
-    args = ap.parse_args()
-    total = int(args.bytes * 1e9)
-    rows = []
-    for size in [int(s) for s in args.sizes.split(",")]:
-        ring = bench_ring(size, total, "copy")
-        touch = bench_ring(size, total, "touch")
-        mem = bench_memcpy(size, total)
-        rows.append({"record_size": size, "ring_copy": ring, "ring_touch": touch, "memcpy": mem,
-                     "ratio_copy": ring["gb_s"] / mem["gb_s"], "ratio_touch": touch["gb_s"] / mem["gb_s"]})
-        print(f"{size:>10} B  ring(copy out) {ring['gb_s']:6.2f} GB/s {ring['records_s']:>10,.0f} rec/s  "
-              f"ring(touch) {touch['gb_s']:6.2f} GB/s {touch['records_s']:>10,.0f} rec/s  "
-              f"memcpy {mem['gb_s']:6.2f} GB/s  ratio {rows[-1]['ratio_copy']:.2f} / "
-              f"{rows[-1]['ratio_touch']:.2f}", flush=True)
-    result = {"benchmark": "bench_ring", "host": platform.node(), "cpus": os.cpu_count(),
-              "python": platform.python_version(), "gb_per_size": args.bytes, "rows": rows,
-              "measured": ("ring_copy: producer np.copyto into payload + commit, consumer poll + np.copyto "
-                           "out + release, two processes; ring_touch: consumer reads 1 byte per 4 KiB "
-                           "instead of copying; memcpy: one process, np.copyto of the same bytes")}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+def run_memcpy(size: int, count: int) -> dict:
+    capacity = _capacity(size)
+    path = f"/dev/shm/hscapture-bench-mem-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, capacity)   # as the ring's segment (csrc/ring.cpp)
+        os.close(fd)
+        rw, rr, go, out = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
+        procs = [CTX.Process(target=_mem_writer, args=(path, capacity, size, count, rw, go, out)),
+                 CTX.Process(target=_mem_reader, args=(path, capacity, size, count, rr, go, out))]
+        for p in procs:
+            p.start()
+        for ev in (rw, rr):
+            if not ev.wait(120):
+                raise TimeoutError("memcpy process not ready in 120 s")
+        t0 = time.monotonic_ns()
+        go.set()
+        ends = dict(out.get(timeout=600) for _ in range(2))
+        for p in procs:
+            p.join(60)
+    finally:
+        os.unlink(path)
+    return _result(size, count, t0, max(ends.values()), capacity, ends)
+
+
+def _result(size: int, count: int, t0: int, t1: int, capacity: int, ends: dict) -> dict:
+    s = (t1 - t0) / 1e9
+    return {"records": count, "bytes": count * size, "seconds": s,
+            "GBps": count * size / s / 1e9, "records_per_s": count / s, "capacity": capacity,
+            "end_offsets_s": {k: (v - t0) / 1e9 for k, v in ends.items()}}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench-results/bench_ring.json", help="JSON result path")
+    ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    ap.add_argument("--gb", type=float, default=1.0, help="GB moved per run (default 1)")
+    ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="record sizes, bytes")
+    ap.add_argument("--reps", type=int, default=5, help="counted repetitions (after 1 warm-up)")
+    ap.add_argument("--warmup", type=int, default=1)
+    a = ap.parse_args(argv)
+    rows, goals = [], []
+    for size in [int(s) for s in a.sizes.split(",")]:
+        count = max(16, int(a.gb * 1e9) // size)
+        p = _stats.run_paired(lambda i: run_ring(size, count), lambda i: run_memcpy(size, count),
+                              reps=a.reps, warmup=a.warmup, key="GBps")
+        summ = p.summary()
+        row = {"record_size": size, "records_per_run": count,
+               "ring_GBps": summ["candidate"], "memcpy_GBps": summ["baseline"],
+               "ratio": summ["ratio"], "order": summ["order"],
+               "ring_records_per_s": _stats.summarize([r["records_per_s"]
+                                                       for r in p.candidate_runs]),
+               "ring_runs": p.candidate_runs, "memcpy_runs": p.baseline_runs}
+        rows.append(row)
+        line = (f"{size:>9} B  ring {_stats.fmt_spread(row['ring_GBps'])} GB/s "
+                f"({row['ring_records_per_s']['median']:,.0f} rec/s)  memcpy(2 proc) "
+                f"{_stats.fmt_spread(row['memcpy_GBps'])} GB/s  ratio "
+                f"{_stats.fmt_spread(row['ratio'])}")
+        if size in GOAL_SIZES:
+            g = _stats.goal_record(f"ring/memcpy at {size >> 10} KiB", row["ratio"]["values"],
+                                   GOAL, ">=")
+            goals.append(g)
+            line += f"  -> {'MET' if g['met'] else 'MISSED'}"
+        print(line, flush=True)
+    for g in goals:
+        print(_stats.format_goal(g), flush=True)
+    region = ("from the parent's go (both processes started, mappings created, source filled) "
+              "to the last byte copied by the slower of the two processes")
+    tr = {"ring": _stats.timed_region(
+              ["producer: reserve + np.copyto(reused source -> ring payload) + commit, per record",
+               "consumer: poll + np.copyto(ring payload -> one reused destination) + release",
+               region],
+              ["process start", "segment creation", "source fill", "process exit"],
+              "CLOCK_MONOTONIC (time.monotonic_ns, shared by processes)"),
+          "memcpy": _stats.timed_region(
+              ["process A: np.copyto(reused source -> MAP_SHARED /dev/shm mapping of the ring's "
+               "capacity at the ring's record stride, wrapping)",
+               "process B, concurrently: np.copyto(same positions -> one reused destination)",
+               region],
+              ["process start", "mapping creation", "source fill", "any hand-off (none)"],
+              "CLOCK_MONOTONIC (time.monotonic_ns, shared by processes)")}
+    rec = _stats.write_record(a.out, benchmark="bench_ring", timed_regions=tr,
+                              results={"rows": rows}, config=vars(a), goals=goals)
+    plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")
+    return rec
+
+
+def plot(rec: dict, path: str) -> None:
+    plt = _stats.get_pyplot()
+    if plt is None:
+        return
+    rows = rec["results"]["rows"]
+    labels = [f"{r['record_size'] >> 10} KiB" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(rows))
+    for k, (name, key) in enumerate((("ring", "ring_GBps"), ("memcpy (2 proc)", "memcpy_GBps"))):
+        med, err = _stats.errorbar_args([r[key] for r in rows])
+        ax.bar(x + (k - 0.5) * 0.38, med, 0.38, yerr=err, capsize=4, label=name)
+    for i, r in enumerate(rows):
+        ax.text(i, 0, f"{r['ratio']['median']:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("GB/s (median, min..max)")
+    ax.set_title("ring vs like-for-like memcpy (ratio at the foot of each pair)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
     python benchmarks/bench_shards.py [--dir /dev/shm --dir /var/tmp] [--out bench-results/shards.json]
 
-Both sides write the same tensors (a pool of distinct samples reused under new rids), sync every
-``--flush-every`` samples (ShardWriter: ``flush()``; raw: ``fdatasync``) and sync at the end
-(ShardWriter: ``close()``, which also writes headers, renames and appends the index). Runs
-alternate raw / writer ``--repeat`` times; the median of each is reported, plus the ratio.
+Both sides write the same tensors (a pool of distinct samples reused under new rids, in this
+process's memory), sync every ``--flush-every`` samples (ShardWriter: ``flush()``; raw:
+``fdatasync``) and sync at the end (ShardWriter: ``close()``, which also writes headers, renames
+and appends the index). Writer and raw alternate (A B A B ...) for ``--reps`` repetitions after
+one warm-up; reported: median and min..max of each and of the paired ratio writer/raw. Goal:
+ratio >= 0.9 over the whole spread.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -22,9 +23,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _stats  # noqa: E402
 
 from hscapture.sample import Sample  # noqa: E402
 from hscapture.shards import ShardWriter  # noqa: E402
+
+GOAL = 0.9
 
 
 def make_pool(n: int, tokens: int, hidden: int, layers: int) -> list[Sample]:
@@ -94,51 +100,91 @@ def run_writer(d: str, pool: list[Sample], n: int, flush_every: int, max_shard: 
     return dt, total
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", action="append", help="target directory (repeatable); default "
                     "/dev/shm and a disk directory (/var/tmp)")
     ap.add_argument("--out", default="bench-results/bench_shards.json")
+    ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     ap.add_argument("--total-mib", type=int, default=1024, help="bytes per run (MiB)")
-    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=550, help="tokens per sample (EAGLE-3 prompts ~550)")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=4, help="tensors per sample (EAGLE-3: 4)")
     ap.add_argument("--flush-every", type=int, default=8)
     ap.add_argument("--max-shard-mib", type=int, default=2048)
-    ap.add_argument("--repeat", type=int, default=5)
-    a = ap.parse_args()
+    ap.add_argument("--reps", "--repeat", dest="reps", type=int, default=5,
+                    help="counted repetitions after one warm-up")
+    a = ap.parse_args(argv)
     dirs = a.dir or ["/dev/shm", "/var/tmp"]
     pool = make_pool(8, a.tokens, a.hidden, a.layers)
     per = sum(len(v) for v in bytes_of(pool[0]))
     n = max(1, (a.total_mib << 20) // per)
-    results = {"tokens": a.tokens, "hidden": a.hidden, "layers": a.layers, "dtype": "bfloat16",
-               "sample_bytes": per, "samples": n, "flush_every": a.flush_every,
-               "max_shard_bytes": a.max_shard_mib << 20, "python": sys.version.split()[0],
-               "torch": torch.__version__, "dirs": {}}
+    results = {"sample_bytes": per, "samples": n, "dirs": {}}
+    goals = []
     for base in dirs:
         d = tempfile.mkdtemp(prefix="hsc-bench-", dir=base)
         try:
-            raw, wr = [], []
-            run_raw(d, pool, min(n, 16), a.flush_every)  # warm-up (page cache, allocator)
-            run_writer(d, pool, min(n, 16), a.flush_every, a.max_shard_mib << 20, -1)
-            for r in range(a.repeat):
-                dt, b = run_raw(d, pool, n, a.flush_every)
-                raw.append(b / dt)
+            def writer(r: int) -> dict:
                 dt, b = run_writer(d, pool, n, a.flush_every, a.max_shard_mib << 20, r)
-                wr.append(b / dt)
-            res = {"raw_write_fsync_GBps": statistics.median(raw) / 1e9,
-                   "shardwriter_GBps": statistics.median(wr) / 1e9,
-                   "raw_runs_GBps": [x / 1e9 for x in raw], "shardwriter_runs_GBps": [x / 1e9 for x in wr]}
-            res["ratio"] = res["shardwriter_GBps"] / res["raw_write_fsync_GBps"]
+                return {"seconds": dt, "bytes": b, "GBps": b / dt / 1e9, "samples_per_s": n / dt}
+
+            def raw(r: int) -> dict:
+                dt, b = run_raw(d, pool, n, a.flush_every)
+                return {"seconds": dt, "bytes": b, "GBps": b / dt / 1e9, "samples_per_s": n / dt}
+            p = _stats.run_paired(writer, raw, reps=a.reps, warmup=1, key="GBps")
+            summ = p.summary()
+            res = {"fs": _stats.fs_info(base), "shardwriter_GBps": summ["candidate"],
+                   "raw_write_fsync_GBps": summ["baseline"], "ratio": summ["ratio"],
+                   "shardwriter_samples_per_s": _stats.summarize(
+                       [x["samples_per_s"] for x in p.candidate_runs]),
+                   "order": summ["order"]}
             results["dirs"][base] = res
-            print(f"{base}: raw {res['raw_write_fsync_GBps']:.2f} GB/s, ShardWriter "
-                  f"{res['shardwriter_GBps']:.2f} GB/s, ratio {res['ratio']:.2f}", flush=True)
+            g = _stats.goal_record(f"ShardWriter/raw into {base}", summ["ratio"]["values"],
+                                   GOAL, ">=")
+            goals.append(g)
+            print(f"{base} ({res['fs']['fstype']}): raw {_stats.fmt_spread(summ['baseline'])} GB/s, "
+                  f"ShardWriter {_stats.fmt_spread(summ['candidate'])} GB/s "
+                  f"({res['shardwriter_samples_per_s']['median']:,.1f} samples/s), ratio "
+                  f"{_stats.fmt_spread(summ['ratio'])}", flush=True)
         finally:
             shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {a.out}")
+    for g in goals:
+        print(_stats.format_goal(g), flush=True)
+    common_out = ["building the sample pool", "removing the files after the run"]
+    tr = {"shardwriter": _stats.timed_region(
+              ["ShardWriter(fsync=True) creation", "add() of every sample (one writev each)",
+               "flush() every --flush-every samples (fdatasync)",
+               "close(): headers, renames, index append, fsync"], common_out,
+              "time.perf_counter"),
+          "raw": _stats.timed_region(
+              ["open", "one writev per sample of the same tensors + token ids",
+               "fdatasync every --flush-every samples", "fsync + close"], common_out,
+              "time.perf_counter")}
+    rec = _stats.write_record(a.out, benchmark="bench_shards", timed_regions=tr,
+                              results=results, config=vars(a), goals=goals,
+                              notes=["both write from the same in-process CPU tensors (same "
+                                     "memory kind); ratio paired per repetition"])
+    plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")
+    return rec
+
+
+def plot(rec: dict, path: str) -> None:
+    plt = _stats.get_pyplot()
+    if plt is None:
+        return
+    dirs = rec["results"]["dirs"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(dirs)
+    for k, key in enumerate(("raw_write_fsync_GBps", "shardwriter_GBps")):
+        med, err = _stats.errorbar_args([dirs[d][key] for d in names])
+        ax.bar([i + (k - 0.5) * 0.38 for i in range(len(names))], med, 0.38, yerr=err,
+               capsize=4, label=key.split("_")[0])
+    ax.set_xticks(range(len(names)), [f"{d} ({dirs[d]['fs']['fstype']})" for d in names])
+    ax.set_ylabel("GB/s (median, min..max)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

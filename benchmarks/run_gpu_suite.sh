@@ -1,49 +1,52 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU machine, in one go: build, GPU tests, GPU + ring + e2e benchmarks.
-# Usage: bash benchmarks/run_gpu_suite.sh OUT_DIR [1|2|all]  (results: OUT_DIR/results-PART.tgz)
-# Part 1: build, GPU tests, ring benchmark, GPU copy + notices; part 2: capture overhead + e2e.
-# Each step is bounded and independent: one failing step does not stop the others.
+# Every benchmark on the GPU machine, one command, about 8 minutes in all.
+# Usage: bash benchmarks/run_gpu_suite.sh OUT_DIR
+#   env WHEELS=DIR   install pyzmq (and anything else needed) from DIR first, offline
+#   env DISK_DIR=DIR local-disk target for bench_e2e / bench_shards (default /var/tmp/hsc-bench)
+# Writes OUT_DIR/<bench>.json (+ .png when matplotlib imports), OUT_DIR/<bench>.log, and
+# OUT_DIR/machine.txt. Each step has its own time limit; one failing step does not stop the rest;
+# the exit status is 1 when any step failed. bench_hook skips itself when sglang does not import.
 set -u
-OUT=${1:?usage: run_gpu_suite.sh OUT_DIR [1|2|all]}
-PART=${2:-all}
+OUT=${1:?usage: run_gpu_suite.sh OUT_DIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 R=$(cd "$(dirname "$0")/.." && pwd)
-RES=/tmp/hsc-gpu-results-$PART
-rm -rf "$RES" && mkdir -p "$RES"
+DISK=${DISK_DIR:-/var/tmp/hsc-bench}
+PY=${PYTHON:-python3}
+mkdir -p "$DISK"
 export PYTHONUNBUFFERED=1
 cd "$R"
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 \
-  || { echo "BUILD FAILED"; tail -30 "$RES/build.log"; }
+if [ -n "${WHEELS:-}" ]; then
+  $PY -m pip install -q --no-index --find-links "$WHEELS" pyzmq > "$OUT/wheels.log" 2>&1 \
+    || { echo "WHEELS install failed"; tail -5 "$OUT/wheels.log"; }
+fi
+$PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 \
+  || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; free -g;
-  df -h /dev/shm /tmp "$R"; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } \
-  > "$RES/machine.txt" 2>&1
-cat "$RES/machine.txt"
-step() {  # step NAME TIMEOUT CMD...
+  df -h /dev/shm "$DISK"; git -C "$R" rev-parse HEAD;
+  $PY -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } \
+  > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+FAILED=()
+step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 t=$2; shift 2
-  echo "=== $name"
-  (cd /tmp && timeout "$t" "$@") > "$RES/$name.log" 2>&1
-  echo "--- $name exit $?"; tail -${TAIL:-25} "$RES/$name.log"
+  local t0=$SECONDS
+  echo "=== $name (limit ${t}s)"
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "--- $name exit $rc after $((SECONDS - t0))s"
+  grep -E "goal|SKIP|MET|MISSED|Error|error" "$OUT/$name.log" | grep -v "^ *warnings" | tail -20
+  [ "$rc" = 0 ] || FAILED+=("$name")
 }
-if [ "$PART" != 2 ]; then
-  TAIL=15 step gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
-    "$R/tests/test_gpu.py" "$R/tests/test_capture.py" -k "gpu or exact or restart or drain"
-  TAIL=12 step bench-ring 100 python3 "$R/benchmarks/bench_ring.py" --out "$RES/bench_ring.json"
-  step bench-gpu-copy 90 python3 "$R/benchmarks/bench_gpu.py" copy --out-dir "$RES/gpu"
-  step bench-gpu-notices 90 python3 "$R/benchmarks/bench_gpu.py" notices --out-dir "$RES/gpu"
-fi
-if [ "$PART" = 2 ]; then
-  TAIL=12 step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
-    "$R/tests/test_gpu.py"
-  step bench-gpu-copy 90 python3 "$R/benchmarks/bench_gpu.py" copy --out-dir "$RES/gpu"
-fi
-if [ "$PART" = 3 ]; then   # after changes to the write path / adapter: re-measure those
-  TAIL=12 step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning \
-    "$R/tests/test_gpu.py"
-  TAIL=12 step bench-shards 120 python3 "$R/benchmarks/bench_shards.py" --dir /dev/shm \
-    --dir /tmp/hsc-shards-disk --out "$RES/bench_shards.json"
-fi
-if [ "$PART" != 1 ]; then
-  step bench-gpu-overhead 180 python3 "$R/benchmarks/bench_gpu.py" overhead --out-dir "$RES/gpu"
-  step bench-gpu-e2e 180 python3 "$R/benchmarks/bench_gpu.py" e2e --out-dir "$RES/gpu" \
-    --disk-dir /tmp/hsc-e2e-disk
-fi
-tar czf "$OUT/results-$PART.tgz" -C "$RES" .
+B=benchmarks
+step bench_ring     75 $PY $B/bench_ring.py --gb 0.5 --out "$OUT/bench_ring.json"
+step bench_shards   60 $PY $B/bench_shards.py --dir /dev/shm --dir "$DISK" --total-mib 512 \
+  --out "$OUT/bench_shards.json"
+step gpu_copy       60 $PY $B/bench_gpu.py copy --copy-gb 0.5 --out-dir "$OUT"
+step gpu_notices    60 $PY $B/bench_gpu.py notices --notices 30000 --paced-seconds 0.5 --out-dir "$OUT"
+step bench_hook     75 $PY $B/bench_hook.py --device cuda --out "$OUT/bench_hook.json"
+step gpu_overhead  150 $PY $B/bench_gpu.py overhead --iters 2 --out-dir "$OUT"
+step bench_e2e     120 $PY $B/bench_e2e.py --device cuda --gb 1 --old-gb 0.25 --ring-mb 1024 \
+  --disk-dir "$DISK" --out "$OUT/bench_e2e.json"
+echo "suite done in ${SECONDS}s; results in $OUT"
+if [ ${#FAILED[@]} -gt 0 ]; then echo "FAILED: ${FAILED[*]}"; exit 1; fi

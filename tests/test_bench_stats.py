@@ -1,0 +1,183 @@
+"""The benchmarks' arithmetic (benchmarks/_stats.py): properties that every figure relies on."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import _stats  # noqa: E402
+
+values = st.lists(st.floats(min_value=1e-6, max_value=1e9, allow_nan=False,
+                            allow_infinity=False), min_size=1, max_size=40)
+pairs = st.integers(min_value=1, max_value=30).flatmap(
+    lambda n: st.tuples(*(st.tuples(st.floats(1e-3, 1e6), st.floats(1e-3, 1e6))
+                          for _ in range(n))))
+
+
+@given(values)
+def test_median_lies_within_min_max(xs):
+    lo, hi = _stats.spread(xs)
+    assert lo <= _stats.median(xs) <= hi
+
+
+@given(values, st.floats(0, 100))
+def test_percentile_is_one_of_the_values_and_bounded(xs, q):
+    p = _stats.percentile(xs, q)
+    assert p in xs
+    assert min(xs) <= p <= max(xs)
+    assert _stats.percentile(xs, 0) == min(xs)
+    assert _stats.percentile(xs, 100) == max(xs)
+
+
+@given(values, st.floats(0, 100), st.floats(0, 100))
+def test_percentile_is_monotone_in_q(xs, q1, q2):
+    lo, hi = sorted((q1, q2))
+    assert _stats.percentile(xs, lo) <= _stats.percentile(xs, hi)
+
+
+def test_percentile_nearest_rank_of_a_known_list():
+    xs = list(range(1, 101))  # 1..100
+    assert _stats.percentile(xs, 50) == 50
+    assert _stats.percentile(xs, 99) == 99
+    assert _stats.percentile(xs, 99.5) == 100
+
+
+@settings(max_examples=60, deadline=None)
+@given(values, st.integers(0, 1000))
+def test_bootstrap_interval_of_median_is_inside_spread_and_deterministic(xs, seed):
+    lo, hi = _stats.bootstrap_ci(xs, seed=seed, n_boot=300)
+    assert min(xs) <= lo <= hi <= max(xs)
+    assert (lo, hi) == _stats.bootstrap_ci(xs, seed=seed, n_boot=300)
+
+
+@given(st.floats(1e-3, 1e6), st.integers(1, 20))
+def test_bootstrap_interval_of_constant_values_is_a_point(c, n):
+    assert _stats.bootstrap_ci([c] * n, n_boot=200) == (c, c)
+
+
+def test_bootstrap_interval_narrows_with_more_repetitions():
+    import random
+
+    rng = random.Random(1)
+    few = [1 + rng.gauss(0, 0.05) for _ in range(5)]
+    many = [1 + rng.gauss(0, 0.05) for _ in range(500)]
+    w_few = _stats.bootstrap_ci(few, n_boot=500)
+    w_many = _stats.bootstrap_ci(many, n_boot=500)
+    assert w_many[1] - w_many[0] < w_few[1] - w_few[0]
+
+
+@given(pairs, st.floats(0.01, 100))
+def test_paired_ratios_scale_with_the_candidate(ps, k):
+    cand = [c for c, _ in ps]
+    base = [b for _, b in ps]
+    r = _stats.paired_ratios(cand, base)
+    rk = _stats.paired_ratios([c * k for c in cand], base)
+    assert all(math.isclose(b, a * k, rel_tol=1e-9) for a, b in zip(r, rk))
+    assert all(x == 1.0 for x in _stats.paired_ratios(base, base))
+
+
+def test_paired_ratios_refuse_unpaired_or_nonpositive_baselines():
+    with pytest.raises(ValueError, match="as many"):
+        _stats.paired_ratios([1, 2], [1])
+    with pytest.raises(ValueError, match="positive"):
+        _stats.paired_ratios([1], [0])
+    with pytest.raises(ValueError, match="finite"):
+        _stats.paired_ratios([float("nan")], [1])
+
+
+@given(values, st.floats(1e-6, 1e9))
+def test_goal_met_only_when_every_value_clears_it(xs, goal):
+    assert _stats.goal_met(xs, goal, ">=") == all(x >= goal for x in xs)
+    assert _stats.goal_met(xs, goal, "<=") == all(x <= goal for x in xs)
+
+
+def test_goal_missed_when_the_median_clears_but_the_spread_does_not():
+    ratios = [0.95, 0.96, 0.97, 0.91, 0.89]        # median 0.95 >= 0.9, min 0.89 < 0.9
+    assert _stats.median(ratios) >= 0.9
+    assert not _stats.goal_met(ratios, 0.9, ">=")
+    assert _stats.goal_met(ratios, 0.89, ">=")
+    slow = [0.4, 0.8, 1.2]                          # % slowdowns against a <= 1 % goal
+    assert not _stats.goal_met(slow, 1.0, "<=")
+
+
+def test_goal_never_met_without_values_or_with_nan():
+    assert not _stats.goal_met([], 0.0, ">=")
+    assert not _stats.goal_met([1.0, float("nan")], 0.0, ">=")
+    with pytest.raises(ValueError, match="direction"):
+        _stats.goal_met([1.0], 1.0, ">")
+
+
+@given(pairs)
+def test_slowdown_is_zero_for_equal_rates_and_positive_when_slower(ps):
+    base = [b for _, b in ps]
+    assert all(abs(x) < 1e-9 for x in _stats.slowdown_pct(base, base))
+    assert all(x > 0 for x in _stats.slowdown_pct([b * 0.9 for b in base], base))
+
+
+@given(st.integers(1, 8), st.integers(0, 3))
+def test_run_paired_alternates_and_discards_warmup(reps, warmup):
+    calls = []
+
+    def cand(i):
+        calls.append(("A", i))
+        return {"v": 2.0, "rep": i}
+
+    def base(i):
+        calls.append(("B", i))
+        return {"v": 1.0, "rep": i}
+
+    p = _stats.run_paired(cand, base, reps=reps, warmup=warmup, key="v")
+    assert [t for t, _ in calls] == ["A", "B"] * (reps + warmup)
+    assert [i for _, i in calls[::2]] == list(range(-warmup, reps))
+    assert len(p.candidate) == len(p.baseline) == reps
+    assert len(p.warmup_runs) == warmup
+    assert all(r["rep"] >= 0 for r in p.candidate_runs + p.baseline_runs)
+    assert p.ratios() == [2.0] * reps
+    assert p.order[:2 * warmup] == ["warmup:A", "warmup:B"] * warmup
+
+
+def test_run_paired_abba_swaps_the_first_method_every_repetition():
+    seen = []
+    _stats.run_paired(lambda i: seen.append("A") or 1.0, lambda i: seen.append("B") or 1.0,
+                      reps=4, warmup=0, order="ABBA")
+    assert "".join(seen) == "ABBAABBA"
+
+
+def test_run_alternating_rotates_the_order_and_keeps_counted_reps():
+    seen = []
+    fns = {n: (lambda n: lambda i: seen.append(n) or i)(n) for n in "XYZ"}
+    runs, order = _stats.run_alternating(fns, reps=3, warmup=1)
+    assert {n: len(v) for n, v in runs.items()} == {"X": 3, "Y": 3, "Z": 3}
+    assert all(min(v) >= 0 for v in runs.values())
+    assert "".join(seen) == "ZXY" + "XYZ" + "YZX" + "ZXY"
+
+
+def test_record_states_its_timed_region_machine_and_commit(tmp_path):
+    tr = {"ring": _stats.timed_region(["producer copy", "consumer copy"], ["process start"],
+                                      "CLOCK_MONOTONIC")}
+    g = _stats.goal_record("ring/memcpy", [0.9, 0.95], 0.8, ">=")
+    rec = _stats.write_record(tmp_path / "r.json", benchmark="t", timed_regions=tr,
+                              results={"x": 1}, goals=[g])
+    on_disk = json.loads((tmp_path / "r.json").read_text())
+    assert on_disk == json.loads(json.dumps(rec))
+    assert on_disk["timed_region"]["ring"]["inside"] == ["producer copy", "consumer copy"]
+    assert on_disk["machine"]["cpus"] >= 1 and on_disk["machine"]["cpu"]
+    assert len(on_disk["machine"]["commit"]) == 40
+    assert on_disk["goals"][0]["met"] is True and on_disk["goals"][0]["min"] == 0.9
+
+
+def test_record_without_a_timed_region_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="timed_region"):
+        _stats.write_record(tmp_path / "r.json", benchmark="t", timed_regions={}, results={})
+    with pytest.raises(ValueError, match="inside"):
+        _stats.write_record(tmp_path / "r.json", benchmark="t",
+                            timed_regions={"x": {"clock": "c", "outside": []}}, results={})
+    assert not (tmp_path / "r.json").exists()
