@@ -24,11 +24,13 @@
 //       close/unsubscribe. Every transition bumps the generation, so of two racing CASes on
 //       one word exactly one wins and the loser sees the winner's word.
 //   (6) slot names (a seqlock without a sequence: the state word is the sequence): a
-//       registrant loads FREE, release-fences, then relaxed-stores the name and publishes it
-//       with its ACTIVE CAS. segment_info relaxed-loads the name of a durable word,
-//       acquire-fences, then re-loads the word: unchanged => the name belongs to that word.
-//       Writers are serialised by the registry OFD lock (held by every registration and
-//       resume), so a resume scan reads names no one is writing.
+//       registrant loads FREE, then release-stores the name words and publishes them with its
+//       ACTIVE CAS. segment_info acquire-loads the name words of a durable word, then re-loads
+//       the word: if any name word came from a later registrant, that registrant's load of
+//       FREE happens-before the re-load, which therefore cannot return the old word; so an
+//       unchanged word means the name belongs to it. Writers are serialised by the registry
+//       OFD lock (held by every registration and resume), so a resume scan reads names no one
+//       is writing (and sees them: it acquire-loads the word whose CAS published them).
 //
 // Liveness is not in shared memory at all: each party holds an OFD lock (fcntl F_OFD_SETLK)
 // on one byte of the segment file; the kernel drops it when the process dies, and anyone can
@@ -132,19 +134,13 @@ void ofd_lock_wait(int fd, uint64_t offset) {
     }
 }
 
-// The registry lock, held while a consumer registers or resumes (scoped). The fences keep the
-// slot accesses made under it inside it for the C++ memory model too (the kernel's lock is a
-// full barrier in practice).
+// The registry lock, held while a consumer registers or resumes (scoped). It only provides
+// mutual exclusion (one registrant at a time per segment); every slot field is atomic and
+// ordered by the SYNC POINTs, not by this lock.
 class RegistryLock {
 public:
-    explicit RegistryLock(int fd) : fd_(fd) {
-        ofd_lock_wait(fd_, REGISTRY_LOCK_OFFSET);
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-    }
-    ~RegistryLock() {
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        ofd_unlock(fd_, REGISTRY_LOCK_OFFSET);
-    }
+    explicit RegistryLock(int fd) : fd_(fd) { ofd_lock_wait(fd_, REGISTRY_LOCK_OFFSET); }
+    ~RegistryLock() { ofd_unlock(fd_, REGISTRY_LOCK_OFFSET); }
     RegistryLock(const RegistryLock&) = delete;
     RegistryLock& operator=(const RegistryLock&) = delete;
 
@@ -155,15 +151,18 @@ private:
 constexpr std::size_t NAME_WORDS = SLOT_NAME_LEN / sizeof(uint64_t);
 
 // Only a registrant holding the registry lock and the slot's lock, on a FREE slot.
+// SYNC POINT (6) release stores: pair with load_slot_name's acquire loads (segment_info).
 void store_slot_name(ConsumerSlot& s, const std::string& name) {
     uint64_t w[NAME_WORDS] = {};
     std::memcpy(w, name.data(), std::min(name.size(), SLOT_NAME_LEN - 1));
-    for (std::size_t k = 0; k < NAME_WORDS; ++k) s.name[k].store(w[k], std::memory_order_relaxed);
+    for (std::size_t k = 0; k < NAME_WORDS; ++k) s.name[k].store(w[k], std::memory_order_release);
 }
 
+// SYNC POINT (6) acquire loads: pair with store_slot_name's release stores; a caller without
+// the registry lock re-loads the state word afterwards (segment_info).
 std::string load_slot_name(const ConsumerSlot& s) {
     uint64_t w[NAME_WORDS];
-    for (std::size_t k = 0; k < NAME_WORDS; ++k) w[k] = s.name[k].load(std::memory_order_relaxed);
+    for (std::size_t k = 0; k < NAME_WORDS; ++k) w[k] = s.name[k].load(std::memory_order_acquire);
     char buf[SLOT_NAME_LEN];
     std::memcpy(buf, w, SLOT_NAME_LEN);
     return std::string(buf, strnlen(buf, SLOT_NAME_LEN));
@@ -762,10 +761,9 @@ void Consumer::register_locked(ConsumerSlot* slots, uint32_t n) {
             continue;
         }
         s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
-        // SYNC POINT (6) release fence: a segment_info reader that sees any word of the name
-        // below re-loads a state word no older than the FREE we loaded, so it discards a name
-        // read across our write.
-        std::atomic_thread_fence(std::memory_order_release);
+        // SYNC POINT (6) release stores, after our load of FREE above: a segment_info reader
+        // that sees any word of the name re-loads a state word no older than that FREE, so it
+        // discards a name read across our write.
         store_slot_name(s, resume_name_);
         slot_ = i;
         my_slot_ = &s;
@@ -1000,8 +998,8 @@ SegmentInfo segment_info(const std::string& name) {
     for (uint32_t i = 0; i < hdr->max_consumers; ++i) {
         ConsumerSlot& s = slots[i];
         SlotInfo si{};
-        // SYNC POINT (6) seq_cst load / relaxed name loads / acquire fence / re-load: the name
-        // is the word's only if the word did not change (else read the slot again).
+        // SYNC POINT (6) seq_cst load / acquire name loads / re-load: the name is the word's
+        // only if the word did not change (else read the slot again).
         for (;;) {
             uint64_t word = s.state.load(std::memory_order_seq_cst);
             si.slot = i;
@@ -1012,8 +1010,7 @@ SegmentInfo segment_info(const std::string& name) {
             si.released = s.released.load(std::memory_order_acquire);
             si.attached_at = s.attached_at.load(std::memory_order_relaxed);
             si.pid = s.pid.load(std::memory_order_relaxed);
-            std::atomic_thread_fence(std::memory_order_acquire);
-            if (s.state.load(std::memory_order_relaxed) == word) break;
+            if (s.state.load(std::memory_order_acquire) == word) break;
         }
         if (si.state == SLOT_FREE && si.generation == 0) continue;  // never used
         si.alive = ofd_locked_by_other(m->fd, SLOT_LOCK_OFFSET + i);
