@@ -31,6 +31,9 @@
 //       unchanged word means the name belongs to it. Writers are serialised by the registry
 //       OFD lock (held by every registration and resume), so a resume scan reads names no one
 //       is writing (and sees them: it acquire-loads the word whose CAS published them).
+//   (7) attached_at rides on `released`: a registrant relaxed-stores attached_at, then
+//       seq_cst-stores released = h1; a resumer seq_cst-loads released, then relaxed-loads
+//       attached_at, and so sees the registrant's value.
 //
 // Liveness is not in shared memory at all: each party holds an OFD lock (fcntl F_OFD_SETLK)
 // on one byte of the segment file; the kernel drops it when the process dies, and anyone can
@@ -719,7 +722,8 @@ bool Consumer::resume_locked(ConsumerSlot* slots, uint32_t n) {
                 expired_ = true;
             }
             slot_ = i;
-            attached_at_ = s.attached_at.load(std::memory_order_relaxed);  // the original attach
+            // SYNC POINT (7): after our load of `released` above; the original attach position.
+            attached_at_ = s.attached_at.load(std::memory_order_relaxed);
             resumed_ = true;
             return true;
         }
@@ -815,8 +819,9 @@ uint64_t Consumer::register_protocol(ConsumerSlot& s, uint64_t word) {
     // SYNC POINT (3) seq_cst: sees at least the head the producer stored before any scan that
     // missed our ACTIVE store.
     const uint64_t h1 = hdr_->head.load(std::memory_order_seq_cst);
-    if (fresh) s.attached_at.store(h1, std::memory_order_relaxed);  // before `released`: a resumer
-    // that reads our released value (seq_cst) below also sees this attached_at
+    // SYNC POINT (7): attached_at before `released`; a resumer that loads our released value
+    // (or a later one) sees this attached_at.
+    if (fresh) s.attached_at.store(h1, std::memory_order_relaxed);
     s.released.store(h1, std::memory_order_seq_cst);
     if (fresh) attached_at_ = h1;
     return h1;
