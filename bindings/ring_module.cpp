@@ -81,12 +81,25 @@ nb::dict stats_dict(hsc::Producer& p) {
     d["reserved"] = s.reserved;
     d["aborted"] = s.aborted;
     d["full_count"] = s.full_count;
+    d["control_full"] = s.control_full;
     d["reaped"] = s.reaped;
+    d["expired"] = s.expired;
     d["min_released"] = s.min_released;
     d["live_consumers"] = s.live_consumers;
+    d["detached_durable"] = s.detached_durable;
+    d["expired_slots"] = s.expired_slots;
     d["head"] = s.head;
     d["next_seq"] = s.next_seq;
     return d;
+}
+
+const char* slot_state_name(uint32_t state) {
+    switch (state) {
+        case hsc::layout::SLOT_FREE: return "free";
+        case hsc::layout::SLOT_ACTIVE: return "active";
+        case hsc::layout::SLOT_EXPIRED: return "expired";
+    }
+    return "unknown";
 }
 
 nb::dict info_dict(const hsc::SegmentInfo& i) {
@@ -96,6 +109,7 @@ nb::dict info_dict(const hsc::SegmentInfo& i) {
     d["layout_version"] = i.layout_version;
     d["epoch"] = i.epoch;
     d["capacity"] = i.capacity;
+    d["control_reserve"] = i.control_reserve;
     d["head"] = i.head;
     d["map_size"] = i.map_size;
     d["data_offset"] = i.data_offset;
@@ -107,15 +121,21 @@ nb::dict info_dict(const hsc::SegmentInfo& i) {
     d["reserved"] = i.reserved;
     d["aborted"] = i.aborted;
     d["full_count"] = i.full_count;
+    d["control_full"] = i.control_full;
     d["reaped"] = i.reaped;
+    d["expired"] = i.expired;
     d["next_seq"] = i.next_seq;
     nb::list consumers;
     for (const auto& s : i.consumers) {
         nb::dict c;
         c["slot"] = s.slot;
+        c["state"] = slot_state_name(s.state);
         c["active"] = s.state == hsc::layout::SLOT_ACTIVE;
+        c["durable"] = s.durable;
+        c["name"] = s.name;
         c["generation"] = s.generation;
         c["released"] = s.released;
+        c["attached_at"] = s.attached_at;
         c["pid"] = s.pid;
         c["alive"] = s.alive;
         consumers.append(c);
@@ -173,8 +193,18 @@ NB_MODULE(_ring, m) {
     m.attr("STATE_PADDING") = L::STATE_PADDING;
     m.attr("SLOT_FREE") = L::SLOT_FREE;
     m.attr("SLOT_ACTIVE") = L::SLOT_ACTIVE;
+    m.attr("SLOT_EXPIRED") = L::SLOT_EXPIRED;
+    m.attr("SLOT_DURABLE_FLAG") = L::SLOT_DURABLE_FLAG;
     m.attr("PRODUCER_LOCK_OFFSET") = L::PRODUCER_LOCK_OFFSET;
     m.attr("SLOT_LOCK_OFFSET") = L::SLOT_LOCK_OFFSET;
+    m.attr("REGISTRY_LOCK_OFFSET") = L::REGISTRY_LOCK_OFFSET;
+    nb::dict so;
+    so["state"] = L::S_STATE;
+    so["released"] = L::S_RELEASED;
+    so["pid"] = L::S_PID;
+    so["name"] = L::S_NAME;
+    so["attached_at"] = L::S_ATTACHED_AT;
+    m.attr("SLOT_OFFSETS") = so;
     nb::dict rh;
     rh["state"] = L::R_STATE;
     rh["magic"] = L::R_MAGIC;
@@ -196,8 +226,11 @@ NB_MODULE(_ring, m) {
     sh["map_size"] = L::H_MAP_SIZE;
     sh["producer_pid"] = L::H_PRODUCER_PID;
     sh["created_ns"] = L::H_CREATED_NS;
+    sh["control_reserve"] = L::H_CONTROL_RESERVE;
     sh["head"] = L::H_HEAD;
     sh["committed"] = L::H_COMMITTED;
+    sh["control_full"] = L::H_CONTROL_FULL;
+    sh["expired"] = L::H_EXPIRED;
     m.attr("SEGMENT_HEADER_OFFSETS") = sh;
 
     m.def("record_total_len", [](uint64_t n) { return L::record_total_len(n); }, "payload_len"_a,
@@ -208,14 +241,20 @@ NB_MODULE(_ring, m) {
     // --- Producer ---------------------------------------------------------------------------
     nb::class_<hsc::Producer>(m, "Producer",
                               "Single writer of a ring segment. Creates the segment (O_EXCL, mode 0600).")
-        .def(nb::init<const std::string&, uint64_t, uint32_t, uint64_t>(), "name"_a, "capacity"_a,
-             "max_consumers"_a = 8, "epoch"_a = 0, nb::call_guard<nb::gil_scoped_release>())
+        .def(nb::init<const std::string&, uint64_t, uint32_t, uint64_t, uint64_t>(), "name"_a, "capacity"_a,
+             "max_consumers"_a = 8, "epoch"_a = 0, "control_reserve"_a = 0,
+             nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("name", &hsc::Producer::name)
         .def_prop_ro("epoch", &hsc::Producer::epoch)
         .def_prop_ro("capacity", &hsc::Producer::capacity)
+        .def_prop_ro("control_reserve", &hsc::Producer::control_reserve)
         .def_prop_ro("head", &hsc::Producer::head)
+        .def_prop_rw("durable_expiry_ns", &hsc::Producer::durable_expiry_ns, &hsc::Producer::set_durable_expiry_ns,
+                     "0 = a detached/dead durable subscription bounds the producer forever; > 0 = it is "
+                     "EXPIRED once it has blocked reservations that long.")
         .def_prop_rw("dead_consumer_grace_ns", &hsc::Producer::dead_consumer_grace_ns,
-                     &hsc::Producer::set_dead_consumer_grace_ns)
+                     &hsc::Producer::set_dead_consumer_grace_ns,
+                     "DEPRECATED, no effect (replaced by durable subscriptions and durable_expiry_ns).")
         .def_prop_ro("closed", &hsc::Producer::closed)
         .def_prop_ro("map_address",
                      [](hsc::Producer& p) {
@@ -234,17 +273,26 @@ NB_MODULE(_ring, m) {
                      })
         .def(
             "reserve",
-            [](hsc::Producer& p, int64_t payload_len, uint64_t tag) -> int64_t {
+            [](hsc::Producer& p, int64_t payload_len, uint64_t tag, bool control) -> int64_t {
                 if (payload_len < 0) raise(hsc::ErrorKind::Value, "payload_len must be >= 0");
-                int64_t r = p.reserve(uint64_t(payload_len), tag);
-                if (r == hsc::RESERVE_TOO_LARGE)
+                int64_t r = p.reserve(uint64_t(payload_len), tag, control);
+                if (r == hsc::RESERVE_TOO_LARGE) {
+                    std::string limit = control || p.control_reserve() == 0
+                                            ? "the ring capacity " + std::to_string(p.capacity())
+                                            : std::to_string(p.capacity() - p.control_reserve()) +
+                                                  " (capacity " + std::to_string(p.capacity()) +
+                                                  " minus control_reserve " + std::to_string(p.control_reserve()) +
+                                                  " for a data record)";
                     raise(hsc::ErrorKind::RecordTooLarge,
                           "record of payload " + std::to_string(payload_len) + " bytes needs " +
                               std::to_string(hsc::layout::record_total_len(uint64_t(payload_len))) +
-                              " bytes: expected at most the ring capacity " + std::to_string(p.capacity()));
+                              " bytes: expected at most " + limit);
+                }
                 return r;  // position, or -1 when full (never blocks)
             },
-            "payload_len"_a, "tag"_a = 0, "Reserve a record; returns its position or -1 if the ring is full.")
+            "payload_len"_a, "tag"_a = 0, "control"_a = false,
+            "Reserve a record; returns its position or -1 if the ring is full. A data record "
+            "(control=False) must leave control_reserve bytes free; a control record may use them.")
         .def(
             "payload",
             [](hsc::Producer& p, uint64_t position) {
@@ -292,9 +340,21 @@ NB_MODULE(_ring, m) {
 
     // --- Consumer ---------------------------------------------------------------------------
     nb::class_<hsc::Consumer>(m, "Consumer", "Reader of a ring segment; holds one consumer slot.")
-        .def(nb::init<const std::string&, uint64_t, const std::string&>(), "name"_a,
-             "expected_epoch"_a = 0, "resume_name"_a = "", nb::call_guard<nb::gil_scoped_release>())
+        .def(nb::init<const std::string&, uint64_t, const std::string&, bool>(), "name"_a,
+             "expected_epoch"_a = 0, "resume_name"_a = "", nb::kw_only(), "resume_only"_a = false,
+             nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("resumed", &hsc::Consumer::resumed)
+        .def_prop_ro("durable", &hsc::Consumer::durable)
+        .def_prop_ro("resume_name", &hsc::Consumer::resume_name)
+        .def_prop_ro("attached_at", &hsc::Consumer::attached_at)
+        .def_prop_ro("expired", &hsc::Consumer::expired)
+        .def_prop_ro("lost_from", &hsc::Consumer::lost_from)
+        .def_prop_ro("lost_to", &hsc::Consumer::lost_to)
+        .def_prop_ro("data_address",
+                     [](hsc::Consumer& c) {
+                         if (c.closed()) raise(hsc::ErrorKind::Ring, "Consumer.data_address: closed");
+                         return reinterpret_cast<uintptr_t>(c.data());
+                     })
         .def_prop_ro("name", &hsc::Consumer::name)
         .def_prop_ro("epoch", &hsc::Consumer::epoch)
         .def_prop_ro("capacity", &hsc::Consumer::capacity)
@@ -314,7 +374,9 @@ NB_MODULE(_ring, m) {
             "Next committed record, or None if none is committed yet (never waits).")
         .def("release", &hsc::Consumer::release, "position"_a)
         .def("producer_alive", &hsc::Consumer::producer_alive)
-        .def("close", &hsc::Consumer::close)
+        .def("close", &hsc::Consumer::close,
+             "Anonymous: free the slot. Durable: detach (the slot keeps its name and released position).")
+        .def("unsubscribe", &hsc::Consumer::unsubscribe, "Free the slot for good; the consumer is closed after.")
         .def("__enter__", [](nb::object self) { return self; })
         .def("__exit__", [](hsc::Consumer& c, nb::args) { c.close(); })
         .def("__repr__", [](hsc::Consumer& c) {

@@ -10,15 +10,36 @@
 //   (2) space reclamation, consumer -> producer (Linux perf ring's tail):
 //       consumer finishes reading bytes < P, then release-stores `released = P`  ---> producer
 //       acquire-loads `released` (inside a seq_cst scan) before overwriting those bytes.
-//   (3) consumer registration (seq_cst, see Consumer::Consumer for the argument):
+//   (3) consumer registration (seq_cst, see Consumer::register_protocol for the argument):
 //       producer: store head (seq_cst) ... then scan slot states (seq_cst);
 //       consumer: store slot ACTIVE (seq_cst) ... then load head (seq_cst).
+//       The same protocol registers a consumer in a FREE slot and re-registers a durable
+//       subscription whose slot EXPIRED (neither bounds the producer before the ACTIVE store).
 //   (4) segment initialisation: the creator fills the header, then release-stores `magic`;
 //       an attacher acquire-loads `magic` and only then trusts the other header fields.
+//   (5) slot ownership changes are seq_cst CASes of the slot's state word, each expecting the
+//       exact word (generation included) its author looked at: producer reap (dead anonymous
+//       ACTIVE -> FREE), producer expiry (dead durable ACTIVE -> EXPIRED), consumer resume
+//       (durable ACTIVE -> ACTIVE, generation + 1), consumer freeing a dead anonymous slot,
+//       close/unsubscribe. Every transition bumps the generation, so of two racing CASes on
+//       one word exactly one wins and the loser sees the winner's word.
+//   (6) slot names (a seqlock without a sequence: the state word is the sequence): a
+//       registrant loads FREE, then release-stores the name words and publishes them with its
+//       ACTIVE CAS. segment_info acquire-loads the name words of a durable word, then re-loads
+//       the word: if any name word came from a later registrant, that registrant's load of
+//       FREE happens-before the re-load, which therefore cannot return the old word; so an
+//       unchanged word means the name belongs to it. Writers are serialised by the registry
+//       OFD lock (held by every registration and resume), so a resume scan reads names no one
+//       is writing (and sees them: it acquire-loads the word whose CAS published them).
+//   (7) attached_at rides on `released`: a registrant relaxed-stores attached_at, then
+//       seq_cst-stores released = h1; a resumer seq_cst-loads released, then relaxed-loads
+//       attached_at, and so sees the registrant's value.
 //
 // Liveness is not in shared memory at all: each party holds an OFD lock (fcntl F_OFD_SETLK)
 // on one byte of the segment file; the kernel drops it when the process dies, and anyone can
-// ask with F_OFD_GETLK. So a crashed consumer frees its slot without any timeout.
+// ask with F_OFD_GETLK. So a crashed anonymous consumer frees its slot without any timeout,
+// and a durable subscription is "detached" (owner gone, place kept) exactly when its lock is
+// free.
 
 #include "hscapture/ring.h"
 
@@ -26,6 +47,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <map>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -61,6 +83,12 @@ std::string shm_path(const std::string& name) {
 uint64_t now_ns() {
     timespec ts{};
     clock_gettime(CLOCK_REALTIME, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint64_t monotonic_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
@@ -100,6 +128,57 @@ void ofd_unlock(int fd, uint64_t offset) {
     (void)fcntl(fd, F_OFD_SETLK, &fl);
 }
 
+// Blocking OFD write lock on one byte (cold path: registration only).
+void ofd_lock_wait(int fd, uint64_t offset) {
+    struct flock fl = one_byte(F_WRLCK, offset);
+    while (fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
+        if (errno == EINTR) continue;
+        fail(ErrorKind::Ring, "fcntl(F_OFD_SETLKW) failed: " + errno_text(errno));
+    }
+}
+
+// The registry lock, held while a consumer registers or resumes (scoped). It only provides
+// mutual exclusion (one registrant at a time per segment); every slot field is atomic and
+// ordered by the SYNC POINTs, not by this lock.
+class RegistryLock {
+public:
+    explicit RegistryLock(int fd) : fd_(fd) { ofd_lock_wait(fd_, REGISTRY_LOCK_OFFSET); }
+    ~RegistryLock() { ofd_unlock(fd_, REGISTRY_LOCK_OFFSET); }
+    RegistryLock(const RegistryLock&) = delete;
+    RegistryLock& operator=(const RegistryLock&) = delete;
+
+private:
+    int fd_;
+};
+
+constexpr std::size_t NAME_WORDS = SLOT_NAME_LEN / sizeof(uint64_t);
+
+// Only a registrant holding the registry lock and the slot's lock, on a FREE slot.
+// SYNC POINT (6) release stores: pair with load_slot_name's acquire loads (segment_info).
+void store_slot_name(ConsumerSlot& s, const std::string& name) {
+    uint64_t w[NAME_WORDS] = {};
+    std::memcpy(w, name.data(), std::min(name.size(), SLOT_NAME_LEN - 1));
+    for (std::size_t k = 0; k < NAME_WORDS; ++k) s.name[k].store(w[k], std::memory_order_release);
+}
+
+// SYNC POINT (6) acquire loads: pair with store_slot_name's release stores; a caller without
+// the registry lock re-loads the state word afterwards (segment_info).
+std::string load_slot_name(const ConsumerSlot& s) {
+    uint64_t w[NAME_WORDS];
+    for (std::size_t k = 0; k < NAME_WORDS; ++k) w[k] = s.name[k].load(std::memory_order_acquire);
+    char buf[SLOT_NAME_LEN];
+    std::memcpy(buf, w, SLOT_NAME_LEN);
+    return std::string(buf, strnlen(buf, SLOT_NAME_LEN));
+}
+
+#ifdef HSC_SHARE_MAPPINGS_IN_PROCESS
+// ThreadSanitizer build only: TSan tracks memory by virtual address, so two mappings of one
+// segment in one process would hide every race between them. The producer registers its
+// mapping here and a consumer of the same file (st_dev, st_ino) reuses it.
+std::mutex g_maps_mu;
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<Mapping>> g_maps;
+#endif
+
 // true if an open file description other than `fd`'s holds a lock on the byte.
 bool ofd_locked_by_other(int fd, uint64_t offset) {
     struct flock fl = one_byte(F_WRLCK, offset);
@@ -108,8 +187,13 @@ bool ofd_locked_by_other(int fd, uint64_t offset) {
     return fl.l_type != F_UNLCK;
 }
 
+enum class AttachMode {
+    Consumer,    // whole segment; data region read-only (mprotect), header and slots writable
+    HeaderOnly,  // header and slots only, read-only (segment_info)
+};
+
 // Opens an existing segment, checks ownership and mode, maps it, checks magic/version/epoch.
-std::shared_ptr<Mapping> attach_segment(const std::string& name, uint64_t expected_epoch) {
+std::shared_ptr<Mapping> attach_segment(const std::string& name, uint64_t expected_epoch, AttachMode mode) {
     std::string path = shm_path(name);
     int fd = shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
@@ -125,20 +209,41 @@ std::shared_ptr<Mapping> attach_segment(const std::string& name, uint64_t expect
     if (st.st_uid != geteuid())
         fail(ErrorKind::SegmentPermission, "segment '" + name + "' is owned by uid " + std::to_string(st.st_uid) +
                                                ": expected uid " + std::to_string(geteuid()) + " (the current user)");
-    unsigned mode = unsigned(st.st_mode & 07777);
-    if (mode != 0600) {
+    unsigned mode_bits = unsigned(st.st_mode & 07777);
+    if (mode_bits != 0600) {
         char buf[96];
-        std::snprintf(buf, sizeof buf, "has mode 0%o: expected mode 0600", mode);
+        std::snprintf(buf, sizeof buf, "has mode 0%o: expected mode 0600", mode_bits);
         fail(ErrorKind::SegmentPermission, "segment '" + name + "' " + buf);
     }
-    if (uint64_t(st.st_size) < HEADER_SIZE + PAGE_SIZE)
+    const uint64_t file_size = uint64_t(st.st_size);
+    if (file_size < HEADER_SIZE + PAGE_SIZE)
         fail(ErrorKind::LayoutMismatch, "segment '" + name + "' is " + std::to_string(st.st_size) +
                                             " bytes: expected at least " + std::to_string(HEADER_SIZE + PAGE_SIZE) +
                                             " (not an hscapture ring, or not initialised yet)");
-    void* p = mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) fail(ErrorKind::Ring, "mmap of segment '" + name + "' failed: " + errno_text(errno));
-    m->base = static_cast<uint8_t*>(p);
-    m->size = size_t(st.st_size);
+    bool aliased = false;
+#ifdef HSC_SHARE_MAPPINGS_IN_PROCESS
+    if (mode == AttachMode::Consumer) {
+        std::lock_guard<std::mutex> g(g_maps_mu);
+        auto it = g_maps.find({st.st_dev, st.st_ino});
+        if (it != g_maps.end())
+            if (auto orig = it->second.lock(); orig && orig->size == file_size) {
+                m->alias_of = orig;
+                m->base = orig->base;
+                m->size = orig->size;
+                aliased = true;
+            }
+    }
+#endif
+    if (!aliased) {
+        const std::size_t len =
+            mode == AttachMode::HeaderOnly ? std::min<uint64_t>(file_size, data_offset(MAX_CONSUMERS)) : file_size;
+        const int prot = mode == AttachMode::HeaderOnly ? PROT_READ : PROT_READ | PROT_WRITE;
+        const int flags = MAP_SHARED | (mode == AttachMode::HeaderOnly ? 0 : MAP_POPULATE);
+        void* p = mmap(nullptr, len, prot, flags, fd, 0);
+        if (p == MAP_FAILED) fail(ErrorKind::Ring, "mmap of segment '" + name + "' failed: " + errno_text(errno));
+        m->base = static_cast<uint8_t*>(p);
+        m->size = len;
+    }
     auto* hdr = reinterpret_cast<SegmentHeader*>(m->base);
     // SYNC POINT (4) acquire: pairs with the creator's release store of `magic`; every other
     // header field read below was written before it.
@@ -153,12 +258,19 @@ std::shared_ptr<Mapping> attach_segment(const std::string& name, uint64_t expect
     if (expected_epoch != 0 && hdr->epoch != expected_epoch)
         fail(ErrorKind::EpochMismatch, "segment '" + name + "': expected epoch " + hex(expected_epoch) +
                                            ", found " + hex(hdr->epoch));
-    if (hdr->map_size != m->size || hdr->max_consumers == 0 || hdr->max_consumers > MAX_CONSUMERS ||
+    if (hdr->map_size != file_size || hdr->max_consumers == 0 || hdr->max_consumers > MAX_CONSUMERS ||
         hdr->data_offset != data_offset(hdr->max_consumers) || hdr->capacity % RECORD_ALIGN != 0 ||
-        hdr->data_offset + hdr->capacity > hdr->map_size)
+        hdr->data_offset + hdr->capacity > hdr->map_size || hdr->control_reserve >= hdr->capacity / 2)
         fail(ErrorKind::LayoutMismatch, "segment '" + name + "': inconsistent header (map_size " +
-                                            std::to_string(hdr->map_size) + ", file size " + std::to_string(m->size) +
-                                            ", capacity " + std::to_string(hdr->capacity) + ")");
+                                            std::to_string(hdr->map_size) + ", file size " + std::to_string(file_size) +
+                                            ", capacity " + std::to_string(hdr->capacity) + ", control_reserve " +
+                                            std::to_string(hdr->control_reserve) + ")");
+    // Consumers only read the data region: make a stray write through a payload pointer fault
+    // here instead of corrupting a record every other consumer reads. (Skipped when the
+    // mapping is the producer's own, in the ThreadSanitizer build.)
+    if (mode == AttachMode::Consumer && !aliased &&
+        mprotect(m->base + hdr->data_offset, m->size - hdr->data_offset, PROT_READ) != 0)
+        fail(ErrorKind::Ring, "mprotect(PROT_READ) of the data region of '" + name + "' failed: " + errno_text(errno));
     return m;
 }
 
@@ -176,13 +288,15 @@ const char* error_class_name(ErrorKind kind) {
         case ErrorKind::RecordTooLarge: return "RecordTooLargeError";
         case ErrorKind::RingFull: return "RingFullError";
         case ErrorKind::ConsumerSlotsExhausted: return "ConsumerSlotsExhaustedError";
+        case ErrorKind::SubscriptionNotFound: return "SubscriptionNotFoundError";
+        case ErrorKind::SubscriptionInUse: return "SubscriptionInUseError";
         case ErrorKind::Value: return "ValueError";
     }
     return "RingError";
 }
 
 Mapping::~Mapping() {
-    if (base) munmap(base, size);
+    if (base && !alias_of) munmap(base, size);
     if (fd >= 0) ::close(fd);
 }
 
@@ -190,8 +304,9 @@ Mapping::~Mapping() {
 // Producer
 // ================================================================================================
 
-Producer::Producer(const std::string& name, uint64_t capacity, uint32_t max_consumers, uint64_t epoch)
-    : name_(name), capacity_(capacity), max_consumers_(max_consumers) {
+Producer::Producer(const std::string& name, uint64_t capacity, uint32_t max_consumers, uint64_t epoch,
+                   uint64_t control_reserve)
+    : name_(name), capacity_(capacity), control_reserve_(control_reserve), max_consumers_(max_consumers) {
     std::string path = shm_path(name);
     if (capacity < 2 * RECORD_ALIGN || capacity % RECORD_ALIGN != 0 || capacity > (uint64_t(1) << 50))
         fail(ErrorKind::Value, "capacity " + std::to_string(capacity) + ": expected a multiple of " +
@@ -200,6 +315,9 @@ Producer::Producer(const std::string& name, uint64_t capacity, uint32_t max_cons
     if (max_consumers == 0 || max_consumers > MAX_CONSUMERS)
         fail(ErrorKind::Value, "max_consumers " + std::to_string(max_consumers) + ": expected 1.." +
                                    std::to_string(MAX_CONSUMERS));
+    if (control_reserve >= capacity / 2)  // capacity is even (a multiple of 64)
+        fail(ErrorKind::Value, "control_reserve " + std::to_string(control_reserve) +
+                                   ": expected less than capacity / 2 (capacity " + std::to_string(capacity) + ")");
     epoch_ = epoch != 0 ? epoch : random_epoch();
     const uint64_t msize = map_size(max_consumers, capacity);
 
@@ -249,10 +367,20 @@ Producer::Producer(const std::string& name, uint64_t capacity, uint32_t max_cons
     hdr_->map_size = msize;
     hdr_->producer_pid.store(uint64_t(getpid()), std::memory_order_relaxed);
     hdr_->created_ns = now_ns();
+    hdr_->control_reserve = control_reserve;
     hdr_->head.store(0, std::memory_order_relaxed);
     // SYNC POINT (4) release: publishes every header field above to attachers, which
     // acquire-load `magic` before reading anything else.
     hdr_->magic.store(MAGIC, std::memory_order_release);
+#ifdef HSC_SHARE_MAPPINGS_IN_PROCESS
+    {
+        struct stat st{};
+        if (fstat(m->fd, &st) == 0) {
+            std::lock_guard<std::mutex> g(g_maps_mu);
+            g_maps[{st.st_dev, st.st_ino}] = m;
+        }
+    }
+#endif
     map_ = std::move(m);
 }
 
@@ -273,55 +401,68 @@ void Producer::close(bool unlink) {
     data_ = nullptr;
 }
 
-// Returns the new reuse limit: min `released` over live consumers (head_ if there are none).
-// Slots whose consumer died (OFD lock free) are freed: all of them if reap_all, else only
-// those that block a reservation ending at `end`.
-// A dead slot may be freed once it has been seen dead (with the same state word) for the grace
-// period; until then it still bounds the producer (which then reports "full").
-bool Producer::grace_expired(uint32_t i, uint64_t word) {
-    if (dead_grace_ns_ == 0) return true;
+// A dead or detached durable slot may be EXPIRED once it has blocked reservations, with the
+// same state word, for expiry_ns (counted from the first scan that found it blocking).
+bool Producer::expiry_due(uint32_t i, uint64_t word, uint64_t expiry_ns) {
     if (dead_since_.size() < max_consumers_) dead_since_.assign(max_consumers_, {0, 0});
     auto& seen = dead_since_[i];
-    const uint64_t now = now_ns();
+    const uint64_t now = monotonic_ns();
     if (seen.first != word || seen.second == 0) {
         seen = {word, now};
         return false;
     }
-    return now - seen.second >= dead_grace_ns_;
+    return now - seen.second >= expiry_ns;
 }
 
-uint64_t Producer::scan_consumers(uint64_t end, bool reap_all, int* reaped, uint32_t* live) {
+// Returns the reuse limit: min `released` over ACTIVE slots (head_ if there are none). A slot
+// blocks when rel + capacity < end_eff (end_eff = the reservation's end plus the headroom it
+// must leave). Dead anonymous slots are freed (Reserve: those that block; ReapAll: all); dead
+// or detached durable slots are never freed, only EXPIRED (Reserve, expiry on, blocking long
+// enough). FREE and EXPIRED slots bound nothing.
+uint64_t Producer::scan_consumers(uint64_t end_eff, ScanMode mode, int* reaped) {
     uint64_t limit = head_;
-    uint32_t n_live = 0;
+    const uint64_t expiry_ns = durable_expiry_ns_.load(std::memory_order_relaxed);
     for (uint32_t i = 0; i < max_consumers_; ++i) {
         ConsumerSlot& s = slots_[i];
         // SYNC POINT (3) seq_cst: this load is ordered after our seq_cst store of `head` in the
         // previous reserve; a consumer whose ACTIVE store we miss here will read a head at least
-        // that large (see Consumer::Consumer).
+        // that large (see Consumer::register_protocol).
         uint64_t word = s.state.load(std::memory_order_seq_cst);
         if (slot_state(word) != SLOT_ACTIVE) continue;
         // SYNC POINT (2) acquire (seq_cst): pairs with the consumer's release store of
         // `released`; its reads of bytes below this value are complete before we reuse them.
         uint64_t rel = s.released.load(std::memory_order_seq_cst);
-        bool blocks = rel + capacity_ < end;
-        if ((reap_all || blocks) && !ofd_locked_by_other(map_->fd, SLOT_LOCK_OFFSET + i) &&
-            grace_expired(i, word)) {
-            // The consumer is dead (the kernel dropped its lock). Free the slot, but only if it
-            // still holds the generation we looked at: a new consumer that re-claimed the slot
-            // meanwhile bumped the generation, and this CAS then fails instead of clobbering it.
-            uint64_t freed = slot_word(slot_generation(word) + 1, SLOT_FREE);
-            if (s.state.compare_exchange_strong(word, freed, std::memory_order_seq_cst)) {
-                hdr_->reaped.fetch_add(1, std::memory_order_relaxed);
-                if (reaped) ++*reaped;
-                continue;
+        const bool blocks = rel + capacity_ < end_eff;
+        const bool durable = slot_durable(word);
+        const bool look = mode == ScanMode::Reserve ? blocks && (!durable || expiry_ns != 0)
+                          : mode == ScanMode::ReapAll ? !durable
+                                                      : false;
+        if (look && !ofd_locked_by_other(map_->fd, SLOT_LOCK_OFFSET + i)) {
+            // Its owner is gone (the kernel dropped the lock, or it detached). Change the slot
+            // only if it still holds the word we looked at: a consumer that re-claimed or
+            // resumed it meanwhile bumped the generation, and our CAS then fails.
+            uint64_t next = 0;
+            std::atomic<uint64_t> SegmentHeader::*counter = nullptr;
+            if (!durable) {
+                next = slot_word(slot_generation(word) + 1, SLOT_FREE);
+                counter = &SegmentHeader::reaped;
+            } else if (expiry_due(i, word, expiry_ns)) {
+                next = slot_word(slot_generation(word) + 1, SLOT_EXPIRED, true);
+                counter = &SegmentHeader::expired;
             }
-            if (slot_state(word) != SLOT_ACTIVE) continue;
-            rel = s.released.load(std::memory_order_seq_cst);  // re-claimed: count the new one
+            if (counter) {
+                // SYNC POINT (5) seq_cst CAS: against a consumer's resume / re-registration CAS.
+                if (s.state.compare_exchange_strong(word, next, std::memory_order_seq_cst)) {
+                    (hdr_->*counter).fetch_add(1, std::memory_order_relaxed);
+                    if (reaped && !durable) ++*reaped;
+                    continue;
+                }
+                if (slot_state(word) != SLOT_ACTIVE) continue;
+                rel = s.released.load(std::memory_order_seq_cst);  // re-claimed: count the new one
+            }
         }
-        ++n_live;
         if (rel < limit) limit = rel;
     }
-    if (live) *live = n_live;
     return limit;
 }
 
@@ -339,10 +480,13 @@ void Producer::write_padding(uint64_t p, uint64_t off, uint64_t pad) {
     ph->state.store(STATE_PADDING, std::memory_order_relaxed);
 }
 
-int64_t Producer::reserve(uint64_t payload_len, uint64_t tag) {
+int64_t Producer::reserve(uint64_t payload_len, uint64_t tag, bool control) {
     std::lock_guard<std::mutex> guard(mu_);
     require_open("reserve");
-    if (payload_len > capacity_ || record_total_len(payload_len) > capacity_) return RESERVE_TOO_LARGE;
+    // A data record must leave control_reserve bytes free after it; a control record may use
+    // the whole ring. `avail` is how much of the ring this reservation may occupy.
+    const uint64_t avail = control ? capacity_ : capacity_ - control_reserve_;
+    if (payload_len > avail || record_total_len(payload_len) > avail) return RESERVE_TOO_LARGE;
     const uint64_t total = record_total_len(payload_len);
     const uint64_t p = head_;
     const uint64_t off = p % capacity_;
@@ -350,18 +494,21 @@ int64_t Producer::reserve(uint64_t payload_len, uint64_t tag) {
     const uint64_t end = p + pad + total;
     // Bytes [end - capacity, end) of the previous lap get overwritten: all live consumers must
     // have released up to end - capacity, and no record of ours may still be uncommitted there
-    // (its copy may be in flight). Re-scan consumers only when the cached limit says "full".
+    // (its copy may be in flight); a data record needs capacity - avail more on top. Re-scan
+    // consumers only when the cached limit says "full".
     const uint64_t floor = inflight_.empty() ? UINT64_MAX : inflight_.front().first;
-    if (end > std::min(limit_, floor) + capacity_) {
-        limit_ = scan_consumers(end, false, nullptr, nullptr);
+    if (end > std::min(limit_, floor) + avail) {
+        limit_ = scan_consumers(end + (capacity_ - avail), ScanMode::Reserve, nullptr);
         const uint64_t lim = std::min(limit_, floor);
-        if (end > lim + capacity_) {
+        if (end > lim + avail) {
             hdr_->full_count.fetch_add(1, std::memory_order_relaxed);
-            // The record does not fit, but if the padding alone does, publish it now: the head
-            // moves to offset 0, so once consumers release the padding the record can fit. If
-            // we waited, a record larger than the free space left of the wrap point could never
-            // be placed even in an empty ring (nobody would ever release more).
-            if (pad != 0 && p + pad <= lim + capacity_) {
+            if (control) hdr_->control_full.fetch_add(1, std::memory_order_relaxed);
+            // The record does not fit, but if the padding alone does (leaving the headroom a
+            // data record must leave), publish it now: the head moves to offset 0, so once
+            // consumers release the padding the record can fit. If we waited, a record larger
+            // than the free space left of the wrap point could never be placed even in an empty
+            // ring (nobody would ever release more).
+            if (pad != 0 && p + pad <= lim + avail) {
                 write_padding(p, off, pad);
                 head_ = p + pad;
                 // SYNC POINT (1) release: publishes the PADDING header (see below).
@@ -457,24 +604,37 @@ int Producer::reap() {
     std::lock_guard<std::mutex> guard(mu_);
     require_open("reap");
     int n = 0;
-    uint32_t live = 0;
-    limit_ = scan_consumers(head_ + capacity_, true, &n, &live);
+    limit_ = scan_consumers(0, ScanMode::ReapAll, &n);
     return n;
 }
 
 ProducerStats Producer::stats() {
     std::lock_guard<std::mutex> guard(mu_);
     require_open("stats");
-    uint32_t live = 0;
-    // a scan without reaping: only the slots that block a (hypothetical) full lap are checked
-    uint64_t min_rel = scan_consumers(0, false, nullptr, &live);
+    const uint64_t min_rel = scan_consumers(0, ScanMode::Peek, nullptr);
+    uint64_t live = 0, detached = 0, expired = 0;
+    for (uint32_t i = 0; i < max_consumers_; ++i) {
+        const uint64_t word = slots_[i].state.load(std::memory_order_seq_cst);
+        if (slot_state(word) == SLOT_EXPIRED) {
+            ++expired;
+        } else if (slot_state(word) == SLOT_ACTIVE) {
+            if (ofd_locked_by_other(map_->fd, SLOT_LOCK_OFFSET + i))
+                ++live;
+            else if (slot_durable(word))
+                ++detached;  // (a dead anonymous slot not reaped yet counts nowhere)
+        }
+    }
     return ProducerStats{hdr_->committed.load(std::memory_order_relaxed),
                          hdr_->reserved.load(std::memory_order_relaxed),
                          hdr_->aborted.load(std::memory_order_relaxed),
                          hdr_->full_count.load(std::memory_order_relaxed),
+                         hdr_->control_full.load(std::memory_order_relaxed),
                          hdr_->reaped.load(std::memory_order_relaxed),
+                         hdr_->expired.load(std::memory_order_relaxed),
                          min_rel,
                          live,
+                         detached,
+                         expired,
                          head_,
                          seq_};
 }
@@ -483,90 +643,188 @@ ProducerStats Producer::stats() {
 // Consumer
 // ================================================================================================
 
-Consumer::Consumer(const std::string& name, uint64_t expected_epoch, const std::string& resume_name)
-    : name_(name) {
+Consumer::Consumer(const std::string& name, uint64_t expected_epoch, const std::string& resume_name,
+                   bool resume_only)
+    : name_(name), resume_name_(resume_name) {
     if (resume_name.size() >= SLOT_NAME_LEN)
         fail(ErrorKind::Value, "resume name '" + resume_name + "': expected at most " +
                                    std::to_string(SLOT_NAME_LEN - 1) + " bytes");
-    auto m = attach_segment(name, expected_epoch);
+    if (resume_name.find('\0') != std::string::npos)
+        fail(ErrorKind::Value, "resume name: expected no NUL byte");
+    if (resume_only && resume_name.empty())
+        fail(ErrorKind::Value, "resume_only=True needs a resume_name: expected a non-empty name");
+    auto m = attach_segment(name, expected_epoch, AttachMode::Consumer);
     hdr_ = reinterpret_cast<SegmentHeader*>(m->base);
     epoch_ = hdr_->epoch;
     capacity_ = hdr_->capacity;
     data_ = m->base + hdr_->data_offset;
     auto* slots = reinterpret_cast<ConsumerSlot*>(m->base + SLOTS_OFFSET);
     const uint32_t n = hdr_->max_consumers;
-    // Resume: a dead consumer's ACTIVE slot under our name still bounds the producer at its
-    // `released` position, so every record from there on is intact: take it over in place.
-    for (uint32_t i = 0; !resume_name.empty() && i < n; ++i) {
+    map_ = m;  // our lock fd for the helpers below; reset again if we throw
+    try {
+        // One registrant at a time per segment: names are written only under this lock, and
+        // two consumers resuming or creating the same name cannot both succeed.
+        RegistryLock registry(m->fd);
+        if (!resume_name_.empty() && resume_locked(slots, n)) return;
+        if (resume_only)
+            fail(ErrorKind::SubscriptionNotFound,
+                 "segment '" + name + "' has no subscription under resume name '" + resume_name +
+                     "': expected one registered earlier (resume_only=True creates none)");
+        register_locked(slots, n);
+    } catch (...) {
+        map_.reset();  // closing our description drops any slot lock we took
+        hdr_ = nullptr;
+        data_ = nullptr;
+        throw;
+    }
+}
+
+// Takes over the slot registered under resume_name_ if there is one (caller holds the registry
+// lock). Returns false if there is none.
+bool Consumer::resume_locked(ConsumerSlot* slots, uint32_t n) {
+    const int fd = map_->fd;
+    for (uint32_t i = 0; i < n; ++i) {
         ConsumerSlot& s = slots[i];
-        // SYNC POINT (5) seq_cst: pairs with the dead owner's ACTIVE CAS, which published `name`.
+        // SYNC POINT (6) seq_cst load: pairs with the ACTIVE CAS that published the name (and
+        // the names are stable: only registry-lock holders write them, and we hold it).
         uint64_t word = s.state.load(std::memory_order_seq_cst);
-        if (slot_state(word) != SLOT_ACTIVE || strncmp(s.name, resume_name.c_str(), SLOT_NAME_LEN) != 0)
+        if (slot_state(word) == SLOT_FREE || !slot_durable(word) || load_slot_name(s) != resume_name_) continue;
+        if (!ofd_trylock(fd, SLOT_LOCK_OFFSET + i)) {
+            word = s.state.load(std::memory_order_seq_cst);
+            if (slot_state(word) == SLOT_FREE) continue;  // unsubscribed just now
+            fail(ErrorKind::SubscriptionInUse,
+                 "segment '" + name_ + "': the subscription '" + resume_name_ + "' (slot " + std::to_string(i) +
+                     ") is held by a live consumer (pid " + std::to_string(s.pid.load(std::memory_order_relaxed)) +
+                     "): expected it detached or dead (one live consumer per durable subscription)");
+        }
+        word = s.state.load(std::memory_order_seq_cst);
+        for (;;) {
+            if (slot_state(word) == SLOT_FREE) break;  // its owner unsubscribed before we locked
+            const uint64_t mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE, true);
+            if (slot_state(word) == SLOT_ACTIVE) {
+                // SYNC POINT (5) seq_cst CAS: the generation bump makes the producer's expiry CAS
+                // (which expects `word`) fail; if the producer expired the slot first, this CAS
+                // fails, `word` becomes EXPIRED and we re-register below.
+                if (!s.state.compare_exchange_strong(word, mine, std::memory_order_seq_cst)) continue;
+                s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
+                my_slot_ = &s;
+                my_word_ = mine;
+                // SYNC POINT (2) seq_cst load: pairs with the previous owner's release stores of
+                // `released`; every byte from here on is intact (the slot bounded the producer).
+                position_ = released_ = last_end_ = s.released.load(std::memory_order_seq_cst);
+                lost_from_ = lost_to_ = position_;
+            } else {  // EXPIRED: the producer reused our unread bytes; start afresh at its head
+                lost_from_ = s.released.load(std::memory_order_seq_cst);
+                s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
+                my_slot_ = &s;
+                lost_to_ = register_protocol(s, word);
+                position_ = released_ = last_end_ = lost_to_;
+                expired_ = true;
+            }
+            slot_ = i;
+            // SYNC POINT (7): after our load of `released` above; the original attach position.
+            attached_at_ = s.attached_at.load(std::memory_order_relaxed);
+            resumed_ = true;
+            return true;
+        }
+        ofd_unlock(fd, SLOT_LOCK_OFFSET + i);
+    }
+    return false;
+}
+
+// Registers a new slot: a FREE one, or a dead ANONYMOUS one after freeing it. A durable slot
+// (ACTIVE or EXPIRED) of any other name is never taken. Caller holds the registry lock.
+void Consumer::register_locked(ConsumerSlot* slots, uint32_t n) {
+    const int fd = map_->fd;
+    uint32_t live = 0, durable = 0, expired = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        ConsumerSlot& s = slots[i];
+        uint64_t word = s.state.load(std::memory_order_seq_cst);
+        if (slot_state(word) == SLOT_EXPIRED) {
+            ++expired;
             continue;
-        if (!ofd_trylock(m->fd, SLOT_LOCK_OFFSET + i)) continue;  // its owner is alive
-        // SYNC POINT (5) seq_cst: the generation bump makes a concurrent reaper's CAS (which
-        // expects `word`) fail; if the reaper won instead, our CAS fails and we register anew.
-        uint64_t mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE);
-        if (!s.state.compare_exchange_strong(word, mine, std::memory_order_seq_cst)) {
-            ofd_unlock(m->fd, SLOT_LOCK_OFFSET + i);
+        }
+        if (slot_state(word) == SLOT_ACTIVE && slot_durable(word)) {
+            ++durable;
+            continue;
+        }
+        // Our own open file description (fresh shm_open): the lock identifies us.
+        if (!ofd_trylock(fd, SLOT_LOCK_OFFSET + i)) {
+            ++live;  // a live anonymous consumer (or a registrant's brief try) holds it
+            continue;
+        }
+        word = s.state.load(std::memory_order_seq_cst);
+        if (slot_state(word) == SLOT_ACTIVE && !slot_durable(word)) {
+            // A dead anonymous consumer: free its slot first. SYNC POINT (5) seq_cst CAS: the
+            // producer may be reaping the same word; whichever CAS loses sees FREE.
+            const uint64_t freed = slot_word(slot_generation(word) + 1, SLOT_FREE);
+            if (s.state.compare_exchange_strong(word, freed, std::memory_order_seq_cst)) word = freed;
+        }
+        if (slot_state(word) != SLOT_FREE) {  // cannot happen under the registry lock; be safe
+            ofd_unlock(fd, SLOT_LOCK_OFFSET + i);
             continue;
         }
         s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
-        my_slot_ = &s;
+        // SYNC POINT (6) release stores, after our load of FREE above: a segment_info reader
+        // that sees any word of the name re-loads a state word no older than that FREE, so it
+        // discards a name read across our write.
+        store_slot_name(s, resume_name_);
         slot_ = i;
-        generation_ = slot_generation(mine);
-        position_ = released_ = last_end_ = s.released.load(std::memory_order_seq_cst);
-        resumed_ = true;
-        map_ = std::move(m);
+        my_slot_ = &s;
+        const uint64_t h1 = register_protocol(s, word);
+        position_ = released_ = last_end_ = lost_from_ = lost_to_ = h1;
         return;
     }
-    for (uint32_t i = 0; i < n; ++i) {
-        // Our own open file description (fresh shm_open above): the lock identifies us.
-        if (!ofd_trylock(m->fd, SLOT_LOCK_OFFSET + i)) continue;  // a live consumer holds it
-        ConsumerSlot& s = slots[i];
-        // Registration race, and why it is safe.
-        //
-        // 1. h0 = head (seq_cst); released = h0.
-        // 2. state = ACTIVE with a new generation (seq_cst CAS).
-        // 3. h1 = head (seq_cst); released = h1; we start reading at h1.
-        //
-        // The producer, in reserve(), stores head (seq_cst) and, in a later reserve that would
-        // be full, scans the slot states (seq_cst). Suppose a scan missed our ACTIVE store. Then
-        // in the single total order S of seq_cst operations that scan's load precedes our store
-        // (2), which precedes our load (3); the producer's head store that preceded the scan in
-        // program order precedes the scan in S. So our load (3) returns at least the head H the
-        // producer had when it scanned. The limit L computed by that scan is a min of released
-        // values (or the head itself with no consumers), all <= H <= h1. Reservations made with
-        // limit L only overwrite bytes at positions < L <= h1, and we never read below h1.
-        // A scan that did see ACTIVE also sees released >= h0 (stored before (2)), so it never
-        // lets the producer overwrite anything at or above h0 <= h1 without our release.
-        // The generation bump in (2) makes a concurrent reaper's CAS (which expects the old
-        // dead consumer's word) fail instead of freeing the slot under us.
-        uint64_t h0 = hdr_->head.load(std::memory_order_seq_cst);
-        s.released.store(h0, std::memory_order_seq_cst);
-        s.pid.store(uint64_t(getpid()), std::memory_order_relaxed);
-        // published by the ACTIVE CAS below (seq_cst), read only after this slot's lock is free
-        memset(s.name, 0, SLOT_NAME_LEN);
-        memcpy(s.name, resume_name.data(), resume_name.size());
-        uint64_t word = s.state.load(std::memory_order_seq_cst);
-        uint64_t mine;
-        do {
-            mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE);
-            // SYNC POINT (3) seq_cst: our ACTIVE store, ordered before the head load below.
-        } while (!s.state.compare_exchange_weak(word, mine, std::memory_order_seq_cst));
-        // SYNC POINT (3) seq_cst: sees at least the head the producer stored before any scan
-        // that missed our ACTIVE store.
-        uint64_t h1 = hdr_->head.load(std::memory_order_seq_cst);
-        s.released.store(h1, std::memory_order_seq_cst);
-        my_slot_ = &s;
-        slot_ = i;
-        generation_ = slot_generation(mine);
-        position_ = released_ = last_end_ = h1;
-        map_ = std::move(m);
-        return;
-    }
-    fail(ErrorKind::ConsumerSlotsExhausted, "segment '" + name + "': all " + std::to_string(n) +
-                                                " consumer slots are held by live consumers: expected a free slot");
+    fail(ErrorKind::ConsumerSlotsExhausted,
+         "segment '" + name_ + "': all " + std::to_string(n) + " consumer slots are taken (" + std::to_string(live) +
+             " by live anonymous consumers, " + std::to_string(durable) + " by durable subscriptions, live or detached, " +
+             std::to_string(expired) + " by expired durable subscriptions): expected a free slot (unsubscribe() a "
+             "durable subscription to free its slot)");
+}
+
+// Publishes slot `s` (state word `word`: FREE, or EXPIRED of our own name) as ours, ACTIVE,
+// and returns the position we start reading at. We hold the slot's lock.
+//
+// Registration race, and why it is safe.
+//
+// 1. h0 = head (seq_cst); released = h0.
+// 2. state = ACTIVE with a new generation (seq_cst CAS).
+// 3. h1 = head (seq_cst); released = h1; we start reading at h1.
+//
+// The producer, in reserve(), stores head (seq_cst) and, in a later reserve that would be full,
+// scans the slot states (seq_cst). Suppose a scan missed our ACTIVE store. Then in the single
+// total order S of seq_cst operations that scan's load precedes our store (2), which precedes
+// our load (3); the producer's head store that preceded the scan in program order precedes the
+// scan in S. So our load (3) returns at least the head H the producer had when it scanned. The
+// limit L computed by that scan is a min of released values (or the head itself with no
+// consumers), all <= H <= h1. Reservations made with limit L only overwrite bytes at positions
+// < L <= h1, and we never read below h1. A scan that did see ACTIVE also sees released >= h0
+// (stored before (2)), so it never lets the producer overwrite anything at or above h0 <= h1
+// without our release. Neither FREE nor EXPIRED bounds the producer, so the argument is the
+// same for both starting states. The generation bump in (2) makes a concurrent reaper's CAS
+// (which expects an older word) fail instead of changing the slot under us.
+uint64_t Consumer::register_protocol(ConsumerSlot& s, uint64_t word) {
+    const bool durable = !resume_name_.empty();
+    const bool fresh = slot_state(word) == SLOT_FREE;
+    const uint64_t h0 = hdr_->head.load(std::memory_order_seq_cst);
+    s.released.store(h0, std::memory_order_seq_cst);
+    if (fresh) s.attached_at.store(h0, std::memory_order_relaxed);  // h1 below; h0 if we die between
+    uint64_t mine;
+    do {
+        mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE, durable);
+        // SYNC POINT (3) seq_cst: our ACTIVE store, ordered before the head load below.
+        // SYNC POINT (6): this CAS also publishes the name stored before it.
+    } while (!s.state.compare_exchange_weak(word, mine, std::memory_order_seq_cst));
+    my_word_ = mine;
+    // SYNC POINT (3) seq_cst: sees at least the head the producer stored before any scan that
+    // missed our ACTIVE store.
+    const uint64_t h1 = hdr_->head.load(std::memory_order_seq_cst);
+    // SYNC POINT (7): attached_at before `released`; a resumer that loads our released value
+    // (or a later one) sees this attached_at.
+    if (fresh) s.attached_at.store(h1, std::memory_order_relaxed);
+    s.released.store(h1, std::memory_order_seq_cst);
+    if (fresh) attached_at_ = h1;
+    return h1;
 }
 
 Consumer::~Consumer() { close(); }
@@ -575,11 +833,17 @@ void Consumer::require_open(const char* op) const {
     if (!map_) fail(ErrorKind::Ring, std::string("Consumer.") + op + ": the consumer of '" + name_ + "' is closed");
 }
 
-void Consumer::close() {
+// Gives our slot back: free_it = FREE it (anonymous close, unsubscribe), else leave it ACTIVE
+// with its name and released position (durable detach). Then drops the lock and the mapping.
+void Consumer::release_slot(bool free_it) {
     if (!map_) return;
-    uint64_t word = slot_word(generation_, SLOT_ACTIVE);
-    // Free our slot unless it was reaped meanwhile (only possible if our lock was lost).
-    my_slot_->state.compare_exchange_strong(word, slot_word(generation_ + 1, SLOT_FREE), std::memory_order_seq_cst);
+    if (free_it) {
+        uint64_t word = my_word_;
+        // SYNC POINT (5) seq_cst CAS: fails only if the slot is no longer ours (never while we
+        // hold its lock: nobody changes a live consumer's slot).
+        my_slot_->state.compare_exchange_strong(word, slot_word(slot_generation(my_word_) + 1, SLOT_FREE),
+                                                std::memory_order_seq_cst);
+    }
     // The mapping keeps the open file description alive while payload views exist, and an OFD
     // lock lives as long as its description: unlock explicitly so the slot is free right now.
     ofd_unlock(map_->fd, SLOT_LOCK_OFFSET + slot_);
@@ -587,6 +851,13 @@ void Consumer::close() {
     hdr_ = nullptr;
     my_slot_ = nullptr;
     data_ = nullptr;
+}
+
+void Consumer::close() { release_slot(!durable()); }
+
+void Consumer::unsubscribe() {
+    require_open("unsubscribe");
+    release_slot(true);
 }
 
 uint64_t Consumer::head() const {
@@ -649,7 +920,7 @@ void Consumer::release(uint64_t position) {
     if (position > position_)
         fail(ErrorKind::Value, "Consumer.release(" + std::to_string(position) +
                                    "): expected a position <= the read position " + std::to_string(position_));
-    if (my_slot_->state.load(std::memory_order_relaxed) != slot_word(generation_, SLOT_ACTIVE))
+    if (my_slot_->state.load(std::memory_order_relaxed) != my_word_)
         fail(ErrorKind::Ring, "consumer slot " + std::to_string(slot_) + " of '" + name_ +
                                   "' was reclaimed by the producer (our lock was lost)");
     // Releasing the end of the last record poll() returned also releases the padding/aborted
@@ -704,7 +975,7 @@ void unlink_segment(const std::string& name) {
 }
 
 SegmentInfo segment_info(const std::string& name) {
-    auto m = attach_segment(name, 0);
+    auto m = attach_segment(name, 0, AttachMode::HeaderOnly);
     auto* hdr = reinterpret_cast<SegmentHeader*>(m->base);
     auto* slots = reinterpret_cast<ConsumerSlot*>(m->base + SLOTS_OFFSET);
     SegmentInfo info;
@@ -714,6 +985,7 @@ SegmentInfo segment_info(const std::string& name) {
     info.max_consumers = hdr->max_consumers;
     info.epoch = hdr->epoch;
     info.capacity = hdr->capacity;
+    info.control_reserve = hdr->control_reserve;
     info.head = hdr->head.load(std::memory_order_acquire);
     info.map_size = hdr->map_size;
     info.data_offset = hdr->data_offset;
@@ -724,17 +996,28 @@ SegmentInfo segment_info(const std::string& name) {
     info.reserved = hdr->reserved.load(std::memory_order_relaxed);
     info.aborted = hdr->aborted.load(std::memory_order_relaxed);
     info.full_count = hdr->full_count.load(std::memory_order_relaxed);
+    info.control_full = hdr->control_full.load(std::memory_order_relaxed);
     info.reaped = hdr->reaped.load(std::memory_order_relaxed);
+    info.expired = hdr->expired.load(std::memory_order_relaxed);
     info.next_seq = hdr->next_seq.load(std::memory_order_relaxed);
     for (uint32_t i = 0; i < hdr->max_consumers; ++i) {
-        uint64_t word = slots[i].state.load(std::memory_order_seq_cst);
-        if (slot_state(word) == SLOT_FREE && slot_generation(word) == 0) continue;  // never used
+        ConsumerSlot& s = slots[i];
         SlotInfo si{};
-        si.slot = i;
-        si.state = slot_state(word);
-        si.generation = slot_generation(word);
-        si.released = slots[i].released.load(std::memory_order_acquire);
-        si.pid = slots[i].pid.load(std::memory_order_relaxed);
+        // SYNC POINT (6) seq_cst load / acquire name loads / re-load: the name is the word's
+        // only if the word did not change (else read the slot again).
+        for (;;) {
+            uint64_t word = s.state.load(std::memory_order_seq_cst);
+            si.slot = i;
+            si.state = slot_state(word);
+            si.generation = slot_generation(word);
+            si.durable = slot_durable(word) && si.state != SLOT_FREE;
+            si.name = si.durable ? load_slot_name(s) : std::string();
+            si.released = s.released.load(std::memory_order_acquire);
+            si.attached_at = s.attached_at.load(std::memory_order_relaxed);
+            si.pid = s.pid.load(std::memory_order_relaxed);
+            if (s.state.load(std::memory_order_acquire) == word) break;
+        }
+        if (si.state == SLOT_FREE && si.generation == 0) continue;  // never used
         si.alive = ofd_locked_by_other(m->fd, SLOT_LOCK_OFFSET + i);
         info.consumers.push_back(si);
     }

@@ -142,14 +142,15 @@ def demo(out_dir: str, requests: int, chunk_size: int, dtype: str) -> None:
 
 @main.command()
 @click.option("--prefix", default="hscapture-", show_default=True)
-def cleanup(prefix: str) -> None:
+@click.option("--force", is_flag=True, help="Also remove segments a durable subscription has not drained.")
+def cleanup(prefix: str, force: bool) -> None:
     """Remove shared-memory segments of this user whose producer is dead."""
     from .ring import cleanup_stale
 
-    removed = cleanup_stale(prefix)
-    for name in removed:
-        click.echo(f"removed stale segment {name}")
-    click.echo(f"{len(removed)} stale segment(s) removed")
+    actions = cleanup_stale(prefix, force=force)
+    for a in actions:
+        click.echo(f"{a.action} stale segment {a.name}" + ("" if a.action == "removed" else f": {a.reason}"))
+    click.echo(f"{sum(a.action == 'removed' for a in actions)} stale segment(s) removed")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

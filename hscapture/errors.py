@@ -21,6 +21,8 @@ __all__ = [
     "RecordTooLargeError",
     "RingFullError",
     "ConsumerSlotsExhaustedError",
+    "SubscriptionNotFoundError",
+    "SubscriptionInUseError",
     "NoticeError",
     "NoticeVersionError",
     "StaleEpochError",
@@ -82,7 +84,15 @@ class RingFullError(RingError):
 
 
 class ConsumerSlotsExhaustedError(RingError):
-    """Every consumer slot of the segment is held by a live consumer."""
+    """No consumer slot is free: each is held by a live consumer or a durable subscription."""
+
+
+class SubscriptionNotFoundError(RingError):
+    """``resume_only=True`` and the segment has no slot under that resume name (none created)."""
+
+
+class SubscriptionInUseError(RingError):
+    """A live consumer already holds the durable subscription of that resume name."""
 
 
 # --- notices ------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from typing import Literal, NamedTuple
 
 from ._ring import (  # noqa: F401  (re-exports)
     CACHE_LINE,
@@ -18,6 +19,9 @@ from ._ring import (  # noqa: F401  (re-exports)
     MAX_CONSUMERS,
     RECORD_ALIGN,
     RECORD_HEADER_SIZE,
+    SLOT_ACTIVE,
+    SLOT_EXPIRED,
+    SLOT_FREE,
     STATE_ABORTED,
     STATE_COMMITTED,
     STATE_PADDING,
@@ -40,6 +44,8 @@ __all__ = [
     "segment_info",
     "segment_name",
     "cleanup_stale",
+    "CleanupAction",
+    "durable_segments",
     "record_total_len",
     "SHM_DIR",
     "DEFAULT_PREFIX",
@@ -65,19 +71,22 @@ def segment_name(producer_id: str | int, epoch: int | None = None) -> str:
     return f"{DEFAULT_PREFIX}{os.geteuid()}-{pid[:64]}-{suffix}"
 
 
-def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """Unlink the segments in /dev/shm named ``prefix*``, owned by us, with no live producer.
+class CleanupAction(NamedTuple):
+    """What :func:`cleanup_stale` did with one stale segment, and why."""
 
-    A segment is stale when no process holds its producer OFD lock (the kernel drops it when
-    the producer dies, even by SIGKILL). Consumers still attached keep their mapping; only the
-    name goes away. Returns the names unlinked, sorted.
-    """
-    removed: list[str] = []
+    name: str
+    action: Literal["removed", "kept"]
+    reason: str
+
+
+def _own_segments(prefix: str) -> list[str]:
+    """Names in /dev/shm starting with ``prefix`` and owned by the current user, sorted."""
     try:
         entries = os.listdir(SHM_DIR)
     except FileNotFoundError:
-        return removed
+        return []
     uid = os.geteuid()
+    names = []
     for name in sorted(entries):
         if not name.startswith(prefix):
             continue
@@ -85,12 +94,79 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
             st = os.stat(os.path.join(SHM_DIR, name))
         except FileNotFoundError:
             continue
-        if st.st_uid != uid:
-            continue
+        if st.st_uid == uid:
+            names.append(name)
+    return names
+
+
+def _unread_durable(info: dict) -> list[str]:
+    """One description per ACTIVE durable slot that has not released everything committed."""
+    head = info["head"]
+    return [
+        f"durable subscription '{s['name']}' (slot {s['slot']}) has {head - s['released']} unread bytes "
+        f"(released {s['released']} < head {head})"
+        for s in info["consumers"]
+        if s["state"] == "active" and s["durable"] and s["released"] < head
+    ]
+
+
+def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[CleanupAction]:
+    """Unlink the segments in /dev/shm named ``prefix*``, owned by us, with no live producer,
+    unless a durable subscription still has unread data in one.
+
+    A segment is stale when no process holds its producer OFD lock (the kernel drops it when
+    the producer dies, even by SIGKILL). A stale segment in which an ACTIVE durable slot has
+    ``released < head`` (committed records its subscriber has not read) is KEPT, so that
+    subscriber can still resume and drain it; ``force=True`` removes it anyway. A stale segment
+    this build cannot read (another layout version) is removed. Consumers still attached keep
+    their mapping; only the name goes away.
+
+    Returns one :class:`CleanupAction` ``(name, action, reason)`` per stale segment, sorted by
+    name, ``action`` being ``"removed"`` or ``"kept"``; segments with a live producer (or that
+    vanished meanwhile) are not listed.
+    """
+    out: list[CleanupAction] = []
+    for name in _own_segments(prefix):
         try:
-            if is_stale(name):
-                unlink(name)
-                removed.append(name)
+            if not is_stale(name):
+                continue
         except Exception:  # vanished meanwhile, or not ours to judge: leave it alone
             continue
-    return removed
+        reason = "no live producer"
+        try:
+            unread = _unread_durable(segment_info(name))
+        except Exception as e:  # noqa: BLE001 - unreadable (another layout): nothing to resume
+            unread = []
+            reason += f" (header unreadable: {e})"
+        if unread and not force:
+            out.append(CleanupAction(name, "kept", "; ".join(unread) + ": pass force=True to remove it anyway"))
+            continue
+        if unread:
+            reason += "; forced despite: " + "; ".join(unread)
+        try:
+            unlink(name)
+        except Exception:  # vanished meanwhile
+            continue
+        out.append(CleanupAction(name, "removed", reason))
+    return out
+
+
+def durable_segments(resume_name: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Names (sorted) of this user's segments ``prefix*`` holding a slot registered under
+    ``resume_name`` in any state but FREE (active, detached, or expired), live producer or not.
+
+    Read-only: uses :func:`segment_info`, which maps only the header and slots and never
+    creates, locks or changes a slot. Segments that cannot be read (vanished, another layout
+    version, not a ring) are skipped.
+    """
+    if not resume_name:
+        raise ValueError("durable_segments: expected a non-empty resume_name")
+    found = []
+    for name in _own_segments(prefix):
+        try:
+            info = segment_info(name)
+        except Exception:  # noqa: BLE001 - vanished / not a ring of this layout
+            continue
+        if any(s["durable"] and s["state"] != "free" and s["name"] == resume_name for s in info["consumers"]):
+            found.append(name)
+    return found

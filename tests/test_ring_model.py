@@ -1,8 +1,9 @@
 """The ring's position arithmetic against a plain Python model (property-based).
 
 A real C++ Producer and a real Consumer (same process, real shared memory) run a random
-sequence of reserve / commit / abort / release; every returned position, every "full", every
-record the consumer sees and every padding skip must match the model below.
+sequence of reserve (data or control, with a random control_reserve) / commit / abort /
+release; every returned position, every "full", every record the consumer sees, every padding
+skip and the full counters must match the model below.
 """
 
 from __future__ import annotations
@@ -25,31 +26,40 @@ def total_len(n: int) -> int:
 
 
 class RingModel:
-    """Positions only: head, padding at wrap, and one consumer that polls everything.
+    """Positions only: head, padding at wrap, control headroom, and one consumer that polls
+    everything.
 
-    Release rules of the consumer (mirrored from csrc/ring.cpp): skipped records (padding,
+    A data reservation may occupy at most ``capacity - control_reserve`` bytes beyond the
+    consumer's released position (it must leave the headroom free); a control reservation the
+    whole capacity. Release rules of the consumer (mirrored from csrc/ring.cpp): skipped records (padding,
     aborted) are released at once when the consumer holds nothing; releasing the end of the
     last record returned also releases the skipped records after it.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, control_reserve: int = 0):
         self.capacity = capacity
+        self.control_reserve = control_reserve
+        self.full = 0
+        self.control_full = 0
         self.head = 0
         self.released = 0
         self.position = 0   # consumer read position
         self.last_end = 0   # end of the last record the consumer got
 
-    def reserve(self, n: int) -> int | None:
+    def reserve(self, n: int, control: bool = False) -> int | None:
         """Position of the new record, -1 if full, None if it can never fit."""
+        avail = self.capacity - (0 if control else self.control_reserve)
         t = total_len(n)
-        if t > self.capacity:
+        if t > avail:
             return None
         off = self.head % self.capacity
         pad = self.capacity - off if off + t > self.capacity else 0
         end = self.head + pad + t
-        if end - self.released > self.capacity:
-            if pad and self.head + pad - self.released <= self.capacity:
-                self.head += pad  # padding published early, record still refused
+        if end - self.released > avail:
+            self.full += 1
+            self.control_full += control
+            if pad and self.head + pad - self.released <= avail:
+                self.head += pad  # padding published early (within the headroom rule), record refused
             return -1
         pos = self.head + pad
         self.head = end
@@ -78,11 +88,14 @@ def _unique() -> str:
 capacities = st.sampled_from([128, 192, 256, 320, 1024, 4096]).flatmap(
     lambda cap: st.tuples(
         st.just(cap),
+        st.one_of(st.just(0), st.integers(0, cap // 2 - 1), st.sampled_from([cap // 4, cap // 2 - 64, cap // 2 - 1])),
         st.lists(
             st.one_of(
-                st.tuples(st.just("reserve"), st.integers(0, cap), st.sampled_from(["commit", "commit", "abort"])),
-                st.tuples(st.just("reserve_fit"), st.just(0), st.just("commit")),  # exact fit to the end
-                st.tuples(st.just("release"), st.integers(0, 8), st.just("")),
+                st.tuples(st.just("reserve"), st.integers(0, cap), st.sampled_from(["commit", "commit", "abort"]),
+                          st.booleans()),
+                # exact fit to the end of the data region
+                st.tuples(st.just("reserve_fit"), st.just(0), st.just("commit"), st.booleans()),
+                st.tuples(st.just("release"), st.integers(0, 8), st.just(""), st.just(False)),
             ),
             min_size=1,
             max_size=120,
@@ -93,16 +106,16 @@ capacities = st.sampled_from([128, 192, 256, 320, 1024, 4096]).flatmap(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capacities)
-def test_positions_padding_wrap_and_full_match_the_model(case):
-    capacity, ops = case
-    model = RingModel(capacity)
+def test_positions_padding_wrap_headroom_and_full_match_the_model(case):
+    capacity, control_reserve, ops = case
+    model = RingModel(capacity, control_reserve)
     name = _unique()
-    p = _ring.Producer(name, capacity, 2)
+    p = _ring.Producer(name, capacity, 2, control_reserve=control_reserve)
     c = _ring.Consumer(name)
     try:
         read_ends: list[int] = []  # ends of records the consumer has read but not released
         expected_seq = 0
-        for op, arg, how in ops:
+        for op, arg, how, control in ops:
             if op == "release":
                 # release up to the end of the arg-th oldest read record (0 = release nothing)
                 if arg and read_ends:
@@ -117,13 +130,13 @@ def test_positions_padding_wrap_and_full_match_the_model(case):
                 arg = capacity - model.head % capacity - HDR
                 if arg < 0:
                     continue
-            want = model.reserve(arg)
+            want = model.reserve(arg, control)
             if want is None:
                 with pytest.raises(RecordTooLargeError):
-                    p.reserve(arg)
+                    p.reserve(arg, control=control)
                 continue
-            got = p.reserve(arg, tag=expected_seq)
-            assert got == want, (op, arg, model.head)
+            got = p.reserve(arg, tag=expected_seq, control=control)
+            assert got == want, (op, arg, control, model.head)
             assert p.head == model.head
             if got == -1:
                 assert c.poll() is None
@@ -150,6 +163,7 @@ def test_positions_padding_wrap_and_full_match_the_model(case):
         stats = p.stats()
         assert stats["head"] == model.head
         assert stats["min_released"] == model.released
+        assert (stats["full_count"], stats["control_full"]) == (model.full, model.control_full)
     finally:
         c.close()
         p.close()

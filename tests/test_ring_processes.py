@@ -309,7 +309,7 @@ def test_stale_segment_of_a_killed_producer_is_detected_and_cleaned(ring_name):
     info = _ring.segment_info(dead_name)
     assert info["producer_alive"] is False and info["producer_pid"] == proc.pid
     assert not _ring.is_stale(live_name)
-    assert cleanup_stale(prefix) == [dead_name]
+    assert cleanup_stale(prefix) == [(dead_name, "removed", "no live producer")]
     assert not os.path.exists("/dev/shm/" + dead_name)
     assert os.path.exists("/dev/shm/" + live_name)
     c.close()

@@ -33,7 +33,9 @@ def _poke(name: str, offset: int, data: bytes) -> None:
 def test_layout_constants_are_exported_once_from_the_native_layout():
     assert _ring.RECORD_HEADER_SIZE == 64 and _ring.RECORD_ALIGN == 64 and _ring.CACHE_LINE == 64
     assert _ring.MAGIC == int.from_bytes(b"HSCRING1", "little")
-    assert _ring.LAYOUT_VERSION == 2  # 2: consumer slots carry a resume name
+    assert _ring.LAYOUT_VERSION == 3  # 3: durable slots, attached_at, control_reserve
+    assert _ring.SLOT_OFFSETS["attached_at"] == _ring.SLOT_OFFSETS["name"] + _ring.SLOT_NAME_LEN
+    assert len({_ring.SLOT_FREE, _ring.SLOT_ACTIVE, _ring.SLOT_EXPIRED}) == 3
     assert list(_ring.RECORD_HEADER_OFFSETS) == [
         "state", "magic", "epoch", "seq", "payload_len", "total_len", "position", "tag", "reserved"]
     assert OFF["head"] % (2 * _ring.CACHE_LINE) == 0

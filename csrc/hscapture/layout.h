@@ -30,13 +30,16 @@
 //  +---------------------------------------------------------------+ 56
 //  |                        created_ns (u64)                       |
 //  +---------------------------------------------------------------+ 64
+//  |                        control_reserve (u64)                  |
+//  +---------------------------------------------------------------+ 72
 //  |                        (pad to 128)                           |
 //  +---------------------------------------------------------------+ 128 HOT: producer head
 //  |                        head (u64, atomic)                     |     alone on 2 cache lines
 //  |                        (pad to 256)                           |     (Aeron: adjacent-line
 //  +---------------------------------------------------------------+ 256 prefetch = 2 lines)
 //  | committed | reserved | aborted | full_count | reaped | next_seq|    producer statistics
-//  |           (u64 atomics, relaxed, written by the producer only) |    (cold-ish, 2 lines)
+//  | control_full | expired                                       |    (cold-ish, 2 lines)
+//  |           (u64 atomics, relaxed, written by the producer only) |
 //  +---------------------------------------------------------------+ 384
 //  |                        (pad to HEADER_SIZE)                   |
 //  +---------------------------------------------------------------+ 4096
@@ -45,15 +48,23 @@
 // consumer's `released` counter is on its own pair of lines, never next to the head):
 //
 //  +---------------------------------------------------------------+ 0
-//  |  state word (u64 atomic) = generation << 32 | slot state      |
+//  |  state word (u64 atomic) = generation << 32 | flags | state   |
 //  +---------------------------------------------------------------+ 8
 //  |  released (u64 atomic): every byte before it may be reused    |
 //  +---------------------------------------------------------------+ 16
-//  |  pid (u64, informational)                                     |
+//  |  pid (u64 atomic, informational: the last owner's pid)        |
 //  +---------------------------------------------------------------+ 24
-//  |  resume name (64 bytes, NUL-padded): lets a restarted consumer |
-//  |  of the same name take over a dead slot at its released place  |
-//  +---------------------------------------------------------------+ 88 .. 128 pad
+//  |  resume name (64 bytes = 8 u64 atomics, NUL-padded): the name  |
+//  |  of a durable subscription; all zero for an anonymous consumer |
+//  +---------------------------------------------------------------+ 88
+//  |  attached_at (u64 atomic): position the subscription started  |
+//  |  reading at (h1 of the registration protocol)                 |
+//  +---------------------------------------------------------------+ 96 .. 128 pad
+//
+// Slot states: FREE (anyone may register), ACTIVE (bounds the producer at `released`),
+// EXPIRED (a durable slot the producer gave up on: keeps name and released, bounds nothing).
+// SLOT_DURABLE_FLAG in the state word marks a named (durable) slot; it is set and cleared only
+// together with the state, by the same CAS, so the producer never reads the name.
 //
 // Record (in the data region at offset position % capacity, 64-byte aligned, never wraps):
 //
@@ -85,6 +96,9 @@
 // matter either: locks are advisory and do not need backing bytes):
 //   PRODUCER_LOCK_OFFSET      held by the live producer (free => segment is stale)
 //   SLOT_LOCK_OFFSET + i      held by the live consumer of slot i
+//   REGISTRY_LOCK_OFFSET      held (briefly, blocking F_OFD_SETLKW) by a consumer while it
+//                             registers, resumes or looks up names: slot names are written
+//                             only under it, so two registrations never race on a name
 #pragma once
 
 #include <atomic>
@@ -95,7 +109,9 @@ namespace hsc::layout {
 
 // --- identity -------------------------------------------------------------------------------
 constexpr uint64_t MAGIC = 0x31474e4952435348ull;  // "HSCRING1" read as little-endian bytes
-constexpr uint32_t LAYOUT_VERSION = 2;  // 2: consumer slots carry a resume name
+// 2: consumer slots carry a resume name; 3: durable slots (flag, EXPIRED, attached_at),
+// control_reserve in the header, control_full/expired counters
+constexpr uint32_t LAYOUT_VERSION = 3;
 constexpr uint32_t RECORD_MAGIC = 0x44524352u;  // "RCRD" little-endian
 
 // --- sizes ----------------------------------------------------------------------------------
@@ -116,7 +132,8 @@ constexpr std::size_t H_DATA_OFFSET = H_CAPACITY + sizeof(uint64_t);
 constexpr std::size_t H_MAP_SIZE = H_DATA_OFFSET + sizeof(uint64_t);
 constexpr std::size_t H_PRODUCER_PID = H_MAP_SIZE + sizeof(uint64_t);
 constexpr std::size_t H_CREATED_NS = H_PRODUCER_PID + sizeof(uint64_t);
-constexpr std::size_t H_DESCRIPTOR_END = H_CREATED_NS + sizeof(uint64_t);
+constexpr std::size_t H_CONTROL_RESERVE = H_CREATED_NS + sizeof(uint64_t);
+constexpr std::size_t H_DESCRIPTOR_END = H_CONTROL_RESERVE + sizeof(uint64_t);
 // the hot head starts two lines in, so the descriptor line's readers never share its lines
 constexpr std::size_t H_HEAD = COUNTER_PAD;
 constexpr std::size_t H_STATS = H_HEAD + COUNTER_PAD;
@@ -126,7 +143,9 @@ constexpr std::size_t H_ABORTED = H_RESERVED + sizeof(uint64_t);
 constexpr std::size_t H_FULL_COUNT = H_ABORTED + sizeof(uint64_t);
 constexpr std::size_t H_REAPED = H_FULL_COUNT + sizeof(uint64_t);
 constexpr std::size_t H_NEXT_SEQ = H_REAPED + sizeof(uint64_t);
-constexpr std::size_t H_STATS_END = H_NEXT_SEQ + sizeof(uint64_t);
+constexpr std::size_t H_CONTROL_FULL = H_NEXT_SEQ + sizeof(uint64_t);
+constexpr std::size_t H_EXPIRED = H_CONTROL_FULL + sizeof(uint64_t);
+constexpr std::size_t H_STATS_END = H_EXPIRED + sizeof(uint64_t);
 constexpr std::size_t HEADER_SIZE = PAGE_SIZE;
 
 static_assert(H_DESCRIPTOR_END <= H_HEAD, "descriptor overlaps the head's cache lines");
@@ -141,15 +160,21 @@ constexpr std::size_t S_RELEASED = S_STATE + sizeof(uint64_t);
 constexpr std::size_t S_PID = S_RELEASED + sizeof(uint64_t);
 constexpr std::size_t S_NAME = S_PID + sizeof(uint64_t);
 constexpr std::size_t SLOT_NAME_LEN = 64;
-constexpr std::size_t S_END = S_NAME + SLOT_NAME_LEN;
+constexpr std::size_t S_ATTACHED_AT = S_NAME + SLOT_NAME_LEN;
+constexpr std::size_t S_END = S_ATTACHED_AT + sizeof(uint64_t);
+static_assert(SLOT_NAME_LEN % sizeof(uint64_t) == 0, "the name is stored as whole u64 words");
 static_assert(S_END <= SLOT_SIZE, "slot overflows its two cache lines");
 
 constexpr uint32_t SLOT_FREE = 0;
 constexpr uint32_t SLOT_ACTIVE = 1;
-constexpr uint64_t slot_word(uint32_t generation, uint32_t state) {
-    return (uint64_t(generation) << 32) | state;
+constexpr uint32_t SLOT_EXPIRED = 2;
+constexpr uint32_t SLOT_STATE_MASK = 0xffffu;
+constexpr uint32_t SLOT_DURABLE_FLAG = 1u << 16;  // a named subscription (never reaped)
+constexpr uint64_t slot_word(uint32_t generation, uint32_t state, bool durable = false) {
+    return (uint64_t(generation) << 32) | state | (durable ? SLOT_DURABLE_FLAG : 0u);
 }
-constexpr uint32_t slot_state(uint64_t word) { return uint32_t(word & 0xffffffffu); }
+constexpr uint32_t slot_state(uint64_t word) { return uint32_t(word) & SLOT_STATE_MASK; }
+constexpr bool slot_durable(uint64_t word) { return (uint32_t(word) & SLOT_DURABLE_FLAG) != 0; }
 constexpr uint32_t slot_generation(uint64_t word) { return uint32_t(word >> 32); }
 
 // --- record header ----------------------------------------------------------------------------
@@ -174,6 +199,7 @@ constexpr uint32_t STATE_PADDING = 4;    // filler up to the end of the data reg
 // --- OFD lock bytes ---------------------------------------------------------------------------
 constexpr uint64_t PRODUCER_LOCK_OFFSET = 0;
 constexpr uint64_t SLOT_LOCK_OFFSET = 1;  // slot i locks byte SLOT_LOCK_OFFSET + i
+constexpr uint64_t REGISTRY_LOCK_OFFSET = SLOT_LOCK_OFFSET + MAX_CONSUMERS;
 
 // --- derived sizes ----------------------------------------------------------------------------
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -203,6 +229,7 @@ struct SegmentHeader {
     uint64_t map_size;
     std::atomic<uint64_t> producer_pid;
     uint64_t created_ns;
+    uint64_t control_reserve;
     uint8_t pad0[H_HEAD - H_DESCRIPTOR_END];
     alignas(CACHE_LINE) std::atomic<uint64_t> head;
     uint8_t pad1[H_STATS - H_HEAD - sizeof(uint64_t)];
@@ -212,6 +239,8 @@ struct SegmentHeader {
     std::atomic<uint64_t> full_count;
     std::atomic<uint64_t> reaped;
     std::atomic<uint64_t> next_seq;
+    std::atomic<uint64_t> control_full;
+    std::atomic<uint64_t> expired;
     uint8_t pad2[HEADER_SIZE - H_STATS_END];
 };
 
@@ -219,9 +248,12 @@ struct ConsumerSlot {
     std::atomic<uint64_t> state;
     std::atomic<uint64_t> released;
     std::atomic<uint64_t> pid;
-    // Written before the ACTIVE CAS that publishes the slot; read only by a consumer that holds
-    // the slot's OFD lock (so its writer is dead) after a seq_cst load of `state`.
-    char name[SLOT_NAME_LEN];
+    // Written (relaxed) only by a registrant that holds the registry lock and the slot's lock,
+    // while the slot is FREE, before the ACTIVE CAS that publishes it; read under the registry
+    // lock, or (segment_info) validated by re-loading `state` afterwards. Atomic words so that
+    // a reader racing a writer reads stale words, never undefined behaviour.
+    std::atomic<uint64_t> name[SLOT_NAME_LEN / sizeof(uint64_t)];
+    std::atomic<uint64_t> attached_at;
     uint8_t pad[SLOT_SIZE - S_END];
 };
 
@@ -246,6 +278,7 @@ static_assert(offsetof(SegmentHeader, data_offset) == H_DATA_OFFSET);
 static_assert(offsetof(SegmentHeader, map_size) == H_MAP_SIZE);
 static_assert(offsetof(SegmentHeader, producer_pid) == H_PRODUCER_PID);
 static_assert(offsetof(SegmentHeader, created_ns) == H_CREATED_NS);
+static_assert(offsetof(SegmentHeader, control_reserve) == H_CONTROL_RESERVE);
 static_assert(offsetof(SegmentHeader, head) == H_HEAD);
 static_assert(offsetof(SegmentHeader, committed) == H_COMMITTED);
 static_assert(offsetof(SegmentHeader, reserved) == H_RESERVED);
@@ -253,12 +286,15 @@ static_assert(offsetof(SegmentHeader, aborted) == H_ABORTED);
 static_assert(offsetof(SegmentHeader, full_count) == H_FULL_COUNT);
 static_assert(offsetof(SegmentHeader, reaped) == H_REAPED);
 static_assert(offsetof(SegmentHeader, next_seq) == H_NEXT_SEQ);
+static_assert(offsetof(SegmentHeader, control_full) == H_CONTROL_FULL);
+static_assert(offsetof(SegmentHeader, expired) == H_EXPIRED);
 static_assert(sizeof(SegmentHeader) == HEADER_SIZE);
 
 static_assert(offsetof(ConsumerSlot, state) == S_STATE);
 static_assert(offsetof(ConsumerSlot, released) == S_RELEASED);
 static_assert(offsetof(ConsumerSlot, pid) == S_PID);
 static_assert(offsetof(ConsumerSlot, name) == S_NAME);
+static_assert(offsetof(ConsumerSlot, attached_at) == S_ATTACHED_AT);
 static_assert(sizeof(ConsumerSlot) == SLOT_SIZE);
 
 static_assert(offsetof(RecordHeader, state) == R_STATE);
