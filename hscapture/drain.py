@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .errors import SampleTimeoutError
+from .errors import SampleTimeoutError, ShardError
 from .sample import Sample
-from .shards import ShardWriter
+from .shards import SampleRefusedError, ShardWriter
 from .subscriber import Subscriber
 
-__all__ = ["DrainResult", "drain", "resume_name"]
+__all__ = ["DrainResult", "drain", "resume_name", "unsubscribe"]
 
 
 @dataclass
@@ -34,8 +34,18 @@ class DrainResult:
     dropped: dict[str, str] = field(default_factory=dict)
     incomplete: dict[str, str] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: dict[str, str] = field(default_factory=dict)
+    conflicts: dict[str, str] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     stopped_by: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """True when every sample the producers committed since the subscription began was
+        written: nothing dropped, incomplete, rejected, lost, in flight or refused."""
+        return not (self.dropped or self.incomplete or self.rejected or self.lost
+                    or self.in_flight or self.conflicts)
 
     @property
     def gbps(self) -> float:
@@ -87,6 +97,7 @@ def drain(
     progress: bool = True,
     stop_event: threading.Event | None = None,
     on_sample: Callable[[Sample], None] | None = None,
+    unsubscribe_at_end: bool = False,
 ) -> DrainResult:
     """Drain samples into ``out_dir`` until ``max_samples``, idle timeout, or a stop request.
 
@@ -97,17 +108,25 @@ def drain(
     """
     writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata,
                          write_threads=write_threads)
+    dir_id = _dir_identity(out_dir)
     stop = stop_event or threading.Event()
     restore = _install_signal_handlers(stop)
     res = DrainResult()
     bar = _Progress(progress)
     pending: dict[str, list[Sample]] = {}
     pending_bytes = 0
-    sub = Subscriber(endpoints, auto_release=False, resume_name=resume_name(out_dir))
+    # A durable subscription named after the output directory: a drain stopped (Ctrl-C, kill,
+    # full disk) and restarted into the same directory resumes where the ring was released.
+    # zero_copy: shards are written straight from the ring, which is released only once the
+    # shard data is durable; rids already in the index are skipped in the subscriber.
+    sub = Subscriber(endpoints, name=resume_name(out_dir), zero_copy=True,
+                     skip_rid=lambda rid: writer.seen(rid) or rid in pending)
     start = time.monotonic()
 
     def settle(rids: list[str]) -> None:
         nonlocal pending_bytes
+        if rids:
+            _check_dir(out_dir, dir_id)   # never release what went into a removed directory
         for rid in rids:
             for s in pending.pop(rid, ()):
                 pending_bytes -= s.nbytes
@@ -129,17 +148,18 @@ def drain(
                     break
             else:
                 last_sample = now
-                if writer.seen(sample.rid) or sample.rid in pending:
-                    res.duplicates += 1
-                    sample.release()
-                else:
+                try:
                     writer.add(sample)
-                    if on_sample is not None:
-                        on_sample(sample)
-                    pending.setdefault(sample.rid, []).append(sample)
-                    pending_bytes += sample.nbytes
-                    res.samples += 1
-                    res.bytes += sample.nbytes
+                except SampleRefusedError as exc:   # this sample only; the drain goes on
+                    res.rejected[sample.rid] = f"the shard writer refused it: {exc}"
+                    sample.release()
+                    continue
+                if on_sample is not None:
+                    on_sample(sample)
+                pending.setdefault(sample.rid, []).append(sample)
+                pending_bytes += sample.nbytes
+                res.samples += 1
+                res.bytes += sample.nbytes
             if pending and (pending_bytes >= flush_bytes or now - last_flush >= flush_interval_s):
                 settle(writer.flush())
                 last_flush = now
@@ -147,7 +167,7 @@ def drain(
         if not res.stopped_by:
             res.stopped_by = "signal" if stop.is_set() else "count"
         settle(writer.flush())
-        # pick up what arrived meanwhile for reporting (drops/incomplete), without new samples
+        # take in what arrived meanwhile for the report (drops, aborts), without new samples
         sub.pump(0.0)
     finally:
         try:
@@ -156,13 +176,49 @@ def drain(
             res.seconds = time.monotonic() - start
             bar.update(res, sub, start, force=True)
             bar.done()
+            st = sub.stats()
             res.dropped, res.incomplete = dict(sub.dropped), dict(sub.incomplete)
-            res.rejected, res.stats = dict(sub.rejected), sub.stats()
-            for samples in pending.values():   # never durable: stays unreleased, reported
-                res.stats.setdefault("not_written", []).extend(s.rid for s in samples)
-            sub.close()
+            res.rejected.update(sub.rejected)
+            res.lost = st["lost"] + [dict(u, reason="unresolved at stop") for u in st["unresolved"]]
+            res.in_flight = dict(st["in_flight"])
+            res.conflicts = dict(st["conflicts"])
+            res.stats = st
+            not_written = [s.rid for samples in pending.values() for s in samples]
+            if not_written:   # never durable: left unreleased in the ring for the next run
+                res.stats["not_written"] = not_written
+            if unsubscribe_at_end:
+                sub.unsubscribe()
+            else:
+                sub.close()
             restore()
     return res
+
+
+def unsubscribe(endpoints: str | Sequence[str], out_dir: str) -> int:
+    """End the durable subscription of the drain into ``out_dir``: its places in every ring
+    are given back (the producers stop keeping records for it). Returns how many rings it
+    held a place in."""
+    sub = Subscriber(endpoints, name=resume_name(out_dir))
+    n = len(sub._sources)
+    sub.unsubscribe()
+    return n
+
+
+def _dir_identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _check_dir(path: str, ident: tuple[int, int]) -> None:
+    try:
+        now = _dir_identity(path)
+    except OSError as exc:
+        raise ShardError(f"output directory {path} is gone ({exc.strerror}): nothing written "
+                         f"since the last durable flush was released; the samples stay in the "
+                         f"ring for a drain restarted into a new {path}") from None
+    if now != ident:
+        raise ShardError(f"output directory {path} was replaced while the drain ran: nothing "
+                         f"written since the last durable flush was released")
 
 
 def resume_name(out_dir: str) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .errors import EndpointError
 
-__all__ = ["socket_dir", "default_endpoint", "check_endpoint", "ipc_path", "claim_endpoint"]
+__all__ = ["socket_dir", "default_endpoint", "check_endpoint", "ipc_path", "claim_endpoint",
+           "release_endpoint"]
 
 _ENDPOINT = re.compile(r"^(ipc|tcp|inproc)://.+$")
 
@@ -95,3 +96,19 @@ def claim_endpoint(endpoint: str) -> int | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def release_endpoint(endpoint: str, claim: int | None) -> None:
+    """Give up a claim taken by :func:`claim_endpoint` and remove the socket and claim files
+    (a closed producer leaves nothing behind in the socket directory)."""
+    path = ipc_path(endpoint)
+    if path is not None:
+        for leftover in (path, Path(f"{path}.lock")):
+            try:
+                leftover.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass
+    if claim is not None:
+        os.close(claim)

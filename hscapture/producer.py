@@ -1,9 +1,11 @@
-"""The producer: engine-agnostic capture into the ring, with ZeroMQ notices.
+"""The producer: engine-agnostic capture into the ring, announced over ZeroMQ (protocol v2).
 
-``Producer.capture`` does the reserve → async copy → (publisher thread) commit → notice dance.
-It never blocks the caller on the GPU: on CUDA it records an event on the caller's current
-stream, copies on a side stream that waits on that event, keeps the sources alive until the
-copy's own event completed, and only then commits the ring record and publishes its notice.
+One :meth:`Producer.capture_batch` call (one forward pass of an engine) becomes ONE ring entry:
+one reservation, one encoded meta (:mod:`hscapture.record`), one CUDA event on the caller's
+stream and one copy per data block on a side stream. A publisher thread commits each entry
+once its copy is done and only then announces it. Drops and aborts are ring entries too
+(control entries, in the ring's reserved headroom), so a subscriber that was away finds in
+the ring everything it missed (docs/PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ import atexit
 import collections
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -24,79 +25,78 @@ import torch
 import zmq
 
 from . import notice as nt
-from .endpoint import check_endpoint, claim_endpoint, default_endpoint
-from .errors import CaptureConfigError, EndpointError, RecordTooLargeError
+from . import record as rec
+from ._control import ControlLog
+from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
+from .errors import CaptureConfigError, EndpointError, HSCaptureError, InvalidRidError
 from .pinning import register_host_memory
 from .ring import segment_name
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["Producer", "FULL_POLICIES"]
+__all__ = ["Producer", "Row", "FULL_POLICIES"]
 
 FULL_POLICIES = ("drop", "wait")
-_RECENT_DROPS = 64
+_TORCH_NAMES = {getattr(torch, name): name for name in nt.DTYPES}
 
 
-@dataclass
+@dataclass(slots=True)
+class Row:
+    """One request chunk of a batch: token rows ``[src_start, src_start + token_count)`` of
+    the batch's source blocks hold positions ``[token_start, token_start + token_count)`` of
+    request ``rid``. ``fields`` are per-token uint8 values (e.g. ``loss_mask``), each exactly
+    ``token_count`` bytes."""
+
+    rid: str
+    src_start: int
+    token_count: int
+    token_start: int = 0
+    last: bool = True
+    cached_prefix: int = 0
+    extra: Mapping[str, Any] | None = None
+    fields: Mapping[str, bytes] | None = None
+
+
+@dataclass(slots=True)
 class _Pending:
-    """One queue item for the publisher thread."""
+    """One entry for the publisher thread, in reservation (= sequence) order."""
 
-    notice: dict[str, Any]
-    position: int = -1            # ring position to commit (records only)
-    done: Any = None              # torch.cuda.Event recorded after the copy, or None
-    keepalive: Any = None         # source tensors kept alive until ``done`` completed
+    kind: str
+    position: int
+    seq: int
+    n: int
+    length: int
+    meta_bytes: bytes
+    done: Any = None          # torch.cuda.Event after the copy, or None (already in the ring)
+    keepalive: Any = None     # sources and staging kept alive until ``done`` completed
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in nt.DTYPES:
-        raise CaptureConfigError(
-            f"dtype: expected one of {sorted(nt.DTYPES)}, found {name}")
+    name = _TORCH_NAMES.get(dtype)
+    if name is None:
+        raise CaptureConfigError(f"dtype: expected one of {sorted(nt.DTYPES)}, found {dtype}")
     return name
-
-
-def _drop_notice(record: Mapping[str, Any], reason: str) -> dict[str, Any]:
-    """The ``drop`` notice that stands in for a record notice whose record never arrives."""
-    msg = {k: record[k] for k in ("v", "producer", "epoch", "seq", "rid", "token_start",
-                                   "token_count", "last", "dp_rank", "extra")}
-    msg.update(kind="drop", reason=reason)
-    return msg
-
-
-def _token_bytes(token_ids: Any, count: int) -> bytes:
-    """Token ids as little-endian int32 bytes (a device tensor is copied to the host here:
-    engines should pass host-side ids, as SGLang's requests hold them)."""
-    if isinstance(token_ids, torch.Tensor):
-        arr = token_ids.detach().to("cpu").numpy()
-    else:
-        arr = np.asarray(token_ids)
-    arr = arr.reshape(-1)
-    if arr.size != count:
-        raise CaptureConfigError(
-            f"token_ids: expected {count} ids (one per captured token), found {arr.size}")
-    if arr.dtype != np.int32:
-        if arr.dtype.kind not in "iu":
-            raise CaptureConfigError(f"token_ids: expected integers, found {arr.dtype}")
-        if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
-            raise CaptureConfigError("token_ids: values do not fit int32")
-    return arr.astype("<i4", copy=False).tobytes()
 
 
 class Producer:
     """Captures hidden states into a shared-memory ring and announces them over ZeroMQ.
 
-    A subscriber that dies keeps its place in the ring for ``dead_consumer_grace_s`` once the
-    ring needs that space (captures meanwhile are dropped, or wait under the ``wait`` policy);
-    after that it is dropped and the producer goes on as if it had never attached.
-
     Guarantees:
-    - ``capture`` never blocks on the GPU and never synchronizes the caller's stream; with the
-      ``drop`` policy it never waits for ring space either (``wait`` waits at most
+    - ``capture``/``capture_batch`` never block on the GPU and never synchronize the caller's
+      stream; under the ``drop`` policy they never wait for ring space (``wait`` waits at most
       ``wait_timeout_s``).
-    - A notice is published only after its record's bytes are completely in the ring.
-    - Every capture that is not delivered is counted and announced (``drop`` notice with the
-      rid), and notices are numbered so subscribers detect any loss.
-    - Each Producer is one incarnation with a fresh random epoch and a fresh segment.
+    - An entry is announced only after its bytes are completely in the ring.
+    - Every row gets a sequence number only once it is certain to be recorded: in the ring as
+      data, in the ring as a ``drop`` entry, in the bounded backlog (written as soon as the ring
+      has room) or, past that bound, counted as ``unrecorded`` in every heartbeat.
+    - Captures made before any subscriber attached are named to the first subscriber in an
+      ``unheard`` entry (bounded; the rest counted); ``wait_for_subscribers`` holds the first
+      captures back instead.
+    - ``close()`` waits for every copy in flight and publishes everything before it unmaps
+      the ring; a segment that a durable subscriber has not finished reading is left in
+      ``/dev/shm`` for it (``hscapture cleanup`` removes it once read or unsubscribed).
+    - A constructor that fails releases everything it claimed.
     """
 
     def __init__(
@@ -114,62 +114,75 @@ class Producer:
         dp_rank: int = 0,
         pin: bool = True,
         sndhwm: int = 1_000_000,
-        dead_consumer_grace_s: float = 5.0,
+        control_reserve: int | None = None,
+        wait_for_subscribers: int = 0,
+        wait_for_subscribers_s: float = 30.0,
+        durable_expiry_s: float = 0.0,
     ) -> None:
         from . import _ring
 
         if full_policy not in FULL_POLICIES:
             raise CaptureConfigError(
                 f"full_policy: expected one of {FULL_POLICIES}, found {full_policy!r}")
-        self.producer_id = producer_id
+        try:
+            self.producer_id = nt.check_producer_id(producer_id)
+        except HSCaptureError as exc:
+            raise CaptureConfigError(str(exc)) from None
         self.endpoint = check_endpoint(endpoint or default_endpoint(producer_id))
         self.full_policy = full_policy
         self.wait_timeout_s = float(wait_timeout_s)
-        self.model = model
+        self.model = model or ""
         self.convention = convention
         self.dp_rank = int(dp_rank)
         self.heartbeat_interval_s = heartbeat_interval_s
-        self._claim = claim_endpoint(self.endpoint)   # before anything else is created
-
         capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
-        self._ring = _ring.Producer(segment_name(producer_id), capacity, int(max_consumers))
-        # A dead subscriber keeps its place (its unread records) this long once the ring needs
-        # the space, so a restarted drain resumes exactly where it stopped; then it is dropped.
-        self._ring.dead_consumer_grace_ns = int(dead_consumer_grace_s * 1e9)
-        self.epoch: int = self._ring.epoch
-        self.segment: str = self._ring.name
-        self._pinned = register_host_memory(self._ring.map_address, self._ring.map_size) \
-            if pin else None
-
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PUB)
-        self._sock.setsockopt(zmq.SNDHWM, sndhwm)
-        self._sock.setsockopt(zmq.LINGER, 2000)
+        if control_reserve is None:
+            control_reserve = min(4 << 20, capacity // 8) // 64 * 64
+        self._claim = None
+        self._ring = None
+        self._pinned = None
+        self._ctx = self._sock = None
         try:
-            self._sock.bind(self.endpoint)
-        except zmq.ZMQError as exc:
-            self._sock.close(0)
-            self._ctx.term()
-            if self._pinned is not None:
-                self._pinned.close()
-            self._ring.close(True)
-            self._release_claim()
-            raise EndpointError(f"cannot bind {self.endpoint}: {exc}") from exc
+            self._claim = claim_endpoint(self.endpoint)   # before anything else is created
+            self._ring = _ring.Producer(segment_name(producer_id), capacity, int(max_consumers),
+                                        0, int(control_reserve))
+            if durable_expiry_s:
+                self._ring.durable_expiry_ns = int(durable_expiry_s * 1e9)
+            self.epoch: int = self._ring.epoch
+            self.segment: str = self._ring.name
+            self._pinned = register_host_memory(self._ring.map_address, self._ring.map_size) \
+                if pin else None
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.PUB)
+            self._sock.setsockopt(zmq.SNDHWM, sndhwm)
+            self._sock.setsockopt(zmq.LINGER, 2000)
+            try:
+                self._sock.bind(self.endpoint)
+            except zmq.ZMQError as exc:
+                raise EndpointError(f"cannot bind {self.endpoint}: {exc}") from exc
+        except BaseException:
+            self._release_resources(unlink=True)
+            raise
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()     # publisher progress (flush / close wait on it)
+        self._queue: collections.deque[_Pending | None] = collections.deque()
+        self._queued = 0                       # entries put on the queue (under _cond)
+        self._published = 0                    # entries the publisher finished (under _cond)
         self._next_seq = 0
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._counters = collections.Counter()
-        self._recent_drops: collections.deque[list[Any]] = collections.deque(maxlen=_RECENT_DROPS)
+        self._counters: collections.Counter[str] = collections.Counter()
+        self._control = ControlLog()
         self._closed = False
-        self._send({"kind": "hello", "segment": self.segment, "capacity": self._ring.capacity,
-                    "pid": os.getpid(), "time_ns": time.time_ns()})
+        self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
+                    "capacity": self._ring.capacity, "time_ns": time.time_ns()})
         self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
                                         daemon=True)
         self._thread.start()
         self._finalizer = weakref.finalize(self, Producer._atexit_close, weakref.ref(self))
         atexit.register(self._finalizer)
+        if wait_for_subscribers:
+            self.wait_for_consumers(wait_for_subscribers, wait_for_subscribers_s)
 
     # -- public API --------------------------------------------------------------------
 
@@ -186,120 +199,135 @@ class Producer:
         cached_prefix: int = 0,
         snapshot: bool = False,
         extra: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> bool:
         """Capture one chunk of one request: ``tensors[i]`` is layer ``layers[i]``, ``[T, H]``.
 
-        Returns True when the chunk went into the ring (its notice follows once the copy is
-        done), False when it was dropped (ring full / too large): the drop is counted and a
-        ``drop`` notice names the rid. ``snapshot=True`` means the sources may be overwritten
-        once this returns (CUDA graph output buffers): they are first copied on the caller's
-        current stream. Raises :class:`CaptureConfigError` for inconsistent arguments.
+        A batch of one row (see :meth:`capture_batch`). Returns True when the chunk went into
+        the ring, False when it was dropped (the drop is recorded and announced).
         """
-        if self._closed:
-            raise CaptureConfigError("capture() on a closed Producer")
         tensors = list(tensors)
+        if not tensors:
+            raise CaptureConfigError("capture: expected at least one tensor, found none")
+        count = int(tensors[0].shape[0]) if tensors[0].dim() == 2 else -1
+        row = Row(rid, 0, count, token_start, is_last_chunk, cached_prefix, extra,
+                  _field_bytes(fields, count))
+        return self.capture_batch([row], tensors, layers=layers, layer_kinds=layer_kinds,
+                                  token_ids=token_ids, snapshot=snapshot)
+
+    def capture_batch(
+        self,
+        rows: Sequence[Row],
+        blocks: Sequence[torch.Tensor],
+        *,
+        layers: Sequence[int],
+        layer_kinds: Sequence[str] | None = None,
+        token_ids: Any,
+        layer_map: Sequence[Sequence[int]] | None = None,
+        snapshot: bool = False,
+    ) -> bool:
+        """Capture several request chunks of one forward pass as ONE ring entry.
+
+        ``blocks`` are 2-D ``[T_src, cols]`` tensors of one dtype on one device (e.g. SGLang's
+        packed aux states ``[T, K*H]`` and ``last_hidden_states`` ``[T, H]``); ``layer_map``
+        says where each of ``layers`` lies in them (default: consecutive ``H``-wide slots,
+        ``H`` = the narrowest block). ``token_ids`` is ``[T_src]`` (host or device). Each row
+        takes its token rows from the sources. ``snapshot=True``: the sources may be
+        overwritten once this returns (CUDA graph buffers), so the captured rows are first
+        copied on the caller's current stream. Returns True when the entry went into the ring,
+        False when its rows were dropped (recorded and announced). Raises
+        :class:`CaptureConfigError` / :class:`InvalidRidError` for bad arguments, before any
+        sequence number is taken.
+        """
+        rows = list(rows)
+        blocks = list(blocks)
         layers = [int(x) for x in layers]
         kinds = list(layer_kinds) if layer_kinds is not None else ["residual"] * len(layers)
-        if not tensors or len(tensors) != len(layers) or len(kinds) != len(layers):
-            raise CaptureConfigError(
-                f"expected one tensor and one kind per layer: {len(layers)} layers, "
-                f"{len(tensors)} tensors, {len(kinds)} kinds")
-        first = tensors[0]
-        if first.dim() != 2:
-            raise CaptureConfigError(f"tensors must be [tokens, hidden], found {tuple(first.shape)}")
-        count, hidden = first.shape
-        for i, t in enumerate(tensors):
-            if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
-                raise CaptureConfigError(
-                    f"tensor {i} (layer {layers[i]}): expected {tuple(first.shape)} "
-                    f"{first.dtype} on {first.device}, found {tuple(t.shape)} {t.dtype} "
-                    f"on {t.device}")
-        if count == 0:
-            raise CaptureConfigError("a chunk must hold at least one token")
-        if token_start < 0 or cached_prefix < 0 or cached_prefix > token_start + count:
-            raise CaptureConfigError(
-                f"token_start={token_start}, cached_prefix={cached_prefix}: expected "
-                f"0 <= cached_prefix <= token_start + token_count")
-        dtype = _dtype_name(first.dtype)
-        meta = {
-            "v": nt.PROTOCOL_VERSION, "kind": "record", "producer": self.producer_id,
-            "epoch": self.epoch, "seq": 0, "rid": str(rid), "token_start": int(token_start),
-            "token_count": int(count), "last": bool(is_last_chunk),
-            "cached_prefix": int(cached_prefix), "layers": layers, "layer_kinds": kinds,
-            "convention": self.convention, "model": self.model or "", "hidden": int(hidden),
-            "dtype": dtype,
-            "token_ids": _token_bytes(token_ids, count), "tensor_offsets": [],
-            "dp_rank": self.dp_rank, "extra": dict(extra or {}),
-        }
+        hidden, dtype, t_src = self._check_batch(rows, blocks, layers, kinds, token_ids)
+        row_maps = [_row_map(r) for r in rows]
+        block_cols = [int(b.shape[1]) for b in blocks]
+        if layer_map is not None:
+            layer_map = [[int(b), int(c)] for b, c in layer_map]
         with self._lock:
-            meta["seq"] = seq = self._next_seq
-            self._next_seq += 1
-            itemsize = nt.DTYPES[dtype]
-            # tensor_offsets depend on the meta's length, which contains them: fix the list's
-            # length first (same number of ints, msgpack size depends on magnitude), iterate.
-            meta["tensor_offsets"] = [0] * len(tensors)
-            while True:  # converges in at most a few rounds: offsets only grow
-                blob = nt.encode_embedded(meta)
-                offsets, length = nt.payload_layout(len(blob), count, hidden, itemsize,
-                                                    len(tensors))
-                if offsets == meta["tensor_offsets"]:
-                    break
-                meta["tensor_offsets"] = offsets
-            notice = dict(meta, offset=0, length=length, record_seq=0, segment=self.segment)
-            nt.validate(notice)
-            position = self._reserve(length, nt.rid_tag(meta["rid"]))
+            if self._closed:
+                raise CaptureConfigError("capture on a closed Producer")
+            seq = self._next_seq
+            try:
+                plan = rec.plan_batch(
+                    producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
+                    layers=layers, layer_kinds=kinds, convention=self.convention,
+                    model=self.model, hidden=hidden, dtype=dtype, rows=row_maps,
+                    block_cols=block_cols, layer_map=layer_map, check=False)
+            except HSCaptureError as exc:
+                raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
+            position = self._reserve(plan.length, plan.tag)
+            if position == -2 and len(rows) > 1:   # too large as one entry: split it
+                half = len(rows) // 2
+                a = self._capture_split(rows[:half], blocks, layers, kinds, token_ids,
+                                        layer_map, snapshot)
+                b = self._capture_split(rows[half:], blocks, layers, kinds, token_ids,
+                                        layer_map, snapshot)
+                return a and b
+            self._next_seq = seq + len(rows)
             if position < 0:
-                reason = "ring_full" if position == -1 else "record_too_large"
-                self._drop_locked(meta, reason, length)
+                self._drop_locked(seq, row_maps, "ring_full" if position == -1
+                                  else "record_too_large", plan.length)
                 return False
             try:
                 buf = self._ring.payload(position)
-                buf[:4] = len(blob).to_bytes(4, "little")
-                buf[4:4 + len(blob)] = blob
-                done, keepalive = self._copy_into(buf, offsets, tensors, snapshot)
+                rec.write_header(buf, plan)
+                done, keepalive = self._copy_into(buf, plan, rows, blocks, token_ids, snapshot)
             except Exception as exc:
                 self._ring.abort(position)
-                self._drop_locked(meta, f"copy_error: {type(exc).__name__}: {exc}", length)
                 self._counters["errors"] += 1
-                log.exception("hscapture: copy of rid %r into the ring failed", rid)
+                log.exception("hscapture: copy of %d rows (first rid %r) into the ring failed",
+                              len(rows), rows[0].rid)
+                self._drop_locked(seq, row_maps, f"copy_error: {type(exc).__name__}",
+                                  plan.length)
                 return False
-            notice["offset"] = position
-            notice["record_seq"] = self._ring.record_seq(position)
-            self._counters["captured"] += 1
-            self._counters["captured_bytes"] += length
-            self._queue.put(_Pending(notice, position, done, keepalive))
+            self._counters["captured_rows"] += len(rows)
+            self._counters["captured_bytes"] += plan.length
+            self._enqueue(_Pending("batch", position, seq, len(rows), plan.length,
+                                   plan.meta_bytes, done, keepalive, row_maps))
         return True
 
-    def abort(self, rid: str, reason: str, extra: Mapping[str, Any] | None = None) -> None:
-        """Announce that ``rid``'s sample cannot complete (aborted request, failed attempt).
+    def abort(self, rid: str, reason: str, *, restart: bool = False,
+              extra: Mapping[str, Any] | None = None) -> None:
+        """Record that ``rid``'s sample cannot complete (aborted request, failed attempt).
 
-        With ``extra={"restart": True}`` subscribers discard the partial sample quietly
-        because a new attempt (e.g. a re-prefill after retraction) follows.
+        ``restart=True``: a new attempt (e.g. a re-prefill after retraction) follows, so
+        subscribers discard the partial sample quietly.
         """
+        rid = nt.check_rid(rid)
         with self._lock:
-            seq = self._next_seq
+            if self._closed:
+                raise CaptureConfigError("abort on a closed Producer")
+            meta = rec.abort_meta(self.producer_id, self.epoch, self._next_seq, self.dp_rank,
+                                  rid, str(reason), bool(restart), _plain(extra, "extra"))
+            try:
+                rec.control_payload(meta, check=False)   # encodable, before taking the number
+            except HSCaptureError as exc:
+                raise CaptureConfigError(f"abort: {exc}") from None
             self._next_seq += 1
-            msg = {"v": nt.PROTOCOL_VERSION, "kind": "abort", "producer": self.producer_id,
-                   "epoch": self.epoch, "seq": seq, "rid": str(rid), "reason": str(reason),
-                   "dp_rank": self.dp_rank, "extra": dict(extra or {})}
-            kind = "restart" if msg["extra"].get("restart") else "abort"
-            self._recent_drops.append([seq, str(rid), kind, str(reason)])
             self._counters["aborted"] += 1
-            self._queue.put(_Pending(msg))
+            self._control_locked(meta)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: captured, dropped (and bytes), aborted, errors, plus the ring's own."""
-        out = dict(self._counters)
-        out.update(ring=self._ring.stats(), epoch=self.epoch, segment=self.segment,
-                   endpoint=self.endpoint, next_seq=self._next_seq,
-                   pinned=self._pinned is not None)
+        """Counters: captured rows/bytes, dropped, aborted, unrecorded, errors, the ring's own."""
+        out: dict[str, Any] = dict(self._counters)
+        with self._lock:
+            out.update(ring=self._ring.stats() if not self._closed else {}, epoch=self.epoch,
+                       segment=self.segment, endpoint=self.endpoint, next_seq=self._next_seq,
+                       pinned=self._pinned is not None, backlog=self._control.backlog_rows,
+                       unrecorded=self._control.unrecorded)
         return out
 
     def wait_for_consumers(self, count: int = 1, timeout_s: float = 60.0) -> bool:
         """Wait until ``count`` live subscribers are attached to the ring; False on timeout.
 
-        Captures made before a subscriber attached never reach it: call this first when the
-        first samples matter (tests, offline extraction).
+        Polls the ring's consumer slots (shared memory: there is no cross-process condition
+        to wait on) every 5 ms. Captures made before the first subscriber attached are named
+        to it in an ``unheard`` entry, so use this where those samples matter.
         """
         deadline = time.monotonic() + timeout_s
         while self._ring.stats()["live_consumers"] < count:
@@ -309,26 +337,23 @@ class Producer:
         return True
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every capture so far has been committed and announced."""
-        deadline = time.monotonic() + timeout_s
-        while not self._queue.empty() or self._counters["published"] < self._next_seq:
-            if time.monotonic() > deadline:
-                raise TimeoutError("Producer.flush: publisher thread did not catch up")
-            time.sleep(0.001)
+        """Wait until every entry so far has been committed and announced."""
+        with self._cond:
+            target = self._queued
+            if not self._cond.wait_for(lambda: self._published >= target, timeout_s):
+                raise TimeoutError(
+                    f"Producer.flush: {target - self._published} entries still pending after "
+                    f"{timeout_s:g}s (a copy that never completes?)")
 
     def close(self) -> None:
-        """Publish everything pending, say ``bye``, and remove the segment's name."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
+        """Publish everything pending (waiting for copies in flight), say ``bye``, unmap."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True          # no capture can start after this
+        self._enqueue(None)
         self._thread.join()
-        self._sock.close()
-        self._ctx.term()
-        if self._pinned is not None:
-            self._pinned.close()
-        self._ring.close(True)
-        self._release_claim()
+        self._release_resources(unlink=None)
         self._finalizer.detach()
 
     def __enter__(self) -> "Producer":
@@ -337,11 +362,289 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ---------------------------------------------------------------------
+    # -- internals: capture --------------------------------------------------------------
 
-    def _release_claim(self) -> None:
+    def _check_batch(self, rows: list[Row], blocks: list[torch.Tensor], layers: list[int],
+                     kinds: list[str], token_ids: Any) -> tuple[int, str, int]:
+        if not rows:
+            raise CaptureConfigError("capture_batch: expected at least one row, found none")
+        if not blocks or not layers or len(kinds) != len(layers):
+            raise CaptureConfigError(
+                f"expected blocks and one kind per layer: {len(blocks)} blocks, "
+                f"{len(layers)} layers, {len(kinds)} kinds")
+        first = blocks[0]
+        if first.dim() != 2:
+            raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(first.shape)}")
+        t_src = int(first.shape[0])
+        for i, b in enumerate(blocks):
+            if b.dim() != 2 or int(b.shape[0]) != t_src or b.dtype != first.dtype \
+                    or b.device != first.device:
+                raise CaptureConfigError(
+                    f"block {i}: expected [{t_src}, cols] {first.dtype} on {first.device}, "
+                    f"found {tuple(b.shape)} {b.dtype} on {b.device}")
+        hidden = min(int(b.shape[1]) for b in blocks)
+        n_ids = int(token_ids.numel() if isinstance(token_ids, torch.Tensor)
+                    else np.asarray(token_ids).size)
+        if n_ids != t_src:
+            raise CaptureConfigError(
+                f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
+        for r in rows:
+            try:
+                nt.check_rid(r.rid)
+            except InvalidRidError:
+                raise
+            if r.token_count <= 0 or r.src_start < 0 or r.src_start + r.token_count > t_src:
+                raise CaptureConfigError(
+                    f"row {r.rid!r}: expected 1..{t_src} token rows inside the sources, found "
+                    f"[{r.src_start}, {r.src_start + r.token_count})")
+            if r.token_start < 0 or not 0 <= r.cached_prefix <= r.token_start + r.token_count:
+                raise CaptureConfigError(
+                    f"row {r.rid!r}: token_start={r.token_start}, cached_prefix="
+                    f"{r.cached_prefix}: expected 0 <= cached_prefix <= token_start + count")
+            for name, value in (r.fields or {}).items():
+                if not isinstance(value, (bytes, bytearray)) or len(value) != r.token_count:
+                    raise CaptureConfigError(
+                        f"row {r.rid!r} field {name!r}: expected {r.token_count} bytes (uint8 "
+                        f"per token), found {type(value).__name__} of {len(value)}")
+        return hidden, _dtype_name(first.dtype), t_src
+
+    def _capture_split(self, rows: list[Row], blocks: list[torch.Tensor], layers: list[int],
+                       kinds: list[str], token_ids: Any, layer_map: Any, snapshot: bool) -> bool:
+        self._lock.release()   # capture_batch takes the lock again (entries stay in seq order)
+        try:
+            return self.capture_batch(rows, blocks, layers=layers, layer_kinds=kinds,
+                                      token_ids=token_ids, layer_map=layer_map,
+                                      snapshot=snapshot)
+        finally:
+            self._lock.acquire()
+
+    def _reserve(self, length: int, tag: int) -> int:
+        """Ring position, -1 when full (after the wait policy), -2 when it can never fit."""
+        position = self._ring.reserve(length, tag, False)
+        if position >= 0 or position == -2 or self.full_policy == "drop":
+            return position
+        deadline = time.monotonic() + self.wait_timeout_s
+        while position == -1 and time.monotonic() < deadline:
+            time.sleep(0.0005)   # the wait policy: bounded polling of the consumers' progress
+            self._ring.reap()
+            position = self._ring.reserve(length, tag, False)
+        return position
+
+    def _drop_locked(self, seq: int, rows: list[dict[str, Any]], reason: str,
+                     length: int) -> None:
+        self._counters["dropped"] += len(rows)
+        self._counters["dropped_bytes"] += length
+        if self._counters["dropped"] == len(rows) or reason != "ring_full":
+            log.warning("hscapture: dropped %d rows (first rid %r: %s, %d bytes); drops are "
+                        "recorded in the ring and named to subscribers", len(rows),
+                        rows[0]["rid"], reason, length)
+        self._control_locked(rec.drop_meta(self.producer_id, self.epoch, seq, self.dp_rank,
+                                           reason, rows))
+
+    def _control_locked(self, meta: dict[str, Any]) -> None:
+        """Record a drop/abort: in the ring's headroom now, else in the backlog (behind
+        which later control entries queue up, so the ring keeps them in order)."""
+        self._control.add(meta)
+        self._flush_backlog_locked()
+
+    def _flush_backlog_locked(self) -> None:
+        """Write backlog entries into the ring, oldest first, while control entries fit."""
+        while True:
+            meta = self._control.peek()
+            if meta is None:
+                return
+            payload = rec.control_payload(meta, check=False)
+            position = self._ring.reserve(len(payload), rec.entry_tag(meta), True)
+            if position < 0:
+                return
+            self._ring.payload(position)[:len(payload)] = payload
+            self._control.pop()
+            n = len(meta["rows"]) if meta["kind"] == "drop" else 1
+            self._enqueue(_Pending(meta["kind"], position, meta["seq"], n, len(payload),
+                                   payload[4:], None, None, meta.get("rows", [])))
+
+    def _side_stream(self, device: torch.device) -> "torch.cuda.Stream":
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        return stream
+
+    def _copy_into(self, buf: memoryview, plan: Any, rows: list[Row],
+                   blocks: list[torch.Tensor], token_ids: Any, snapshot: bool
+                   ) -> tuple[Any, Any]:
+        """Start copying the rows' token rows of every block, and their token ids, into the
+        entry; return (done event or None, keepalive)."""
+        tokens = plan.tokens
+        spans = _spans(rows)
+        dsts = [torch.frombuffer(buf, dtype=b.dtype, count=tokens * int(b.shape[1]),
+                                 offset=off).view(tokens, int(b.shape[1]))
+                for b, off in zip(blocks, plan.block_offsets)]
+        ids_dst = torch.frombuffer(buf, dtype=torch.int32, count=tokens, offset=plan.ids_offset)
+        ids = token_ids if isinstance(token_ids, torch.Tensor) else \
+            torch.from_numpy(np.ascontiguousarray(np.asarray(token_ids).reshape(-1)))
+        if not blocks[0].is_cuda:
+            for dst, src in zip(dsts, blocks):
+                _gather_into(dst, src, spans)
+            _gather_into(ids_dst, ids.reshape(-1).to("cpu").to(torch.int32), spans)
+            return None, None
+        device = blocks[0].device
+        caller = torch.cuda.current_stream(device)
+        if snapshot:
+            # The sources may be overwritten after we return (graph buffers): take the rows
+            # on the caller's stream, ordered before whatever the caller enqueues next.
+            blocks = [_gather(b, spans) for b in blocks]
+            spans = [(0, tokens)]
+        ready = torch.cuda.Event()
+        ready.record(caller)
+        side = self._side_stream(device)
+        side.wait_event(ready)      # the copy starts after the forward pass produced the data
+        with torch.cuda.stream(side):
+            srcs = [_gather(b, spans) for b in blocks]
+            for dst, src in zip(dsts, srcs):
+                dst.copy_(src, non_blocking=True)
+            if ids.is_cuda:
+                ids_dst.copy_(_gather(ids.reshape(-1), spans).to(torch.int32), non_blocking=True)
+            else:
+                _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
+            done = torch.cuda.Event()
+            done.record(side)
+        # Sources and staging buffers stay referenced until ``done`` completed.
+        return done, (blocks, srcs, ids)
+
+    # -- internals: publishing -------------------------------------------------------------
+
+    def _enqueue(self, item: _Pending | None) -> None:
+        with self._cond:
+            self._queue.append(item)
+            if item is not None:
+                self._queued += 1
+            self._cond.notify_all()
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        msg.setdefault("v", nt.PROTOCOL_VERSION)
+        msg.setdefault("producer", self.producer_id)
+        msg.setdefault("epoch", self.epoch)
+        self._sock.send(nt.encode(msg, check=False), copy=True)
+
+    def _heartbeat(self) -> None:
+        with self._lock:
+            ring = self._ring.stats()
+            # read together: every number below recorded_through is in the ring below head
+            recorded = self._control.recorded_through(self._next_seq)
+            self._flush_backlog_locked()
+            if not self._control.heard and ring["live_consumers"]:
+                with self._cond:
+                    in_flight = list(self._queue)
+                unheard = self._control.take_unheard(_first_attach(self._ring.name), in_flight)
+                if unheard is not None:
+                    self._write_unheard_locked(*unheard)
+            hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self.segment,
+                  "next_seq": self._next_seq, "head": int(ring["head"]),
+                  "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
+                  "unrecorded": self._control.unrecorded,
+                  "backlog": self._control.backlog_rows, "recorded_through": recorded,
+                  "errors": self._counters["errors"], "time_ns": time.time_ns()}
+        self._send(hb)
+
+    def _write_unheard_locked(self, rows: list[dict[str, Any]], overflow: int) -> None:
+        meta = rec.unheard_meta(self.producer_id, self.epoch, self._next_seq, self.dp_rank,
+                                rows, overflow)
+        payload = rec.control_payload(meta, check=False)
+        position = self._ring.reserve(len(payload), 0, True)
+        if position < 0:
+            self._control.unheard_lost(len(rows) + overflow)
+            return
+        self._ring.payload(position)[:len(payload)] = payload
+        self._enqueue(_Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
+
+    def _publish_loop(self) -> None:
+        """Commit entries in order once their copies completed, then announce them."""
+        last_hb = 0.0
+        while True:
+            now = time.monotonic()
+            if now - last_hb >= self.heartbeat_interval_s:
+                self._safe(self._heartbeat)
+                last_hb = now
+            with self._cond:
+                if not self._queue:
+                    self._cond.wait(self.heartbeat_interval_s)
+                    continue
+                item = self._queue.popleft()
+            if item is None:
+                break
+            self._safe(self._publish, item)
+            with self._cond:
+                self._published += 1
+                self._cond.notify_all()
+        self._safe(self._heartbeat)
+        self._safe(self._send, {"kind": "bye", "next_seq": self._next_seq,
+                                "time_ns": time.time_ns()})
+
+    def _publish(self, item: _Pending) -> None:
+        try:
+            if item.done is not None:
+                item.done.synchronize()  # waits for the side-stream copy only (GIL released)
+            # SYNC POINT: commit release-stores the record state; the notice goes out after.
+            self._ring.commit(item.position)
+            if not self._control.heard:
+                self._control.note_unheard(item)
+        except Exception as exc:   # a failed copy or commit: the rows become a drop entry
+            self._counters["errors"] += 1
+            log.error("hscapture: entry %d could not be committed: %s", item.seq, exc)
+            with self._lock:
+                try:
+                    self._ring.abort(item.position)
+                except Exception:
+                    pass
+                if item.rows:   # same sequence numbers, now recorded as dropped
+                    self._drop_locked(item.seq, item.rows,
+                                      f"commit_error: {type(exc).__name__}", item.length)
+            return
+        finally:
+            item.keepalive = None
+        self._send(nt.entry_notice(self.producer_id, self.epoch, item.seq, item.n, item.kind,
+                                   self.segment, item.position, item.length,
+                                   self._record_seq(item.position), item.meta_bytes))
+
+    def _record_seq(self, position: int) -> int:
+        try:
+            return self._ring.record_seq(position)
+        except Exception:
+            return 0
+
+    def _safe(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # never let the publisher thread die: count and log once
+            self._counters["errors"] += 1
+            if self._counters["publisher_errors"] == 0:
+                log.exception("hscapture: publisher thread error (counted; continuing)")
+            self._counters["publisher_errors"] += 1
+
+    # -- internals: lifetime ---------------------------------------------------------------
+
+    def _release_resources(self, unlink: bool | None) -> None:
+        """Close the socket, unpin and unmap the ring, give the endpoint back. ``unlink``:
+        True removes the segment name, None removes it unless a durable subscriber still has
+        unread entries in it (it then stays for that subscriber)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        if self._pinned is not None:
+            self._pinned.close()
+            self._pinned = None
+        if self._ring is not None:
+            keep = unlink is None and _durable_unread(self._ring.name)
+            if keep:
+                log.info("hscapture: segment %s kept for a durable subscriber that has not "
+                         "read it all", self._ring.name)
+            self._ring.close(not keep)
+            self._ring = None
         if self._claim is not None:
-            os.close(self._claim)
+            release_endpoint(self.endpoint, self._claim)
             self._claim = None
 
     @staticmethod
@@ -353,134 +656,84 @@ class Producer:
             except Exception:  # pragma: no cover - interpreter shutdown
                 pass
 
-    def _reserve(self, length: int, tag: int) -> int:
-        """Ring position, -1 when full (after the wait policy), -2 when it can never fit."""
-        try:
-            position = self._ring.reserve(length, tag)
-        except RecordTooLargeError as exc:
-            log.warning("hscapture: %s", exc)
-            return -2
-        if position >= 0 or self.full_policy == "drop":
-            return position
-        deadline = time.monotonic() + self.wait_timeout_s
-        while position < 0 and time.monotonic() < deadline:
-            time.sleep(0.0005)
-            self._ring.reap()
-            position = self._ring.reserve(length, tag)
-        return position
 
-    def _drop_locked(self, meta: dict[str, Any], reason: str, length: int) -> None:
-        msg = _drop_notice(meta, reason)
-        self._counters["dropped"] += 1
-        self._counters["dropped_bytes"] += length
-        self._recent_drops.append([meta["seq"], meta["rid"], "drop", reason])
-        if self._counters["dropped"] == 1 or reason != "ring_full":
-            log.warning("hscapture: dropped rid %r (%s, %d bytes); drops are counted and "
-                        "announced to subscribers", meta["rid"], reason, length)
-        self._queue.put(_Pending(msg))
+# -- helpers -----------------------------------------------------------------------------
 
-    def _side_stream(self, device: torch.device) -> "torch.cuda.Stream":
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device=device)
-        return stream
 
-    def _copy_into(self, buf: memoryview, offsets: list[int], tensors: list[torch.Tensor],
-                   snapshot: bool) -> tuple[Any, Any]:
-        """Start copying ``tensors`` into the record; return (done event, keepalive)."""
-        count, hidden = tensors[0].shape
-        nbytes = count * hidden * tensors[0].element_size()
-        if not tensors[0].is_cuda:
-            for o, src in zip(offsets, tensors):
-                # one memcpy per tensor, straight into the ring
-                buf[o:o + nbytes] = src.contiguous().view(torch.uint8).numpy().reshape(-1)
-            return None, None
-        # offsets are 64-byte aligned, so typed views need no byte reinterpretation
-        dsts = [torch.frombuffer(buf, dtype=tensors[0].dtype, count=count * hidden, offset=o)
-                .view(count, hidden) for o in offsets]
-        device = tensors[0].device
-        caller = torch.cuda.current_stream(device)
-        if snapshot:
-            # The sources may be overwritten after we return (graph buffers): take a copy on
-            # the caller's stream, ordered before whatever the caller enqueues next.
-            tensors = [torch.stack(tensors)]
-            tensors = list(tensors[0].unbind(0))
-        ready = torch.cuda.Event()
-        ready.record(caller)
-        side = self._side_stream(device)
-        side.wait_event(ready)      # the copy starts after the forward pass produced the data
-        with torch.cuda.stream(side):
-            staged = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-            for dst, src in zip(dsts, staged):
-                dst.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(side)
-        # Sources and staging buffers stay referenced until ``done`` completed.
-        return done, (tensors, staged)
+def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    """A copy of ``value`` with numpy/torch scalars turned into Python ones (msgpack-safe)."""
+    out: dict[str, Any] = {}
+    for k, v in (value or {}).items():
+        if not isinstance(k, str):
+            raise CaptureConfigError(f"{what}: keys must be str, found {type(k).__name__}")
+        if isinstance(v, (np.generic, torch.Tensor)) and getattr(v, "ndim", 0) == 0:
+            v = v.item()
+        out[k] = v
+    return out
 
-    def _send(self, msg: dict[str, Any]) -> None:
-        msg.setdefault("v", nt.PROTOCOL_VERSION)
-        msg.setdefault("producer", self.producer_id)
-        msg.setdefault("epoch", self.epoch)
-        self._sock.send(nt.encode(msg, check=False), copy=True)
 
-    def _heartbeat(self) -> None:
-        ring = self._ring.stats()
-        self._send({
-            "kind": "heartbeat", "next_seq": self._counters["published"],
-            "segment": self.segment, "head": int(ring["head"]),
-            "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
-            "dropped_bytes": self._counters["dropped_bytes"],
-            "errors": self._counters["errors"], "recent_drops": list(self._recent_drops),
-            "time_ns": time.time_ns()})
+def _row_map(r: Row) -> dict[str, Any]:
+    return {"rid": r.rid, "token_start": int(r.token_start), "token_count": int(r.token_count),
+            "last": bool(r.last), "cached_prefix": int(r.cached_prefix),
+            "extra": _plain(r.extra, "extra") if r.extra else {},
+            "fields": dict(r.fields) if r.fields else {}}
 
-    def _publish_loop(self) -> None:
-        """Commit records in order once their copies completed, then publish their notices."""
-        last_hb = 0.0
-        while True:
-            now = time.monotonic()
-            if now - last_hb >= self.heartbeat_interval_s:
-                self._safe(self._heartbeat)
-                last_hb = now
-            try:
-                item = self._queue.get(timeout=self.heartbeat_interval_s)
-            except queue.Empty:
-                continue
-            if item is None:
-                break
-            self._safe(self._publish, item)
-        self._safe(self._heartbeat)
-        self._safe(self._send, {"kind": "bye", "next_seq": self._counters["published"],
-                                "time_ns": time.time_ns()})
 
-    def _publish(self, item: _Pending) -> None:
-        notice = item.notice
-        if item.position >= 0:
-            try:
-                if item.done is not None:
-                    item.done.synchronize()  # waits for the side-stream copy only (GIL released)
-                # SYNC POINT: commit release-stores the record state; the notice goes out after.
-                self._ring.commit(item.position)
-            except Exception as exc:   # a failed copy or commit: announce a drop, never a record
-                self._counters["errors"] += 1
-                log.error("hscapture: record of rid %r could not be committed: %s",
-                          notice["rid"], exc)
-                with self._lock:
-                    try:
-                        self._ring.abort(item.position)
-                    except Exception:
-                        pass
-                    self._counters["dropped"] += 1
-                    self._recent_drops.append([notice["seq"], notice["rid"], "drop", "commit_error"])
-                notice = _drop_notice(notice, f"commit_error: {type(exc).__name__}")
-            item.keepalive = None
-        self._send(notice)
-        self._counters["published"] += 1
+def _field_bytes(fields: Mapping[str, Any] | None, count: int) -> dict[str, bytes] | None:
+    if not fields:
+        return None
+    out = {}
+    for name, value in fields.items():
+        arr = value.detach().to("cpu").numpy() if isinstance(value, torch.Tensor) \
+            else np.asarray(value)
+        out[str(name)] = arr.reshape(-1).astype(np.uint8).tobytes()
+    return out
 
-    def _safe(self, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # never let the publisher thread die: count and log once
-            self._counters["errors"] += 1
-            if self._counters["errors"] == 1:
-                log.exception("hscapture: publisher thread error (counted; continuing)")
+
+def _spans(rows: Sequence[Row]) -> list[tuple[int, int]]:
+    """The rows' source token ranges, adjacent ones merged, in row order."""
+    spans: list[tuple[int, int]] = []
+    for r in rows:
+        s, e = r.src_start, r.src_start + r.token_count
+        if spans and spans[-1][1] == s:
+            spans[-1] = (spans[-1][0], e)
+        else:
+            spans.append((s, e))
+    return spans
+
+
+def _gather(src: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+    if len(spans) == 1:
+        s, e = spans[0]
+        view = src[s:e]
+        return view if view.is_contiguous() else view.contiguous()
+    return torch.cat([src[s:e] for s, e in spans])
+
+
+def _gather_into(dst: torch.Tensor, src: torch.Tensor, spans: list[tuple[int, int]]) -> None:
+    at = 0
+    for s, e in spans:
+        dst[at:at + e - s].copy_(src[s:e])
+        at += e - s
+
+
+def _first_attach(name: str) -> int:
+    """The lowest ring position at which a live subscriber started reading."""
+    from . import _ring
+
+    info = _ring.segment_info(name)
+    starts = [c["attached_at"] for c in info["consumers"] if c.get("alive")]
+    return min(starts) if starts else info["head"]
+
+
+def _durable_unread(name: str) -> bool:
+    """True if a durable subscription of segment ``name`` has not released everything."""
+    from . import _ring
+
+    try:
+        info = _ring.segment_info(name)
+    except Exception:
+        return False
+    head = info["head"]
+    return any(c.get("durable") and c.get("state") != 0 and c["released"] < head
+               for c in info["consumers"])

@@ -33,9 +33,14 @@ class Sample:
     once; every chunk it was assembled from agreed with its notice and its ring record on rid,
     epoch, sequence number, byte length and token count.
 
-    Tensors may be zero-copy views into the shared-memory ring: they stay valid until
-    :meth:`release` is called (or the iterator that produced the sample advances, in
-    auto-release mode). Call :meth:`detach` to get a sample that owns its memory.
+    By default a sample owns its tensors (they were copied out of the ring) and
+    :meth:`release` is a no-op. A *borrowed* sample (``Subscriber(zero_copy=True)``) holds
+    read-only views into the shared-memory ring instead: use it inside ``with sample:`` (or
+    ``with sample.view() as tensors:``) or call :meth:`release`; on release the ring space is
+    given back and every tensor the sample handed out becomes EMPTY (``numel() == 0``), so a
+    use after release sees no bytes rather than stale or overwritten ones. (Views sliced from
+    those tensors by the user are the user's to drop before release.) :meth:`detach` turns a
+    borrowed sample into an owned one.
     """
 
     rid: str
@@ -53,6 +58,7 @@ class Sample:
     #: stored as ``"{rid}/field.{name}"`` in shards and handed to every reader and export.
     fields: dict[str, torch.Tensor] = field(default_factory=dict)
     _release: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    borrowed: bool = field(default=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -61,10 +67,24 @@ class Sample:
             next(iter(self.tensors.values())).element_size() if self.tensors else 0
 
     def release(self) -> None:
-        """Give the ring space back. Views into the ring must not be used afterwards."""
+        """Give the ring space back; a borrowed sample's tensors become empty."""
+        if self.borrowed:
+            for t in (*self.tensors.values(), self.token_ids, *self.fields.values()):
+                t.set_()          # no longer a view of the ring: an empty tensor
+            self.borrowed = False
         if self._release is not None:
             release, self._release = self._release, None
             release()
+
+    def __enter__(self) -> "Sample":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def view(self) -> "_Borrow":
+        """``with sample.view() as tensors:`` the tensors, valid inside the block only."""
+        return _Borrow(self)
 
     @property
     def released(self) -> bool:
@@ -72,8 +92,21 @@ class Sample:
 
     def detach(self) -> "Sample":
         """Copy every tensor into process memory and release the ring space."""
-        self.tensors = {k: v.clone() for k, v in self.tensors.items()}
-        self.token_ids = self.token_ids.clone()
-        self.fields = {k: v.clone() for k, v in self.fields.items()}
+        if self.borrowed:
+            self.tensors = {k: v.clone() for k, v in self.tensors.items()}
+            self.token_ids = self.token_ids.clone()
+            self.fields = {k: v.clone() for k, v in self.fields.items()}
+            self.borrowed = False
         self.release()
         return self
+
+
+class _Borrow:
+    def __init__(self, sample: Sample) -> None:
+        self.sample = sample
+
+    def __enter__(self) -> dict[str, torch.Tensor]:
+        return self.sample.tensors
+
+    def __exit__(self, *exc: object) -> None:
+        self.sample.release()

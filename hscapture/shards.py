@@ -30,7 +30,7 @@ Shards
   MUST hand fields to the user and exports MUST honour ``loss_mask`` when present.
   ``name`` MUST NOT contain ``/``; ``rid`` is stored verbatim (no escaping) and
   MAY contain ``/`` or any other character: readers MUST split a tensor name at its LAST ``/``.
-  rids MUST be non-empty, valid Unicode without lone surrogates, at most 4096 UTF-8 bytes.
+  rids follow the protocol's one rule (`hscapture.notice.check_rid`: 1..512 UTF-8 bytes, valid Unicode, no C0 control characters).
 * Tensors of one sample are contiguous in the data section (larger element size first, token
   ids last among equals); samples follow each other in the order they were added. Data MAY be
   unaligned to the element size (safetensors readers copy such tensors).
@@ -126,7 +126,7 @@ SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".safetensors"
 TMP_SUFFIX = ".safetensors.tmp"
 JOURNAL_SUFFIX = ".journal"
-MAX_RID_BYTES = 4096
+from .notice import MAX_RID_BYTES  # noqa: E402,F401  (the protocol defines it)
 DEFAULT_MAX_SHARD_BYTES = 2 << 30
 
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
@@ -154,7 +154,16 @@ if sys.byteorder != "little":  # pragma: no cover - safetensors is little-endian
     raise ImportError("hscapture.shards writes tensor memory as is and needs a little-endian host")
 
 
-class DuplicateRidError(ShardError):
+class SampleRefusedError(ShardError):
+    """This one sample cannot be written (bad rid, inconsistent tensors, duplicate); nothing
+    of it was written and the writer is still usable. ``rid`` names it."""
+
+    def __init__(self, message: str, rid: Any = None) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+
+class DuplicateRidError(SampleRefusedError):
     """The rid is already in this shard directory (written before, or added twice)."""
 
 
@@ -192,14 +201,14 @@ def _byte_view(t: torch.Tensor) -> memoryview:
 
 
 def _check_rid(rid: Any) -> None:
-    if not isinstance(rid, str) or not rid:
-        raise ShardError(f"rid must be a non-empty string, got {rid!r}")
+    """The protocol's one rid rule (:func:`hscapture.notice.check_rid`)."""
+    from .errors import InvalidRidError
+    from .notice import check_rid
+
     try:
-        b = rid.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ShardError(f"rid {rid!r} is not valid Unicode (lone surrogate): {e}") from None
-    if len(b) > MAX_RID_BYTES:
-        raise ShardError(f"rid of {len(b)} UTF-8 bytes exceeds the {MAX_RID_BYTES}-byte limit")
+        check_rid(rid)
+    except InvalidRidError as exc:
+        raise SampleRefusedError(str(exc), rid) from None
 
 
 def _schema(sample: Sample, defaults: dict[str, str]) -> tuple:
@@ -426,9 +435,14 @@ class ShardWriter:
         rid = sample.rid
         _check_rid(rid)
         if self.seen(rid):
-            raise DuplicateRidError(f"rid {rid!r} is already in {self.out_dir}")
+            raise DuplicateRidError(f"rid {rid!r} is already in {self.out_dir}", rid)
         schema = _schema(sample, self._defaults)
-        items = self._validate(sample)
+        try:
+            items = self._validate(sample)
+        except SampleRefusedError:
+            raise
+        except ShardError as exc:   # a defect of this sample alone
+            raise SampleRefusedError(str(exc), rid) from None
         nbytes = sum(len(v) for _, _, _, v in items)
         index = {
             "v": FORMAT_VERSION, "rid": rid, "shard": None,

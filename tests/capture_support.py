@@ -60,8 +60,7 @@ def produce(spec: dict) -> None:
     hidden, layers = spec["hidden"], spec["layers"]
     p = Producer(spec["endpoint"], producer_id=spec.get("producer_id", "test"),
                  capacity=spec.get("capacity", 64 << 20), full_policy=spec.get("policy", "wait"),
-                 wait_timeout_s=spec.get("wait_timeout_s", 20.0), sndhwm=spec.get("sndhwm", 1_000_000),
-                 dead_consumer_grace_s=spec.get("grace_s", 5.0))
+                 wait_timeout_s=spec.get("wait_timeout_s", 20.0), sndhwm=spec.get("sndhwm", 1_000_000))
     print(json.dumps({"event": "ready", "epoch": p.epoch, "segment": p.segment}), flush=True)
     if not p.wait_for_consumers(spec.get("consumers", 1), timeout_s=30):
         print(json.dumps({"event": "no_consumer"}), flush=True)

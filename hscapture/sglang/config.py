@@ -102,7 +102,26 @@ class CaptureConfig:
     wait_timeout_s: float = 0.0
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
+    #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
+    fields: bool = True
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def fields_for(self, req: object, start: int, end: int) -> dict[str, bytes] | None:
+        """The request's per-token fields for positions ``[start, end)``: a client sends
+        ``sampling_params.custom_params.hscapture_loss_mask`` (one 0/1 per prompt token) and
+        it travels with the sample. None when the request has none; a malformed mask is
+        ignored here and reported by the sample missing its field (never a server error)."""
+        sp = getattr(req, "sampling_params", None)
+        custom = getattr(sp, "custom_params", None)
+        if not isinstance(custom, dict):
+            return None
+        mask = custom.get(f"{DEFAULT_PARAM}_loss_mask")
+        if not isinstance(mask, (list, bytes)) or len(mask) < end:
+            return None
+        try:
+            return {"loss_mask": bytes(mask[start:end])}
+        except (TypeError, ValueError):
+            return None
 
     def wants(self, req: object) -> bool:
         """Did this request opt in? (rid prefix, or ``custom_params[param]`` truthy)."""

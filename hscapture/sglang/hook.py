@@ -168,6 +168,7 @@ class _Inflight:
     next_start: int
     cached_prefix: int
     ref: Callable[[], Any]
+    pending_end: int = 0      # end of the chunk handed to the producer in this forward
 
 
 def _ref(obj: Any) -> Callable[[], Any]:
@@ -419,15 +420,43 @@ class SGLangCaptureHook:
             kinds.append("final_norm")
         # Graph replays hand out views of reused buffers: ask the producer to snapshot them.
         snapshot = bool(getattr(result, "can_run_cuda_graph", True))
-        dp = self.ranks.dp_rank if self.ranks is not None else 0
-
+        rows: list[Any] = []
+        accepted: list[tuple[str, int, Any, bool]] = []
         for i, req in wanted:
-            self._publish_row(req, prefix_lens[i], extend_lens[i], int(offsets[i]), hidden,
-                              last, k, h, cap_layers, kinds, snapshot, dp)
+            row = self._row(req, prefix_lens[i], extend_lens[i], int(offsets[i]))
+            if row is not None:
+                rows.append(row[0])
+                accepted.append(row[1])
+        if not rows:
+            return
+        blocks = [hidden[:real_tokens]]
+        if last is not None:
+            blocks.append(last[:real_tokens])
+        layer_map = [[0, j * h] for j in range(k)] + ([[1, 0]] if last is not None else [])
+        ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens, offsets)
+        if self._mode == "nocapture":
+            ok = True
+        else:
+            ok = self.producer.capture_batch(rows, blocks, layers=cap_layers, layer_kinds=kinds,
+                                             token_ids=ids, layer_map=layer_map,
+                                             snapshot=snapshot)
+        self.counters["chunks" if ok else "dropped_chunks"] += len(rows)
+        for rid, attempt, req, is_last in accepted:
+            st = self._inflight.get(rid)
+            if not ok or is_last:
+                # complete, or dropped (the producer recorded the drop; nothing more of it
+                # is published)
+                if ok:
+                    self.counters["samples"] += 1
+                self._inflight.pop(rid, None)
+                self._remember_done(rid, attempt, req)
+            elif st is not None:
+                st.next_start = st.pending_end
 
-    def _publish_row(self, req: Any, prefix: int, ext: int, off: int, hidden: Any, last: Any,
-                     k: int, h: int, cap_layers: list[int], kinds: list[str], snapshot: bool,
-                     dp: int) -> None:
+    def _row(self, req: Any, prefix: int, ext: int, off: int) -> tuple[Any, tuple] | None:
+        """The producer row for one request chunk, or None (skipped or failed: reported)."""
+        from ..producer import Row
+
         rid = str(req.rid)
         attempt = int(getattr(req, "retraction_count", 0) or 0)
         producer = self.producer
@@ -436,38 +465,37 @@ class SGLangCaptureHook:
             # An aborted request runs one last forward on a 1-token stub prompt: never a sample.
             self._fail_rid(rid, attempt, f"request aborted/finished before its last chunk: "
                                          f"{_reason(stopping)}", req)
-            return
+            return None
         if ext <= 0:
-            return
+            return None
         done = self._done.get(rid)
         if done is not None:
             if done[1]() is req:
                 self.counters["reprefill_skipped" if attempt > done[0]
                               else "post_complete_rows_skipped"] += 1
-                return
+                return None
             del self._done[rid]  # a new request reusing the rid: a new sample
-        fill = req.full_untruncated_fill_ids
-        total = len(fill)
+        total = len(req.full_untruncated_fill_ids)
         end = prefix + ext
         if end > total:
             self._fail_rid(rid, attempt, f"chunk [{prefix}, {end}) runs past the request's "
                                          f"{total} tokens", req)
-            return
+            return None
         st = self._inflight.get(rid)
         if st is not None and st.ref() is not req:
             # The earlier request with this rid vanished mid-sample; this is a new one.
             self.counters["restarts"] += 1
             del self._inflight[rid]
-            producer.abort(rid, "superseded by a new request with the same rid",
-                           extra={"restart": True, "attempt": st.attempt})
+            producer.abort(rid, "superseded by a new request with the same rid", restart=True,
+                           extra={"attempt": st.attempt})
             st = None
         if st is not None and st.attempt != attempt:
             # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
             self.counters["restarts"] += 1
             del self._inflight[rid]
             producer.abort(rid, f"retracted after {st.next_start} tokens (attempt {st.attempt}); "
-                                f"re-prefill follows", extra={"restart": True,
-                                                              "attempt": st.attempt})
+                                f"re-prefill follows", restart=True,
+                           extra={"attempt": st.attempt})
             st = None
         if st is None:
             if prefix > 0:
@@ -484,30 +512,13 @@ class SGLangCaptureHook:
         elif prefix != st.next_start:
             self._fail_rid(rid, attempt, f"chunk starts at token {prefix}, expected "
                                          f"{st.next_start}", req)
-            return
-        tensors = [hidden[off:off + ext, j * h:(j + 1) * h] for j in range(k)]
-        if last is not None:
-            tensors.append(last[off:off + ext])
-        token_ids = np.frombuffer(fill, dtype=np.int64)[prefix:end] \
-            if getattr(fill, "typecode", None) == "q" else np.asarray(fill[prefix:end])
+            return None
         is_last = end == total
-        ok = True if self._mode == "nocapture" else producer.capture(
-            rid, tensors, layers=cap_layers, layer_kinds=kinds, token_start=prefix,
-            is_last_chunk=is_last, token_ids=token_ids, cached_prefix=st.cached_prefix,
-            snapshot=snapshot, extra={"attempt": attempt, "engine": "sglang", "dp_rank": dp})
-        if not ok:
-            # Dropped (ring full): the producer announced it; publish nothing more of it.
-            self.counters["dropped_chunks"] += 1
-            del self._inflight[rid]
-            self._remember_done(rid, attempt, req)
-            return
-        self.counters["chunks"] += 1
-        if is_last:
-            self.counters["samples"] += 1
-            del self._inflight[rid]
-            self._remember_done(rid, attempt, req)
-        else:
-            st.next_start = end
+        st.pending_end = end
+        extra = {"attempt": attempt} if attempt else None
+        fields = self.config.fields_for(req, prefix, end) if self.config.fields else None
+        return (Row(rid, off, ext, prefix, is_last, st.cached_prefix, extra, fields),
+                (rid, attempt, req, is_last))
 
     def _sweep(self) -> None:
         for rid, st in list(self._inflight.items()):
@@ -616,6 +627,28 @@ def _reason(finish: Any) -> str:
         return str(js.get("message") or js.get("type") or js)
     except Exception:
         return type(finish).__name__
+
+
+def _batch_token_ids(batch: Any, real_tokens: int, wanted: Any, prefix_lens: list[int],
+                     extend_lens: list[int], offsets: Any) -> Any:
+    """The batch's input token ids, one per hidden-state row: SGLang's own ``input_ids``
+    (materialized on the device at forward entry, extend rows first), else its pinned
+    ``prefill_input_ids_cpu`` staging, else (slow path) each wanted row's fill ids."""
+    import torch
+
+    ids = getattr(batch, "input_ids", None)
+    if isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.numel() >= real_tokens:
+        return ids[:real_tokens]
+    staged = getattr(batch, "prefill_input_ids_cpu", None)
+    if isinstance(staged, torch.Tensor) and staged.dim() == 1 and staged.numel() >= real_tokens:
+        return staged[:real_tokens]
+    out = np.zeros(real_tokens, dtype=np.int64)
+    for i, req in wanted:
+        p, e, o = prefix_lens[i], extend_lens[i], int(offsets[i])
+        fill = req.full_untruncated_fill_ids
+        out[o:o + e] = np.frombuffer(fill, dtype=np.int64)[p:p + e] \
+            if getattr(fill, "typecode", None) == "q" else np.asarray(fill[p:p + e])
+    return out
 
 
 def _final_layer_id(worker: Any) -> int:

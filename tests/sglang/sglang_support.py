@@ -117,6 +117,11 @@ class FakeModelServer:
             parts += [self.truth[r.rid][s - 1:s] for r, s in zip(decode, seq_lens)]
         if mode is not None:
             batch.forward_mode = getattr(ForwardMode, mode)
+        # resolve_forward_inputs (overlap_utils.py): the extend rows' ids, then decode rows'
+        ids = [int(t) for r, p, e in rows for t in list(r.full_untruncated_fill_ids)[p:p + e]]
+        ids += [int(list(r.full_untruncated_fill_ids)[s - 1]) for r, s in
+                zip(decode, [len(r.full_untruncated_fill_ids) for r in decode])]
+        batch.input_ids = torch.tensor(ids, dtype=torch.int64)
         full = torch.cat(parts)
         if pad:  # DP-attention / MLP-sync padding rows follow the real rows
             full = torch.cat([full, torch.full((pad, K + 1, H), 9999.0)])

@@ -1,0 +1,88 @@
+"""The producer's control accounting: drops and aborts waiting for ring room, and captures
+made before any subscriber attached.
+
+Nothing here touches the ring or a socket; :class:`hscapture.producer.Producer` owns both and
+calls in under its lock. The invariant it keeps with the producer: every sequence number the
+producer took is in the ring, in this backlog, or counted in :attr:`ControlLog.unrecorded`.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+__all__ = ["ControlLog", "BACKLOG_ROWS", "UNHEARD_ROWS"]
+
+#: Rows (dropped chunks / aborts) the backlog names before it only counts them.
+BACKLOG_ROWS = 1 << 16
+#: Rows an ``unheard`` entry names before it only counts them.
+UNHEARD_ROWS = 4096
+
+
+def _rows(meta: dict[str, Any]) -> int:
+    return len(meta["rows"]) if meta["kind"] == "drop" else 1
+
+
+class ControlLog:
+    """Control entries the ring had no room for, oldest first, and the unheard list."""
+
+    def __init__(self, backlog_rows: int = BACKLOG_ROWS, unheard_rows: int = UNHEARD_ROWS):
+        self._backlog: collections.deque[dict[str, Any]] = collections.deque()
+        self._limit = backlog_rows
+        self.backlog_rows = 0
+        #: rows whose drop/abort could be neither written nor kept (named nowhere)
+        self.unrecorded = 0
+        self.heard = False          # a subscriber has attached since the producer started
+        self._unheard: list[tuple[int, int, str]] = []   # (position, seq, rid)
+        self._unheard_limit = unheard_rows
+        self._unheard_overflow = 0
+
+    # -- backlog ---------------------------------------------------------------------------
+
+    def add(self, meta: dict[str, Any]) -> None:
+        """Queue a drop/abort meta behind the others (bounded: past the bound it is counted)."""
+        n = _rows(meta)
+        if self.backlog_rows + n > self._limit:
+            self.unrecorded += n
+            return
+        self._backlog.append(meta)
+        self.backlog_rows += n
+
+    def peek(self) -> dict[str, Any] | None:
+        return self._backlog[0] if self._backlog else None
+
+    def pop(self) -> None:
+        self.backlog_rows -= _rows(self._backlog.popleft())
+
+    def recorded_through(self, next_seq: int) -> int:
+        """Every number below this is in the ring or counted unrecorded (not in the backlog)."""
+        return self._backlog[0]["seq"] if self._backlog else next_seq
+
+    # -- captures before the first subscriber ----------------------------------------------
+
+    def note_unheard(self, item: Any) -> None:
+        """Remember a committed entry's rows while no subscriber has attached yet."""
+        for r, row in enumerate(item.rows):
+            if len(self._unheard) < self._unheard_limit:
+                self._unheard.append((item.position, item.seq + r, row["rid"]))
+            else:
+                self._unheard_overflow += 1
+
+    def take_unheard(self, first_attach: int, in_flight: Any = ()
+                     ) -> tuple[list[dict[str, Any]], int] | None:
+        """The first subscriber attached at ring position ``first_attach``: the rows of
+        entries before it (never delivered to it; committed ones noted so far, plus the
+        ``in_flight`` entries not yet committed) and the overflow count, or None if none."""
+        self.heard = True
+        for item in in_flight:
+            if item is not None and item.position < first_attach:
+                self.note_unheard(item)
+        rows = [{"rid": rid, "seq": seq} for pos, seq, rid in self._unheard if pos < first_attach]
+        overflow = self._unheard_overflow
+        self._unheard.clear()
+        self._unheard_overflow = 0
+        return (rows, overflow) if rows or overflow else None
+
+    def unheard_lost(self, n: int) -> None:
+        """An unheard entry did not fit in the ring: its rows are only counted."""
+        self.unrecorded += n

@@ -1,0 +1,75 @@
+"""Per-producer-incarnation sequence accounting: which numbers a subscriber has seen.
+
+Numbers are tracked as sorted, disjoint half-open ranges, so the cost of any message is
+independent of the numbers it names (a forged ``next_seq`` of 3,000,000 costs nothing).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+__all__ = ["SequenceTracker"]
+
+
+class SequenceTracker:
+    """The numbers seen so far, from the first one seen (``base``) on.
+
+    ``add`` returns the part of a range already seen (a duplicate); ``missing`` the gaps
+    below the highest number seen; ``missing_below(limit)`` also the gap up to ``limit``.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self.base: int | None = None
+
+    def add(self, seq: int, n: int) -> int:
+        """Mark ``[seq, seq + n)`` seen; return how many of those numbers were seen before."""
+        if n <= 0:
+            return 0
+        if self.base is None:
+            self.base = seq
+        end = seq + n
+        i = bisect.bisect_right(self._ends, seq)   # first range ending after seq
+        dup = 0
+        j = i
+        new_s, new_e = seq, end
+        while j < len(self._starts) and self._starts[j] <= end:
+            dup += max(0, min(end, self._ends[j]) - max(seq, self._starts[j]))
+            new_s = min(new_s, self._starts[j])
+            new_e = max(new_e, self._ends[j])
+            j += 1
+        self._starts[i:j] = [new_s]
+        self._ends[i:j] = [new_e]
+        if seq < self.base:
+            self.base = seq
+        return dup
+
+    @property
+    def high(self) -> int:
+        """One past the highest number seen (``base`` if none)."""
+        return self._ends[-1] if self._ends else (self.base or 0)
+
+    def missing_below(self, limit: int) -> list[tuple[int, int]]:
+        """Unseen ranges in ``[base, limit)``."""
+        if self.base is None:
+            return []
+        out = []
+        at = self.base
+        for s, e in zip(self._starts, self._ends):
+            if s >= limit:
+                break
+            if s > at:
+                out.append((at, min(s, limit)))
+            at = max(at, e)
+        if at < limit:
+            out.append((at, limit))
+        return out
+
+    def missing(self) -> list[tuple[int, int]]:
+        """Unseen ranges below the highest number seen."""
+        return self.missing_below(self.high)
+
+    def seen(self, seq: int) -> bool:
+        i = bisect.bisect_right(self._starts, seq) - 1
+        return i >= 0 and seq < self._ends[i]
