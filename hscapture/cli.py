@@ -139,6 +139,10 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("hscapture: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except Failure as exc:
+            if ctx.meta.get("hscapture.debug") and exc.__context__ is not None:
+                traceback.print_exception(exc.__context__)
+            raise
         except (HSCaptureError, OSError) as exc:
             if ctx.meta.get("hscapture.debug"):
                 traceback.print_exc()
@@ -255,7 +259,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         return
     from .errors import SampleTimeoutError
 
-    _say_what_we_wait_for(endpoints, connect_timeout)
+    _say_what_we_wait_for(endpoints, connect_timeout, logging.DEBUG if quiet else logging.INFO)
     try:
         res = drain_mod.drain(list(endpoints), out_dir, max_samples=samples,
                               idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
@@ -291,13 +295,13 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         ctx.exit(EXIT_INCOMPLETE)
 
 
-def _say_what_we_wait_for(endpoints: tuple[str, ...], timeout: float) -> None:
+def _say_what_we_wait_for(endpoints: tuple[str, ...], timeout: float, level: int) -> None:
     """Tell at once what the drain waits for, where and how long (and why it may wait)."""
     from .endpoint import probe_endpoint
 
     for ep in endpoints:
         why = probe_endpoint(ep, timeout_s=0.5)
-        log.info("waiting up to %g s for the producer at %s%s; Ctrl-C to stop", timeout, ep,
+        log.log(level, "waiting up to %g s for the producer at %s%s; Ctrl-C to stop", timeout, ep,
                  f" (not up yet: {why})" if why else "")
 
 

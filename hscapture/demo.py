@@ -110,7 +110,7 @@ def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
                  "--idle-timeout", "60", "--quiet"]
     say(f"model: tiny random Llama ({dtype}), capture layers {list(aux_layers)} + "
         f"final_norm, {requests} requests in batches of {batch}, chunks of {chunk_size} tokens")
-    say(f"drain process: {' '.join(drain_cmd[1:])}")
+    say(f"drain process: {' '.join(['hscapture', *drain_cmd[3:]])}")
     model = tiny_llama(seed, getattr(torch, dtype))
     g = torch.Generator().manual_seed(seed + 1)
     references: dict[str, dict[str, torch.Tensor]] = {}
