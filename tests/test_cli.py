@@ -397,3 +397,67 @@ def test_bench_from_an_installed_package_says_it_needs_a_source_checkout(tmp_pat
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "source checkout" in res.stderr and "Traceback" not in res.stderr
+
+
+# --- examples/extract_eagle3.py: help and preflight ----------------------------------------
+
+EXTRACT = ROOT / "examples" / "extract_eagle3.py"
+
+
+def _extract(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXTRACT), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_extraction_help_shows_the_dataset_format_and_every_positional_argument(tmp_path):
+    res = _extract("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert '{"id": "q17", "input_ids": [' in res.stdout
+    assert "dataset  " in res.stdout and "JSONL file of tokenized prompts" in res.stdout
+    assert "shard directory to write" in res.stdout and "512M or 2G" in res.stdout
+    bad = _extract("d.jsonl", "out", "--shard-size", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "positive size" in bad.stderr
+
+
+def test_the_extraction_without_a_server_fails_at_once_with_one_line_and_writes_nothing(
+        tmp_path, sock_dir):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"id": "q{i}", "input_ids": [1, 2, 3]}}\n' for i in range(600)))
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t0 = time.monotonic()
+    res = _extract(str(data), str(tmp_path / "out"), "--server", f"http://127.0.0.1:{port}",
+                   cwd=tmp_path)
+    assert time.monotonic() - t0 < 20
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1 and "no server at" in res.stderr, res.stderr
+    assert "generate_standin.py" in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_extraction_with_a_server_but_no_producer_names_the_endpoint_it_checked(
+        tmp_path, sock_dir):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        data = tmp_path / "data.jsonl"
+        data.write_text("[1, 2, 3]\n")
+        res = _extract(str(data), str(tmp_path / "out"),
+                       "--server", f"http://127.0.0.1:{server.server_address[1]}", cwd=tmp_path)
+    finally:
+        server.shutdown()
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert f"ipc://{sock_dir}/sglang-dp0.sock" in res.stderr and "HSCAPTURE_ENABLE=1" in res.stderr
