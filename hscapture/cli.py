@@ -1,172 +1,486 @@
-"""The ``hscapture`` command line: drain, inspect, demo, bench, cleanup."""
+"""The ``hscapture`` command line: drain, inspect, demo, endpoints, cleanup, bench.
+
+Conventions (those of click, pip, huggingface-cli):
+
+* bad input is a usage error (exit 2) before anything runs: endpoints, sizes with units
+  (``512M``, ``2G``), ranges, ``--meta KEY=VALUE``;
+* anticipated failures (no producer, unwritable directory, damaged shards, …) print one line
+  ``hscapture: error: …`` and exit 1; ``--debug`` adds the traceback;
+* everything the library says goes through the ``hscapture`` logger and is rendered here once
+  as ``hscapture: message`` on stderr; data (``--json``, ``inspect``, ``endpoints``) goes to
+  stdout.
+
+Importing this module imports neither torch nor ZeroMQ: commands import what they need.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import re
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 import click
 
-from .errors import EndpointError, HSCaptureError, SampleTimeoutError, ShardError
+from .errors import EndpointError, HSCaptureError
 
-__all__ = ["main"]
+__all__ = ["main", "parse_size", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_INCOMPLETE",
+           "EXIT_INTERRUPTED"]
 
-_SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
+log = logging.getLogger("hscapture.cli")
 
-def _parse_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1] if text and text[-1] in _SIZE_SUFFIX else ""
-    try:
-        number = float(text[:-1] if unit else text)
-    except ValueError:
-        raise click.BadParameter(f"expected a size like 512M or 2G, found {value!r}") from None
-    return int(number * _SIZE_SUFFIX[unit])
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_PREFIX = re.compile(r"^(?:hscapture:?\s+)+")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-@click.group()
+def parse_size(text: str) -> int:
+    """``"512M"`` → 536870912. Units K, M, G, T are binary (``2G`` = 2 GiB; ``2GB``/``2GiB``
+    mean the same); a plain number is bytes. Raises ValueError for anything else, zero or a
+    negative size."""
+    m = _SIZE.match(str(text))
+    if m is None:
+        raise ValueError(f"expected a size like 512M or 2G, found {text!r}")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not math.isfinite(value) or int(value) <= 0:
+        raise ValueError(f"expected a positive size like 512M or 2G, found {text!r}")
+    return int(value)
+
+
+class Size(click.ParamType):
+    """A byte size with an optional unit (see :func:`parse_size`)."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and value > 0:
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Endpoint(click.ParamType):
+    """A ZeroMQ endpoint another process can reach: ``ipc://PATH`` or ``tcp://HOST:PORT``."""
+
+    name = "ENDPOINT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from .endpoint import check_endpoint
+
+        try:
+            return check_endpoint(value, allow_inproc=False)
+        except EndpointError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE, ENDPOINT = Size(), Endpoint()
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+class _Renderer(logging.Handler):
+    """Prints each ``hscapture*`` log record once as ``hscapture: [warning: ]message``."""
+
+    def __init__(self, debug: bool) -> None:
+        super().__init__(logging.DEBUG if debug else logging.INFO)
+        self.debug = debug
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from .progress import active_bar_write
+
+        try:
+            msg = record.getMessage()
+            msg = _PREFIX.sub("", msg)       # library messages may carry the prefix
+            level = {logging.WARNING: "warning: ", logging.ERROR: "error: ",
+                     logging.CRITICAL: "error: "}.get(record.levelno, "")
+            text = f"hscapture: {level}{msg}"
+            if record.exc_info and self.debug:
+                text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            active_bar_write(text, sys.stderr)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+def _setup_logging(debug: bool) -> None:
+    root = logging.getLogger("hscapture")
+    for h in list(root.handlers):
+        if isinstance(h, _Renderer):
+            root.removeHandler(h)
+    root.addHandler(_Renderer(debug))
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    root.propagate = False
+
+
+class Failure(click.ClickException):
+    """An anticipated failure: one line ``hscapture: error: …``, exit 1."""
+
+    exit_code = EXIT_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"hscapture: error: {self.format_message()}", err=True)
+
+
+class _Group(click.Group):
+    """Turns anticipated failures into one line + exit 1 and Ctrl-C into exit 130."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("hscapture: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except Failure as exc:
+            if ctx.meta.get("hscapture.debug") and exc.__context__ is not None:
+                traceback.print_exception(exc.__context__)
+            raise
+        except (HSCaptureError, OSError) as exc:
+            if ctx.meta.get("hscapture.debug"):
+                traceback.print_exc()
+            raise Failure(_describe(exc)) from None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, HSCaptureError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    return str(exc)
+
+
+_EPILOG = """\b
+Exit codes:
+  0    done
+  1    error (one line "hscapture: error: ..."; --debug shows the traceback)
+  2    usage error (bad option or argument)
+  3    done, but some samples were dropped, incomplete or rejected (listed)
+  130  interrupted (Ctrl-C); what was written is kept
+
+\b
+Default endpoint of a producer with id NAME (SGLang DP rank N: sglang-dpN):
+  ipc://$HSCAPTURE_SOCKET_DIR/NAME.sock, else ipc://$XDG_RUNTIME_DIR/hscapture/NAME.sock,
+  else ipc:///tmp/hscapture-<uid>/NAME.sock.  `hscapture endpoints` prints it.
+"""
+
+
+@click.group(cls=_Group, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscapture")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show debug logs and tracebacks of errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """Capture hidden states from a running inference server into safetensors shards."""
+    ctx.meta["hscapture.debug"] = debug
+    _setup_logging(debug)
+
+
+# -- drain ----------------------------------------------------------------------------------
+
+
+def _parse_meta(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]
+                ) -> dict[str, str]:
+    from .shards import _DEFAULTABLE, _META_KEYS   # the shard format's own reserved keys
+
+    reserved = _META_KEYS - _DEFAULTABLE
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, found {item!r}", ctx, param)
+        if key in reserved:
+            raise click.BadParameter(
+                f"{key!r} is reserved by the shard format (reserved: "
+                f"{', '.join(sorted(reserved))}); choose another key", ctx, param)
+        out[key] = value
+    return out
+
+
+def _list_rids(label: str, rids: dict[str, str], limit: int = 20) -> None:
+    for i, (rid, why) in enumerate(rids.items()):
+        if i == limit:
+            log.warning("... and %d more %s (all of them: --json)", len(rids) - limit, label)
+            break
+        log.warning("%s %s: %s", label, rid, why)
 
 
 @main.command()
-@click.option("--endpoint", "-e", "endpoints", multiple=True, required=True,
-              help="Producer endpoint (repeat for several producers, e.g. one per DP rank).")
+@click.option("--endpoint", "-e", "endpoints", multiple=True, required=True, type=ENDPOINT,
+              help="Producer endpoint: ipc://PATH or tcp://HOST:PORT (repeat for several "
+                   "producers, e.g. one per DP rank; `hscapture endpoints` prints the default).")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Shard directory (created; resumed if it holds an index).")
-@click.option("--samples", "-n", type=int, default=None, help="Stop after N samples.")
-@click.option("--idle-timeout", type=float, default=None,
+@click.option("--samples", "-n", type=click.IntRange(min=1), default=None,
+              help="Stop after N samples (shows % and ETA).")
+@click.option("--idle-timeout", type=_POSITIVE, default=None, metavar="SECONDS",
               help="Stop after this many seconds without a new sample.")
-@click.option("--connect-timeout", type=float, default=30.0, show_default=True,
-              help="Fail if no producer announces itself within this many seconds.")
-@click.option("--shard-size", default="2G", show_default=True, callback=_parse_size,
-              help="Maximum bytes per shard.")
-@click.option("--flush-every", default="256M", show_default=True, callback=_parse_size,
-              help="Make written samples durable (and release their ring space) this often.")
-@click.option("--meta", multiple=True, help="KEY=VALUE added to every shard's metadata.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress line.")
-@click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
-def drain(endpoints: tuple[str, ...], out_dir: str, samples: int | None,
+@click.option("--connect-timeout", type=_POSITIVE, default=30.0, show_default=True,
+              metavar="SECONDS", help="Fail if no producer answers within this many seconds.")
+@click.option("--shard-size", type=SIZE, default="2G", show_default=True,
+              help="Maximum size of one shard file (512M, 2G, ...).")
+@click.option("--flush-every", type=SIZE, default="256M", show_default=True,
+              help="Make written samples durable (and free their ring space) this often.")
+@click.option("--meta", "metadata", multiple=True, callback=_parse_meta, metavar="KEY=VALUE",
+              help="Added to every shard's metadata (repeatable).")
+@click.option("--unsubscribe", is_flag=True,
+              help="Do not drain: end this output directory's durable subscription on the "
+                   "endpoints (the producers stop keeping records for it), then exit.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (problems still).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON (stdout).")
+@click.pass_context
+def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples: int | None,
           idle_timeout: float | None, connect_timeout: float, shard_size: int,
-          flush_every: int, meta: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+          flush_every: int, metadata: dict[str, str], unsubscribe: bool, quiet: bool,
+          as_json: bool) -> None:
     """Subscribe to producers and write every complete sample into safetensors shards.
 
-    Ctrl-C stops cleanly: the open shard is finished, not lost. Dropped, incomplete and
-    rejected rids are listed at the end (exit code 3 if there were any).
-    """
-    from .drain import drain as run_drain
+    Ctrl-C stops cleanly (exit 130): the open shard is finished, not lost, and a drain
+    restarted into the same directory resumes without duplicates. Dropped, incomplete and
+    rejected rids are listed at the end (exit 3 if there were any).
 
-    metadata = {}
-    for item in meta:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, found {item!r}", param_hint="--meta")
-        metadata[key] = value
+    \b
+    Example:
+      hscapture drain -e "$(hscapture endpoints)" -o shards/ -n 100000
+    """
+    from . import drain as drain_mod
+
+    if unsubscribe:
+        fn = getattr(drain_mod, "unsubscribe", None)
+        if fn is None:
+            raise Failure("this hscapture's drain has no durable subscriptions to end")
+        fn(list(endpoints), out_dir)
+        log.info("ended the subscription of %s on %s", out_dir, ", ".join(endpoints))
+        return
+    from .errors import SampleTimeoutError
+
+    _say_what_we_wait_for(endpoints, connect_timeout, logging.DEBUG if quiet else logging.INFO)
     try:
-        res = run_drain(list(endpoints), out_dir, max_samples=samples,
-                        idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
-                        max_shard_bytes=shard_size, flush_bytes=flush_every,
-                        metadata=metadata, progress=not quiet)
+        res = drain_mod.drain(list(endpoints), out_dir, max_samples=samples,
+                              idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
+                              max_shard_bytes=shard_size, flush_bytes=flush_every,
+                              metadata=metadata, progress=not quiet)
     except SampleTimeoutError as exc:
-        raise click.ClickException(
-            f"{exc}. Is the producer running, and is the endpoint right?") from None
-    except (EndpointError, ShardError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise Failure(f"{exc}; is the producer running, and is the endpoint right? "
+                      f"(`hscapture endpoints --live` lists running producers)") from None
+    stats = res.stats or {}
     report = {"samples": res.samples, "bytes": res.bytes, "seconds": round(res.seconds, 3),
               "gb_per_s": round(res.gbps, 3), "duplicates_skipped": res.duplicates,
               "stopped_by": res.stopped_by, "dropped": res.dropped,
               "incomplete": res.incomplete, "rejected": res.rejected,
-              "not_written": res.stats.get("not_written", []),
-              "lost_notices": res.stats.get("lost_notices", 0),
-              "malformed_notices": res.stats.get("malformed_notices", 0),
-              "stale_notices": res.stats.get("stale_notices", 0)}
+              "not_written": stats.get("not_written", []),
+              "lost_notices": stats.get("lost_notices", 0),
+              "malformed_notices": stats.get("malformed_notices", 0),
+              "stale_notices": stats.get("stale_notices", 0)}
     if as_json:
         click.echo(json.dumps(report, indent=2))
-    else:
-        click.echo(f"wrote {res.samples} samples, {res.bytes / 1e9:.3f} GB in {res.seconds:.1f}s "
-                   f"({res.gbps:.3f} GB/s) to {out_dir}; skipped {res.duplicates} duplicates; "
-                   f"stopped by {res.stopped_by}", err=True)
-        for label in ("dropped", "incomplete", "rejected"):
-            for rid, why in report[label].items():
-                click.echo(f"  {label}: {rid}: {why}", err=True)
+    from .progress import format_size
+
+    if not quiet:
+        log.info("wrote %d samples (%s) to %s in %.1f s, %.3f GB/s; %d duplicates skipped; "
+                 "stopped by %s", res.samples, format_size(res.bytes), out_dir, res.seconds,
+                 res.gbps, res.duplicates, res.stopped_by or "?")
+    for label in ("dropped", "incomplete", "rejected"):
+        _list_rids(label, report[label])
+    if res.stopped_by == "signal":
+        log.warning("interrupted: %d samples written are kept; rerun the same command to go on",
+                    res.samples)
+        ctx.exit(EXIT_INTERRUPTED)
     if res.dropped or res.incomplete or res.rejected:
-        sys.exit(3)
+        ctx.exit(EXIT_INCOMPLETE)
+
+
+def _say_what_we_wait_for(endpoints: tuple[str, ...], timeout: float, level: int) -> None:
+    """Tell at once what the drain waits for, where and how long (and why it may wait)."""
+    from .endpoint import probe_endpoint
+
+    for ep in endpoints:
+        why = probe_endpoint(ep, timeout_s=0.5)
+        log.log(level, "waiting up to %g s for the producer at %s%s; Ctrl-C to stop", timeout, ep,
+                 f" (not up yet: {why})" if why else "")
+
+
+# -- inspect --------------------------------------------------------------------------------
 
 
 @main.command()
 @click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def inspect(out_dir: str, as_json: bool) -> None:
-    """Summarize and verify a shard directory (exit code 1 if anything is wrong)."""
+    """Show the schema of a shard directory and verify it (exit 1 if anything is wrong)."""
+    from .progress import format_size
     from .shards import verify_dir
 
-    try:
-        report = verify_dir(out_dir)
-    except HSCaptureError as exc:
-        raise click.ClickException(str(exc)) from None
+    report = verify_dir(out_dir)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
     else:
-        for key, value in report.items():
-            if key != "problems":
-                click.echo(f"{key}: {value}")
-        for problem in report.get("problems", []):
+        click.echo(f"{out_dir}: {report['samples']} samples, {report['tokens']} tokens, "
+                   f"{report['shards']} shard(s), {format_size(report['bytes'])}")
+        for sch in report["schemas"]:
+            click.echo(f"  model: {sch['model'] or '(unknown)'}")
+            click.echo(f"  convention: {sch['convention'] or '(none)'}")
+            click.echo(f"  dtype: {sch['dtype']}, hidden size: {sch['hidden']}")
+            names = sch["layer_names"] or [str(x) for x in sch["layers"]]
+            kinds = sch["layer_kinds"] or ["?"] * len(names)
+            click.echo("  layers: " + ", ".join(f"{n} ({k})" for n, k in zip(names, kinds)))
+            if len(report["schemas"]) > 1:
+                click.echo(f"  ({sch['shards']} shard(s), {sch['samples']} samples)")
+        for f in report["in_progress"]:
+            click.echo(f"  being written: {f}")
+        for f in report["unrelated"]:
+            click.echo(f"  not an hscapture shard: {f}")
+        for problem in report["problems"]:
             click.echo(f"PROBLEM: {problem}")
-        click.echo("OK" if not report.get("problems") else "FAILED")
-    if report.get("problems"):
-        sys.exit(1)
+        click.echo("OK" if report["ok"] else "FAILED")
+    if not report["ok"]:
+        first = report["problems"][0] if report["problems"] else "?"
+        more = len(report["problems"]) - 1
+        raise Failure(f"{first}" + (f" (and {more} more problems)" if more > 0 else ""))
+
+
+# -- demo -----------------------------------------------------------------------------------
 
 
 @main.command()
 @click.option("--out", "-o", "out_dir", default="demo-out", show_default=True,
               type=click.Path(file_okay=False), help="Where the demo writes its shards.")
-@click.option("--requests", "-n", default=48, show_default=True, help="Requests to capture.")
-@click.option("--chunk-size", default=64, show_default=True,
+@click.option("--overwrite", is_flag=True,
+              help="Replace a previous demo's output in --out (only the demo's own files).")
+@click.option("--requests", "-n", default=48, show_default=True, type=click.IntRange(min=1),
+              help="Requests to capture.")
+@click.option("--chunk-size", default=64, show_default=True, type=click.IntRange(min=1),
               help="Publish each request in chunks of this many tokens.")
 @click.option("--dtype", default="bfloat16", show_default=True,
               type=click.Choice(["bfloat16", "float16", "float32"]))
-def demo(out_dir: str, requests: int, chunk_size: int, dtype: str) -> None:
-    """Capture a small random-weight Llama on CPU through the real path and verify the shards."""
-    import shutil
+def demo(out_dir: str, overwrite: bool, requests: int, chunk_size: int, dtype: str) -> None:
+    """Capture a small random-weight Llama on CPU through the real path and verify the shards.
 
+    Nothing is downloaded. Refuses a non-empty --out unless --overwrite (which removes only
+    what an earlier demo wrote there).
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        from .demo import clear_demo_output, is_demo_output
+
+        if not overwrite:
+            raise click.UsageError(f"{out_dir} is not empty; choose a new directory or pass "
+                                   f"--overwrite to replace a previous demo's output")
+        if not is_demo_output(out):
+            raise click.UsageError(f"{out_dir} was not written by `hscapture demo`; --overwrite "
+                                   f"replaces only a demo's own output, so choose a new directory")
+        clear_demo_output(out)
     from .demo import run_demo
 
-    if Path(out_dir).exists():
-        shutil.rmtree(out_dir)
     res = run_demo(out_dir, requests=requests, chunk_size=chunk_size, dtype=dtype)
     if not res.ok:
-        sys.exit(1)
+        raise Failure(f"the demo found {len(res.mismatched) + len(res.problems)} problem(s) "
+                      f"(drain exit code {res.drain_returncode})")
+    log.info("OK: every sample in %s is bit-exact", out_dir)
+
+
+# -- endpoints / cleanup --------------------------------------------------------------------
 
 
 @main.command()
-@click.option("--prefix", default="hscapture-", show_default=True)
-@click.option("--force", is_flag=True, help="Also remove segments a durable subscription has not drained.")
+@click.argument("producer_ids", nargs=-1)
+@click.option("--dp-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Print the endpoints of SGLang DP ranks 0..N-1.")
+@click.option("--live", is_flag=True, help="List the endpoints of running producers instead.")
+def endpoints(producer_ids: tuple[str, ...], dp_size: int, live: bool) -> None:
+    """Print default endpoints, one per line (stdout).
+
+    Without arguments: where SGLang's DP rank 0 (..N-1 with --dp-size) publishes, read from
+    the same HSCAPTURE_* variables the server reads. With PRODUCER_IDS: the default endpoint
+    of a Producer(producer_id=ID).
+
+    \b
+    Example:
+      hscapture drain -e "$(hscapture endpoints)" -o shards/
+    """
+    from .endpoint import default_endpoint, live_endpoints
+
+    if live:
+        for ep in live_endpoints():
+            click.echo(ep)
+        return
+    if producer_ids:
+        for pid in producer_ids:
+            try:
+                click.echo(default_endpoint(pid))
+            except EndpointError as exc:
+                raise click.BadParameter(str(exc), param_hint="PRODUCER_IDS") from None
+        return
+    from .sglang.config import endpoint_for_dp_rank, load_config
+
+    cfg = load_config()
+    for rank in range(dp_size):
+        click.echo(endpoint_for_dp_rank(cfg.endpoint, rank)
+                   or default_endpoint(f"{cfg.producer_id}-dp{rank}"))
+
+
+@main.command()
+@click.option("--prefix", default="hscapture-", show_default=True,
+              help="Shared-memory segment name prefix.")
+@click.option("--force", is_flag=True,
+              help="Also remove segments a durable subscription has not finished reading.")
 def cleanup(prefix: str, force: bool) -> None:
-    """Remove shared-memory segments of this user whose producer is dead."""
+    """Remove what dead producers left: /dev/shm segments and ipc socket files.
+
+    Only this user's segments and sockets whose producer is gone are removed.
+    """
+    from .endpoint import cleanup_sockets, socket_dir
     from .ring import cleanup_stale
 
     actions = cleanup_stale(prefix, force=force)
+    removed = [a.name for a in actions if a.action == "removed"]
     for a in actions:
-        click.echo(f"{a.action} stale segment {a.name}" + ("" if a.action == "removed" else f": {a.reason}"))
-    click.echo(f"{sum(a.action == 'removed' for a in actions)} stale segment(s) removed")
+        click.echo(f"{a.action} stale segment {a.name}"
+                   + ("" if a.action == "removed" else f": {a.reason}"))
+    sockets = cleanup_sockets()
+    for path in sockets:
+        click.echo(f"removed stale socket file {path}")
+    log.info("%d stale segment(s) and %d socket file(s) in %s removed", len(removed),
+             len(sockets), socket_dir())
+
+
+# -- bench ----------------------------------------------------------------------------------
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("which", type=click.Choice(["ring", "e2e", "gpu", "all"]))
 @click.pass_context
 def bench(ctx: click.Context, which: str) -> None:
-    """Run a benchmark from benchmarks/ (extra arguments are passed through)."""
+    """Run a benchmark from benchmarks/ (source checkout only; extra arguments pass through).
+
+    The benchmark scripts are not part of the installed package: run this from a git
+    checkout of hscapture (`pip install -e .`), or run benchmarks/*.py directly.
+    """
     import runpy
 
     root = Path(__file__).resolve().parent.parent / "benchmarks"
     scripts = {"ring": ["bench_ring.py"], "e2e": ["bench_e2e.py"], "gpu": ["bench_gpu.py"]}
     scripts["all"] = scripts["ring"] + scripts["e2e"] + scripts["gpu"]
+    missing = [s for s in scripts[which] if not (root / s).is_file()]
+    if missing:
+        raise Failure(f"`hscapture bench` runs benchmarks/{missing[0]} of a source checkout, "
+                      f"and this hscapture ({Path(__file__).resolve().parent}) is installed "
+                      f"without one; clone the repository and run it there")
     for script in scripts[which]:
         path = root / script
-        if not path.exists():
-            raise click.ClickException(
-                f"{path} not found: benchmarks run from a source checkout of hscapture")
         sys.argv = [str(path), *ctx.args]
         runpy.run_path(str(path), run_name="__main__")
+
+
+def _register_export() -> None:
+    from .cli_export import export
+
+    main.add_command(export)
+
+
+_register_export()

@@ -8,7 +8,9 @@ weights. The capture path is the product's own: forward hooks → Producer → s
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -19,11 +21,43 @@ import torch
 
 from .adapters.transformers import CONVENTION, HiddenStateCapture
 from .endpoint import default_endpoint
+from .errors import HSCaptureError, SampleTimeoutError, ShardError
 from .producer import Producer
+from .progress import format_size
 from .sample import layer_name
 from .shards import load_sample, read_index, verify_dir
 
-__all__ = ["DemoResult", "run_demo", "tiny_llama"]
+__all__ = ["DemoResult", "run_demo", "tiny_llama", "MARKER", "is_demo_output",
+           "clear_demo_output"]
+
+log = logging.getLogger("hscapture.demo")
+
+#: Written into the output directory first: marks it as the demo's, so ``--overwrite`` knows
+#: what it may delete (only the demo's own files, never anything else).
+MARKER = ".hscapture-demo"
+_DEMO_FILES = re.compile(r"^(shard-\d{5,}(\.safetensors|\.safetensors\.tmp|\.journal)"
+                         r"|index\.jsonl|\.lock|" + re.escape(MARKER) + r")$")
+
+
+def is_demo_output(out_dir: str | os.PathLike) -> bool:
+    """Was ``out_dir`` written by the demo (it holds the demo's marker file)?"""
+    return (Path(out_dir) / MARKER).is_file()
+
+
+def clear_demo_output(out_dir: str | os.PathLike) -> list[str]:
+    """Remove the files a previous demo run wrote into ``out_dir`` (shards, journals, index,
+    lock, marker) and nothing else; returns the removed names. Raises :class:`ShardError`
+    if ``out_dir`` is not a demo output (no marker): then nothing is removed."""
+    out = Path(out_dir)
+    if not is_demo_output(out):
+        raise ShardError(f"{out} is not an output of `hscapture demo` (no {MARKER} file); "
+                         f"expected a demo output directory, nothing was removed")
+    removed = []
+    for entry in sorted(out.iterdir(), key=lambda p: p.name == MARKER):   # marker last
+        if _DEMO_FILES.match(entry.name) and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+            removed.append(entry.name)
+    return removed
 
 
 @dataclass
@@ -58,17 +92,25 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.bfloat16,
 def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
              chunk_size: int = 64, aux_layers: tuple[int, ...] = (1, 2, 4), seed: int = 0,
              dtype: str = "bfloat16", log: bool = True) -> DemoResult:
-    """Capture ``requests`` prompts and verify the drained shards; see the module docstring."""
+    """Capture ``requests`` prompts and verify the drained shards; see the module docstring.
+
+    Writes only into ``out_dir`` (created; the caller decides whether an existing one may be
+    used: see :func:`clear_demo_output`). Progress goes to the ``hscapture.demo`` logger
+    (INFO; nothing when ``log`` is False).
+    """
     out = Path(out_dir)
-    say = print if log else (lambda *a, **k: None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by `hscapture demo`; --overwrite may delete this "
+                              "directory's shards, index and this file\n")
+    say = log_info if log else (lambda *a, **k: None)
     producer_id = f"demo-{os.getpid()}"
     endpoint = default_endpoint(producer_id)
     drain_cmd = [sys.executable, "-m", "hscapture", "drain", "--endpoint", endpoint,
                  "--out", str(out), "--samples", str(requests), "--connect-timeout", "60",
                  "--idle-timeout", "60", "--quiet"]
-    say(f"[demo] model: tiny random Llama ({dtype}), capture layers {list(aux_layers)} + "
+    say(f"model: tiny random Llama ({dtype}), capture layers {list(aux_layers)} + "
         f"final_norm, {requests} requests in batches of {batch}, chunks of {chunk_size} tokens")
-    say(f"[demo] drain process: {' '.join(drain_cmd[1:])}")
+    say(f"drain process: {' '.join(['hscapture', *drain_cmd[3:]])}")
     model = tiny_llama(seed, getattr(torch, dtype))
     g = torch.Generator().manual_seed(seed + 1)
     references: dict[str, dict[str, torch.Tensor]] = {}
@@ -105,7 +147,7 @@ def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
                         references[rid] = ref
                     done += b
             producer.flush()
-            say(f"[demo] captured {requests} requests; producer stats: "
+            say(f"captured {requests} requests; producer stats: "
                 f"captured={producer.stats().get('captured', 0)} "
                 f"dropped={producer.stats().get('dropped', 0)}")
             rc = drain.wait(timeout=300)
@@ -116,13 +158,17 @@ def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
     return _verify(out, references, drain.returncode, say)
 
 
+def log_info(msg: str) -> None:
+    log.info("%s", msg)
+
+
 def _wait_for_consumer(producer: Producer, drain: subprocess.Popen, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not producer.wait_for_consumers(1, timeout_s=0.2):
         if drain.poll() is not None:
-            raise RuntimeError(f"the drain process exited early with code {drain.returncode}")
+            raise HSCaptureError(f"the drain process exited early with code {drain.returncode}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the drain process did not attach to the ring within {timeout:g} s")
+            raise SampleTimeoutError(f"the drain process did not attach to the ring within {timeout:g} s")
 
 
 def _verify(out: Path, references: dict[str, dict[str, torch.Tensor]], rc: int,
@@ -148,11 +194,11 @@ def _verify(out: Path, references: dict[str, dict[str, torch.Tensor]], rc: int,
     res = DemoResult(samples=len(references), tokens=tokens, bytes=nbytes, exact=exact,
                      mismatched=mismatched, out_dir=str(out), drain_returncode=rc,
                      problems=problems)
-    say(f"[demo] shards in {out}: {report.get('shards', '?')} shard(s), {len(index)} samples, "
-        f"{tokens} tokens, {nbytes / 1e6:.1f} MB of hidden states")
-    say(f"[demo] bit-exact vs output_hidden_states=True: {exact}/{len(references)}; "
+    say(f"shards in {out}: {report.get('shards', '?')} shard(s), {len(index)} samples, "
+        f"{tokens} tokens, {format_size(nbytes)} of hidden states")
+    say(f"bit-exact vs output_hidden_states=True: {exact}/{len(references)}; "
         f"unrequested/warm-up samples: {len(extra)}; drain exit code {rc}")
     for line in mismatched + problems:
-        say(f"[demo] PROBLEM: {line}")
-    say("[demo] OK" if res.ok else "[demo] FAILED")
+        if say is log_info:
+            log.warning("problem: %s", line)
     return res

@@ -53,33 +53,19 @@ class DrainResult:
 
 
 class _Progress:
-    """One status line (rewritten on a terminal, printed every few seconds otherwise)."""
+    """Adapter from the drain loop to :class:`hscapture.progress.Progress` (the renderer)."""
 
-    def __init__(self, enabled: bool, stream: Any = None) -> None:
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
-        self.tty = self.enabled and self.stream.isatty()
-        self.last = 0.0
+    def __init__(self, enabled: bool, stream: Any = None, total: int | None = None) -> None:
+        from .progress import Progress
+
+        self.bar = Progress(total, enabled, stream)
 
     def update(self, res: DrainResult, sub: Subscriber, start: float, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self.last < (0.2 if self.tty else 5.0)):
-            return
-        self.last = now
-        dt = max(now - start, 1e-9)
-        line = (f"samples {res.samples} ({res.samples / dt:.1f}/s)  "
-                f"{res.bytes / 1e9:.3f} GB ({res.bytes / dt / 1e9:.3f} GB/s)  "
-                f"dropped {len(sub.dropped)}  incomplete {len(sub.incomplete)}  "
-                f"rejected {len(sub.rejected)}  dup {res.duplicates}")
-        if self.tty:
-            self.stream.write("\r" + line.ljust(110))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        self.bar.update(res.samples, res.bytes, len(sub.dropped), len(sub.incomplete),
+                        len(sub.rejected), res.duplicates)
 
     def done(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
+        self.bar.close()
 
 
 def drain(
@@ -112,7 +98,7 @@ def drain(
     stop = stop_event or threading.Event()
     restore = _install_signal_handlers(stop)
     res = DrainResult()
-    bar = _Progress(progress)
+    bar = _Progress(progress, total=max_samples)
     pending: dict[str, list[Sample]] = {}
     pending_bytes = 0
     # A durable subscription named after the output directory: a drain stopped (Ctrl-C, kill,

@@ -1016,21 +1016,52 @@ def _dir_locked(d: str) -> bool:
         os.close(fd)
 
 
+def _schema_of(meta: dict[str, str]) -> dict[str, Any]:
+    """The schema a shard's ``__metadata__`` declares (what :func:`verify_dir` reports)."""
+    def lst(key: str) -> list:
+        try:
+            v = json.loads(meta.get(key, "[]"))
+            return v if isinstance(v, list) else []
+        except ValueError:
+            return []
+    try:
+        hidden: int | None = int(meta["hidden"])
+    except (KeyError, ValueError):
+        hidden = None
+    return {"layers": lst("layers"), "layer_kinds": lst("layer_kinds"),
+            "layer_names": lst("layer_names"), "dtype": meta.get("dtype", ""),
+            "hidden": hidden, "model": meta.get("model", ""),
+            "convention": meta.get("convention", "")}
+
+
 def verify_dir(out_dir: str | os.PathLike) -> dict:
-    """Check a shard directory. Returns ``{"ok", "shards", "samples", "tokens", "bytes",
-    "problems": [...], "in_progress": [...]}`` (``bytes``: total size of the shard files)."""
+    """Check a shard directory; never raises for what it finds (it reports it).
+
+    Returns ``{"ok", "dir", "shards", "samples", "tokens", "bytes", "schemas", "problems",
+    "in_progress", "unrelated"}``: ``bytes`` is the total size of the finished shard files;
+    ``schemas`` lists each distinct schema (``layers``, ``layer_kinds``, ``layer_names``,
+    ``dtype``, ``hidden``, ``model``, ``convention``) with the ``shards`` and ``samples`` that
+    use it; ``unrelated`` names ``*.safetensors`` files that are not hscapture shards.
+    ``ok`` is False when there is any problem, including a directory holding no hscapture
+    shard at all (empty, or only unrelated files) and no live writer.
+    """
     from safetensors import safe_open
 
     d = os.fspath(out_dir)
     problems: list[str] = []
     in_progress: list[str] = []
+    unrelated: list[str] = []
+    report: dict[str, Any] = {"ok": False, "dir": d, "shards": 0, "samples": 0, "tokens": 0,
+                              "bytes": 0, "schemas": [], "problems": problems,
+                              "in_progress": in_progress, "unrelated": unrelated}
     try:
         files = sorted(os.listdir(d))
     except OSError as e:
-        return {"ok": False, "shards": 0, "samples": 0, "tokens": 0, "bytes": 0,
-                "problems": [f"cannot list {d}: {e.strerror}"], "in_progress": []}
+        problems.append(f"cannot list {d}: {e.strerror}")
+        return report
     live = _dir_locked(d)
     shards: dict[str, dict[str, dict[str, tuple]]] = {}  # shard → rid → name → (dtype, shape)
+    schemas: dict[str, dict[str, Any]] = {}              # schema JSON → schema + counts
     total_bytes = 0
     for f in files:
         if f.endswith(TMP_SUFFIX) or f.endswith(JOURNAL_SUFFIX):
@@ -1039,6 +1070,8 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
                                f"on the directory recovers it)")
             continue
         if not _SHARD_RE.match(f):
+            if f.endswith(SHARD_SUFFIX):
+                unrelated.append(f)
             continue
         path = os.path.join(d, f)
         total_bytes += os.path.getsize(path)
@@ -1058,6 +1091,15 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
         if meta.get("num_samples") not in (None, str(len(rids))):
             problems.append(f"{f}: metadata says {meta.get('num_samples')} samples, found {len(rids)}")
         shards[f] = rids
+        schema = _schema_of(meta)
+        entry = schemas.setdefault(_jdump(schema), {**schema, "shards": 0, "samples": 0})
+        entry["shards"] += 1
+        entry["samples"] += len(rids)
+    if not shards and not in_progress and not problems:
+        found = (f"only unrelated safetensors files ({', '.join(unrelated)})" if unrelated
+                 else "no files" if not files else f"{len(files)} other file(s)")
+        problems.append(f"{d}: no hscapture shards: expected shard-NNNNN.safetensors files "
+                        f"and {INDEX_NAME}, found {found}")
     try:
         lines = _read_index_lines(d)
     except ShardError as e:
@@ -1109,5 +1151,6 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
             where[rid] = f
             if seen.get(rid) != f and rid not in seen:
                 problems.append(f"rid {rid!r}: in {f} but not in {INDEX_NAME}")
-    return {"ok": not problems, "shards": len(shards), "samples": len(seen), "tokens": tokens,
-            "bytes": total_bytes, "problems": problems, "in_progress": in_progress}
+    report.update(ok=not problems, shards=len(shards), samples=len(seen), tokens=tokens,
+                  bytes=total_bytes, schemas=list(schemas.values()))
+    return report

@@ -1,22 +1,38 @@
-"""The ``hscapture`` command line beyond drain (drain is covered in test_capture.py)."""
+"""The ``hscapture`` command line as a user meets it: usage errors, exit codes, messages,
+rendering, and the commands beyond drain's core (drain's data path is in test_capture.py)."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 
+import pytest
 import torch
+from click.testing import CliRunner
 
+from hscapture import endpoint as ep
+from hscapture.cli import main, parse_size
+from hscapture.progress import Progress, format_size
 from hscapture.sample import Sample
 from hscapture.shards import ShardWriter
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def _run(*args: str, cwd) -> subprocess.CompletedProcess:
+
+def _run(*args: str, cwd, env: dict | None = None, timeout: float = 120
+         ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hscapture", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def _sample(rid: str) -> Sample:
@@ -26,47 +42,422 @@ def _sample(rid: str) -> Sample:
                   layers=[1], layer_kinds=["residual"], dtype="bfloat16", hidden=8)
 
 
-def test_inspect_passes_a_good_directory_and_fails_a_damaged_one(tmp_path):
+@pytest.fixture
+def sock_dir(monkeypatch):
+    """A private, short socket directory (AF_UNIX paths are limited to 107 bytes)."""
+    d = Path("/tmp") / f"hsc-cli-{uuid.uuid4().hex[:8]}"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("HSCAPTURE_SOCKET_DIR", str(d))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# --- start-up ------------------------------------------------------------------------------
+
+
+def test_help_imports_neither_torch_nor_zmq_and_answers_well_under_a_second(tmp_path):
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, hscapture.cli; "
+         "print(sorted(m for m in ('torch', 'zmq', 'numpy', 'tqdm') if m in sys.modules))"],
+        capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "[]", f"imported at start-up: {probe.stdout}"
+    best = min(_timed_help(tmp_path) for _ in range(3))
+    assert best < 1.0, f"`hscapture --help` took {best:.2f} s"
+
+
+def _timed_help(cwd) -> float:
+    t0 = time.monotonic()
+    res = _run("--help", cwd=cwd)
+    took = time.monotonic() - t0
+    assert res.returncode == 0 and "Exit codes" in res.stdout and "130" in res.stdout
+    return took
+
+
+# --- usage errors --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["-e", "tcp://1.2.3.4"], "the port is required"),
+    (["-e", "tcp://1.2.3.4:70000"], "port in 1-65535"),
+    (["-e", "inproc://foo"], "inproc:// works only inside one process"),
+    (["-e", "nonsense"], "expected 'ipc://PATH' or 'tcp://HOST:PORT'"),
+    (["-e", "ipc:///x.sock", "--shard-size", "0"], "positive size"),
+    (["-e", "ipc:///x.sock", "--shard-size", "-1G"], "size like 512M"),
+    (["-e", "ipc:///x.sock", "--flush-every", "lots"], "size like 512M"),
+    (["-e", "ipc:///x.sock", "--meta", "format=x"], "'format' is reserved"),
+    (["-e", "ipc:///x.sock", "--meta", "novalue"], "expected KEY=VALUE"),
+    (["-e", "ipc:///x.sock", "--samples", "-3"], "x>=1"),
+    (["-e", "ipc:///x.sock", "--samples", "0"], "x>=1"),
+    (["-e", "ipc:///x.sock", "--connect-timeout", "-1"], "x>0"),
+    (["-e", "ipc:///x.sock", "--idle-timeout", "0"], "x>0"),
+])
+def test_bad_drain_options_are_usage_errors_that_exit_2_before_anything_runs(
+        tmp_path, args, expected):
+    out = tmp_path / "never"
+    res = CliRunner().invoke(main, ["drain", *args, "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert expected in res.output and "Traceback" not in res.output
+    assert not out.exists(), "a usage error must not create the output directory"
+
+
+def test_sizes_take_units_and_refuse_zero_negatives_and_garbage():
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("2G") == parse_size("2GB") == parse_size("2GiB") == 2 << 30
+    assert parse_size("1.5k") == 1536 and parse_size("4096") == 4096
+    for bad in ("0", "-1", "-2G", "G", "2X", "", "nan", "0.1"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    assert format_size(1536) == "1.5 KiB" and format_size(3 << 30) == "3.0 GiB"
+    assert format_size(12) == "12 B"
+
+
+# --- drain: what it says, and its exit codes ------------------------------------------------
+
+
+def test_a_waiting_drain_says_at_once_what_it_waits_for_and_ctrl_c_exits_130(tmp_path, sock_dir):
+    endpoint = f"ipc://{sock_dir}/nobody.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "hscapture", "drain", "-e", endpoint,
+                             "-o", str(tmp_path / "out"), "--connect-timeout", "4"],
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        first = proc.stderr.readline()
+        assert time.monotonic() - t0 < 3.0, "the drain did not say at once what it waits for"
+        assert first.startswith("hscapture: waiting up to 4 s for the producer at " + endpoint)
+        assert "no socket file" in first
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest
+    assert "Traceback" not in rest and "hscapture: hscapture" not in first + rest
+
+
+def test_a_drain_with_no_producer_fails_with_one_clear_line_and_debug_shows_the_traceback(
+        tmp_path, sock_dir):
+    args = ["drain", "-e", f"ipc://{sock_dir}/nobody.sock", "-o", str(tmp_path / "o"),
+            "--connect-timeout", "0.3", "--quiet"]
+    res = _run(*args, cwd=tmp_path)
+    assert res.returncode == 1
+    errors = [line for line in res.stderr.splitlines() if line.startswith("hscapture: error:")]
+    assert len(errors) == 1 and "no hscapture producer" in errors[0], res.stderr
+    assert "Traceback" not in res.stderr
+    debug = _run("--debug", *args, cwd=tmp_path)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_unsubscribe_calls_the_drains_unsubscribe_with_the_endpoints_and_directory(
+        tmp_path, monkeypatch):
+    import hscapture.drain as drain_mod
+
+    calls = []
+    monkeypatch.setattr(drain_mod, "unsubscribe", lambda eps, out: calls.append((eps, out)),
+                        raising=False)
+    res = CliRunner().invoke(main, ["drain", "-e", "ipc:///a.sock", "-e", "tcp://h:5557",
+                                    "-o", str(tmp_path), "--unsubscribe"])
+    assert res.exit_code == 0, res.output
+    assert calls == [(["ipc:///a.sock", "tcp://h:5557"], str(tmp_path))]
+
+
+def test_library_log_lines_are_rendered_once_with_one_prefix(capsys):
+    import logging
+
+    from hscapture.cli import _setup_logging
+
+    _setup_logging(debug=False)
+    logging.getLogger("hscapture.subscriber").warning("hscapture subscriber: %s lost", 3)
+    logging.getLogger("hscapture").info("hscapture: plain")
+    logging.getLogger("hscapture").debug("hidden without --debug")
+    assert capsys.readouterr().err == "hscapture: warning: subscriber: 3 lost\nhscapture: plain\n"
+
+
+# --- progress ------------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_progress_off_a_terminal_prints_a_plain_line_every_interval_with_percent_and_eta():
+    clock, out = _Clock(), io.StringIO()
+    bar = Progress(total=100, enabled=True, stream=out, interval_s=10, clock=clock)
+    for i in range(1, 40):
+        clock.t += 0.5
+        bar.update(i, i * 10**8, dropped=1, incomplete=2)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1, lines           # 19.5 s elapsed: one line at 10 s, not before
+    assert lines[0].startswith("hscapture: 20/100 samples (20.0%), 2.0/s, 2.00 GB, 0.20 GB/s")
+    assert "dropped 1" in lines[0] and "incomplete 2" in lines[0] and "ETA 0:40" in lines[0]
+
+
+def test_progress_without_a_total_has_no_percent_and_disabled_progress_writes_nothing():
+    clock, out = _Clock(), io.StringIO()
+    bar = Progress(total=None, enabled=True, stream=out, interval_s=1, clock=clock)
+    clock.t += 2
+    bar.update(5, 0)
+    assert "%" not in out.getvalue() and "ETA" not in out.getvalue() and "5 samples" in out.getvalue()
+    quiet = io.StringIO()
+    off = Progress(total=10, enabled=False, stream=quiet, interval_s=0, clock=clock)
+    off.update(3, 3)
+    off.close()
+    assert quiet.getvalue() == ""
+
+
+def test_progress_on_a_terminal_draws_a_tqdm_bar_with_rate_bytes_drops_and_percent():
+    out = io.StringIO()
+    bar = Progress(total=50, enabled=True, stream=out, tty=True)
+    bar.update(25, 5 * 10**9, dropped=4)
+    bar.close()
+    text = out.getvalue()
+    assert "50%" in text and "25/50" in text and "GB/s" in text and "dropped 4" in text
+
+
+# --- inspect -------------------------------------------------------------------------------
+
+
+def test_inspect_shows_the_schema_and_sizes_of_a_good_directory_and_fails_a_damaged_one(tmp_path):
     out = tmp_path / "shards"
-    with ShardWriter(out) as w:
+    with ShardWriter(out, metadata={"model": "m-1", "convention": "conv-x"}) as w:
         for i in range(3):
             w.add(_sample(f"r{i}"))
     good = _run("inspect", str(out), cwd=tmp_path)
-    assert good.returncode == 0 and "samples: 3" in good.stdout and "OK" in good.stdout
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "3 samples, 12 tokens, 1 shard(s), 2.0 MiB" in good.stdout
+    for part in ("model: m-1", "convention: conv-x", "dtype: bfloat16, hidden size: 8",
+                 "layers: layer_1 (residual)"):
+        assert part in good.stdout, good.stdout
+    report = json.loads(_run("inspect", str(out), "--json", cwd=tmp_path).stdout)
+    assert report["ok"] and report["samples"] == 3
+    assert report["schemas"][0]["layers"] == [1] and report["schemas"][0]["hidden"] == 8
     shard = next(out.glob("*.safetensors"))
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) - 10)
     bad = _run("inspect", str(out), cwd=tmp_path)
     assert bad.returncode == 1 and "PROBLEM" in bad.stdout and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("hscapture: error:")
 
 
-def test_cleanup_removes_the_segment_of_a_dead_producer_only(tmp_path):
+def test_inspect_fails_on_an_empty_directory_and_on_one_holding_only_an_unrelated_model(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = _run("inspect", str(empty), cwd=tmp_path)
+    assert res.returncode == 1 and "no hscapture shards" in res.stderr, res.stderr
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(model_dir / "model.safetensors"))
+    res = _run("inspect", str(model_dir), cwd=tmp_path)
+    assert res.returncode == 1 and "model.safetensors" in res.stderr, res.stderr
+    assert "not an hscapture shard: model.safetensors" in res.stdout
+
+
+# --- demo ----------------------------------------------------------------------------------
+
+
+def test_demo_refuses_a_non_empty_directory_and_touches_nothing_in_it(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    for extra in ([], ["--overwrite"]):
+        res = CliRunner().invoke(main, ["demo", "-o", str(out), *extra])
+        assert res.exit_code == 2, res.output
+        assert "not empty" in res.output or "not written by `hscapture demo`" in res.output
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+def test_the_demo_command_verifies_a_real_model_and_overwrite_replaces_only_its_own_files(
+        tmp_path):
+    out = tmp_path / "demo"
+    args = ("demo", "--out", str(out), "--requests", "6", "--chunk-size", "32")
+    res = _run(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "hscapture: OK: every sample" in res.stderr and "[demo]" not in res.stderr + res.stdout
+    assert all(line.startswith("hscapture: ") for line in res.stderr.splitlines()), res.stderr
+    assert "waiting up to" not in res.stderr, "the demo's --quiet drain still talked"
+    (out / "notes.txt").write_text("mine")
+    again = _run(*args, "--overwrite", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    assert json.loads(_run("inspect", str(out), "--json", cwd=tmp_path).stdout)["samples"] == 6
+
+
+# --- endpoints and cleanup -----------------------------------------------------------------
+
+
+def test_endpoints_prints_the_default_scheme_the_sglang_plugin_binds(tmp_path, sock_dir):
+    env = {"HSCAPTURE_ENDPOINT": "", "HSCAPTURE_PRODUCER_ID": ""}
+    res = _run("endpoints", "--dp-size", "2", cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [f"ipc://{sock_dir}/sglang-dp0.sock",
+                                  f"ipc://{sock_dir}/sglang-dp1.sock"]
+    res = _run("endpoints", cwd=tmp_path, env={"HSCAPTURE_ENDPOINT": "tcp://10.0.0.1:6000"})
+    assert res.stdout.strip() == "tcp://10.0.0.1:6000"
+    res = _run("endpoints", "offline", cwd=tmp_path)
+    assert res.stdout.strip() == f"ipc://{sock_dir}/offline.sock"
+    assert _run("endpoints", "bad/id", cwd=tmp_path).returncode == 2
+
+
+def test_the_default_socket_dir_needs_no_runtime_dir(monkeypatch):
+    monkeypatch.delenv("HSCAPTURE_SOCKET_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert ep.default_endpoint("x") == f"ipc:///tmp/hscapture-{os.getuid()}/x.sock"
+
+
+_HOLDER = """
+import socket, sys, time
+from hscapture.endpoint import claim_endpoint, ipc_path
+endpoint = sys.argv[1]
+fd = claim_endpoint(endpoint)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(str(ipc_path(endpoint)))
+s.listen(1)
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_cleanup_removes_dead_producers_segments_and_sockets_only(tmp_path, sock_dir):
     prefix = f"hscapture-clitest-{uuid.uuid4().hex[:8]}-"
     code = ("import sys, time; from hscapture import _ring; "
             "p = _ring.Producer(sys.argv[1], 4096, 2); print('up', flush=True); time.sleep(60)")
-    dead = subprocess.Popen([sys.executable, "-c", code, prefix + "dead"], stdout=subprocess.PIPE,
-                            text=True)
-    live = subprocess.Popen([sys.executable, "-c", code, prefix + "live"], stdout=subprocess.PIPE,
-                            text=True)
+    procs = {name: subprocess.Popen([sys.executable, "-c", code, prefix + name],
+                                    stdout=subprocess.PIPE, text=True) for name in ("dead", "live")}
+    socks = {name: subprocess.Popen([sys.executable, "-c", _HOLDER,
+                                     f"ipc://{sock_dir}/{name}.sock"],
+                                    stdout=subprocess.PIPE, text=True) for name in ("dead", "live")}
     try:
-        assert dead.stdout.readline().strip() == "up" and live.stdout.readline().strip() == "up"
-        dead.send_signal(signal.SIGKILL)
-        dead.wait()
+        for p in (*procs.values(), *socks.values()):
+            assert p.stdout.readline().strip() == "up"
+        for p in (procs["dead"], socks["dead"]):
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        assert (sock_dir / "dead.sock").exists() and (sock_dir / "dead.sock.lock").exists()
+        assert ep.live_endpoints() == [f"ipc://{sock_dir}/live.sock"]
         res = _run("cleanup", "--prefix", prefix, cwd=tmp_path)
         assert res.returncode == 0, res.stderr
         assert f"removed stale segment {prefix}dead" in res.stdout
+        assert f"removed stale socket file {sock_dir}/dead.sock" in res.stdout
         assert os.path.exists(f"/dev/shm/{prefix}live")
         assert not os.path.exists(f"/dev/shm/{prefix}dead")
+        assert sorted(p.name for p in sock_dir.iterdir()) == ["live.sock", "live.sock.lock"]
+        assert ep.probe_endpoint(f"ipc://{sock_dir}/live.sock") is None
+        assert "no socket file" in ep.probe_endpoint(f"ipc://{sock_dir}/dead.sock")
     finally:
-        live.kill()
-        live.wait()
+        for p in (*procs.values(), *socks.values()):
+            p.kill()
+            p.wait()
         for name in ("dead", "live"):
             if os.path.exists(f"/dev/shm/{prefix}{name}"):
                 os.unlink(f"/dev/shm/{prefix}{name}")
 
 
-def test_the_demo_command_captures_and_verifies_a_real_model(tmp_path):
-    res = _run("demo", "--out", str(tmp_path / "demo"), "--requests", "6", "--chunk-size", "32",
-               cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "[demo] OK" in res.stdout
+def test_a_released_claim_leaves_no_files_and_the_endpoint_can_be_claimed_again(sock_dir):
+    endpoint = f"ipc://{sock_dir}/p.sock"
+    fd = ep.claim_endpoint(endpoint)
+    (sock_dir / "p.sock").write_text("")          # stands in for the bound socket file
+    with pytest.raises(ep.EndpointError, match="in use by another producer"):
+        ep.claim_endpoint(endpoint)
+    ep.release_endpoint(endpoint, fd)
+    assert list(sock_dir.iterdir()) == []
+    ep.release_endpoint(endpoint, ep.claim_endpoint(endpoint))
+    assert ep.cleanup_sockets() == []
+
+
+def test_probe_endpoint_reports_a_refused_tcp_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                                         # nobody listens there now
+    assert "cannot connect" in ep.probe_endpoint(f"tcp://127.0.0.1:{port}")
+
+
+# --- bench ---------------------------------------------------------------------------------
+
+
+def test_bench_from_an_installed_package_says_it_needs_a_source_checkout(tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "hscapture", site / "hscapture",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # an installed copy: no benchmarks/ beside it (the editable install's finder is bypassed)
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+            "if 'ScikitBuild' not in type(f).__name__]; sys.path.insert(0, sys.argv.pop(1)); "
+            "import hscapture.cli as c; assert c.__file__.startswith(sys.path[0]), c.__file__; "
+            "sys.argv = ['hscapture', 'bench', 'ring']; c.main()")
+    res = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "source checkout" in res.stderr and "Traceback" not in res.stderr
+
+
+# --- examples/extract_eagle3.py: help and preflight ----------------------------------------
+
+EXTRACT = ROOT / "examples" / "extract_eagle3.py"
+
+
+def _extract(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXTRACT), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_extraction_help_shows_the_dataset_format_and_every_positional_argument(tmp_path):
+    res = _extract("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert '{"id": "q17", "input_ids": [' in res.stdout
+    assert "dataset  " in res.stdout and "JSONL file of tokenized prompts" in res.stdout
+    assert "shard directory to write" in res.stdout and "512M or 2G" in res.stdout
+    bad = _extract("d.jsonl", "out", "--shard-size", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "positive size" in bad.stderr
+
+
+def test_the_extraction_without_a_server_fails_at_once_with_one_line_and_writes_nothing(
+        tmp_path, sock_dir):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"id": "q{i}", "input_ids": [1, 2, 3]}}\n' for i in range(600)))
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t0 = time.monotonic()
+    res = _extract(str(data), str(tmp_path / "out"), "--server", f"http://127.0.0.1:{port}",
+                   cwd=tmp_path)
+    assert time.monotonic() - t0 < 20
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1 and "no server at" in res.stderr, res.stderr
+    assert "generate_standin.py" in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_extraction_with_a_server_but_no_producer_names_the_endpoint_it_checked(
+        tmp_path, sock_dir):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        data = tmp_path / "data.jsonl"
+        data.write_text("[1, 2, 3]\n")
+        res = _extract(str(data), str(tmp_path / "out"),
+                       "--server", f"http://127.0.0.1:{server.server_address[1]}", cwd=tmp_path)
+    finally:
+        server.shutdown()
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert f"ipc://{sock_dir}/sglang-dp0.sock" in res.stderr and "HSCAPTURE_ENABLE=1" in res.stderr

@@ -9,7 +9,10 @@ every rank. Nothing here imports SGLang.
 ``HSCAPTURE_ENDPOINT``         ZeroMQ endpoint the producer binds; may contain ``{dp_rank}``.
                                Without the placeholder, DP rank 0 binds it as given and DP
                                rank N>0 binds a derived one (see :func:`endpoint_for_dp_rank`).
-                               Unset: ``ipc://<private socket dir>/<producer id>.sock``.
+                               Unset: ``ipc://<socket dir>/<producer id>.sock``, i.e. DP rank N
+                               binds ``ipc://<socket dir>/sglang-dpN.sock`` (socket dir:
+                               ``$HSCAPTURE_SOCKET_DIR``, else ``$XDG_RUNTIME_DIR/hscapture``,
+                               else ``/tmp/hscapture-<uid>``; ``hscapture endpoints`` prints it).
 ``HSCAPTURE_PRODUCER_ID``      producer id prefix (default ``sglang``); the id is
                                ``<prefix>-dp<N>``; it also names the ring segment.
 ``HSCAPTURE_RID_PREFIX``       requests whose rid starts with this are captured
