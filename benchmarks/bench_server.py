@@ -84,7 +84,7 @@ def subscriber_main(endpoint: str, out: str, stop_file: str) -> None:
             n += 1
         st = sub.stats()
         f.write(json.dumps({"stats": {k: v for k, v in st.items()
-                                      if k in ("dropped", "incomplete", "rejected", "samples")}},
+                                      if k not in ("errors", "in_flight")}},
                            default=str) + "\n")
 
 

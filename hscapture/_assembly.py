@@ -40,6 +40,8 @@ class Partial:
     total: int | None = None             # N, known once the last chunk arrived
     nbytes: int = 0
     updated: float = field(default_factory=time.monotonic)
+    #: ring records this partial keeps unreleased (see Subscriber: partial_hold_s)
+    holds: list[tuple[Any, int]] = field(default_factory=list)
 
     def covered(self) -> tuple[int, list[tuple[int, int]]]:
         at, gaps = 0, []

@@ -28,7 +28,8 @@ from . import notice as nt
 from . import record as rec
 from ._control import ControlLog
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
-from .errors import CaptureConfigError, EndpointError, HSCaptureError, InvalidRidError
+from .errors import (CaptureConfigError, EndpointError, HSCaptureError, InvalidRidError,
+                     RecordTooLargeError)
 from .pinning import register_host_memory
 from .ring import segment_name
 
@@ -169,6 +170,7 @@ class Producer:
         self._queue: collections.deque[_Pending | None] = collections.deque()
         self._queued = 0                       # entries put on the queue (under _cond)
         self._published = 0                    # entries the publisher finished (under _cond)
+        self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._counters: collections.Counter[str] = collections.Counter()
@@ -207,9 +209,23 @@ class Producer:
         the ring, False when it was dropped (the drop is recorded and announced).
         """
         tensors = list(tensors)
-        if not tensors:
-            raise CaptureConfigError("capture: expected at least one tensor, found none")
-        count = int(tensors[0].shape[0]) if tensors[0].dim() == 2 else -1
+        n_kinds = len(layer_kinds) if layer_kinds is not None else len(layers)
+        if not tensors or len(tensors) != len(layers) or n_kinds != len(layers):
+            raise CaptureConfigError(
+                f"expected one tensor and one kind per layer: {len(layers)} layers, "
+                f"{len(tensors)} tensors, {n_kinds} kinds")
+        first = tensors[0]
+        if first.dim() != 2:
+            raise CaptureConfigError(f"tensors must be [tokens, hidden], found {tuple(first.shape)}")
+        for i, t in enumerate(tensors):
+            if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
+                raise CaptureConfigError(
+                    f"tensor {i} (layer {layers[i]}): expected {tuple(first.shape)} "
+                    f"{first.dtype} on {first.device}, found {tuple(t.shape)} {t.dtype} "
+                    f"on {t.device}")
+        count = int(first.shape[0])
+        if count == 0:
+            raise CaptureConfigError("a chunk must hold at least one token")
         row = Row(rid, 0, count, token_start, is_last_chunk, cached_prefix, extra,
                   _field_bytes(fields, count))
         return self.capture_batch([row], tensors, layers=layers, layer_kinds=layer_kinds,
@@ -224,14 +240,15 @@ class Producer:
         layer_kinds: Sequence[str] | None = None,
         token_ids: Any,
         layer_map: Sequence[Sequence[int]] | None = None,
+        hidden: int | None = None,
         snapshot: bool = False,
     ) -> bool:
         """Capture several request chunks of one forward pass as ONE ring entry.
 
         ``blocks`` are 2-D ``[T_src, cols]`` tensors of one dtype on one device (e.g. SGLang's
         packed aux states ``[T, K*H]`` and ``last_hidden_states`` ``[T, H]``); ``layer_map``
-        says where each of ``layers`` lies in them (default: consecutive ``H``-wide slots,
-        ``H`` = the narrowest block). ``token_ids`` is ``[T_src]`` (host or device). Each row
+        says where each of ``layers`` lies in them (default: consecutive ``hidden``-wide slots;
+        ``hidden`` defaults to the narrowest block's width). ``token_ids`` is ``[T_src]`` (host or device). Each row
         takes its token rows from the sources. ``snapshot=True``: the sources may be
         overwritten once this returns (CUDA graph buffers), so the captured rows are first
         copied on the caller's current stream. Returns True when the entry went into the ring,
@@ -243,7 +260,8 @@ class Producer:
         blocks = list(blocks)
         layers = [int(x) for x in layers]
         kinds = list(layer_kinds) if layer_kinds is not None else ["residual"] * len(layers)
-        hidden, dtype, t_src = self._check_batch(rows, blocks, layers, kinds, token_ids)
+        narrowest, dtype, t_src = self._check_batch(rows, blocks, layers, kinds, token_ids)
+        hidden = narrowest if hidden is None else int(hidden)
         row_maps = [_row_map(r) for r in rows]
         block_cols = [int(b.shape[1]) for b in blocks]
         if layer_map is not None:
@@ -264,9 +282,9 @@ class Producer:
             if position == -2 and len(rows) > 1:   # too large as one entry: split it
                 half = len(rows) // 2
                 a = self._capture_split(rows[:half], blocks, layers, kinds, token_ids,
-                                        layer_map, snapshot)
+                                        layer_map, snapshot, hidden)
                 b = self._capture_split(rows[half:], blocks, layers, kinds, token_ids,
-                                        layer_map, snapshot)
+                                        layer_map, snapshot, hidden)
                 return a and b
             self._next_seq = seq + len(rows)
             if position < 0:
@@ -409,18 +427,22 @@ class Producer:
         return hidden, _dtype_name(first.dtype), t_src
 
     def _capture_split(self, rows: list[Row], blocks: list[torch.Tensor], layers: list[int],
-                       kinds: list[str], token_ids: Any, layer_map: Any, snapshot: bool) -> bool:
+                       kinds: list[str], token_ids: Any, layer_map: Any, snapshot: bool,
+                       hidden: int) -> bool:
         self._lock.release()   # capture_batch takes the lock again (entries stay in seq order)
         try:
             return self.capture_batch(rows, blocks, layers=layers, layer_kinds=kinds,
-                                      token_ids=token_ids, layer_map=layer_map,
+                                      token_ids=token_ids, layer_map=layer_map, hidden=hidden,
                                       snapshot=snapshot)
         finally:
             self._lock.acquire()
 
     def _reserve(self, length: int, tag: int) -> int:
         """Ring position, -1 when full (after the wait policy), -2 when it can never fit."""
-        position = self._ring.reserve(length, tag, False)
+        try:
+            position = self._ring.reserve(length, tag, False)
+        except RecordTooLargeError:
+            return -2
         if position >= 0 or position == -2 or self.full_policy == "drop":
             return position
         deadline = time.monotonic() + self.wait_timeout_s
@@ -490,9 +512,14 @@ class Producer:
         device = blocks[0].device
         caller = torch.cuda.current_stream(device)
         if snapshot:
-            # The sources may be overwritten after we return (graph buffers): take the rows
-            # on the caller's stream, ordered before whatever the caller enqueues next.
-            blocks = [_gather(b, spans) for b in blocks]
+            # The sources may be overwritten after we return (graph buffers): copy the rows on
+            # the caller's stream, ordered before whatever the caller enqueues next.
+            blocks = [_gather(b, spans, copy=True) for b in blocks]
+        if ids.is_cuda:
+            # Token ids are tiny and engines reuse or mutate their id tensors right after the
+            # forward (SGLang's speculative path does): always take them on the caller's stream.
+            ids = _gather(ids.reshape(-1), spans, copy=True).to(torch.int32)
+        if snapshot:
             spans = [(0, tokens)]
         ready = torch.cuda.Event()
         ready.record(caller)
@@ -503,7 +530,7 @@ class Producer:
             for dst, src in zip(dsts, srcs):
                 dst.copy_(src, non_blocking=True)
             if ids.is_cuda:
-                ids_dst.copy_(_gather(ids.reshape(-1), spans).to(torch.int32), non_blocking=True)
+                ids_dst.copy_(ids, non_blocking=True)
             else:
                 _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
             done = torch.cuda.Event()
@@ -530,7 +557,7 @@ class Producer:
         with self._lock:
             ring = self._ring.stats()
             # read together: every number below recorded_through is in the ring below head
-            recorded = self._control.recorded_through(self._next_seq)
+            recorded = min(self._control.recorded_through(self._next_seq), self._announced)
             self._flush_backlog_locked()
             if not self._control.heard and ring["live_consumers"]:
                 with self._cond:
@@ -539,7 +566,7 @@ class Producer:
                 if unheard is not None:
                     self._write_unheard_locked(*unheard)
             hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self.segment,
-                  "next_seq": self._next_seq, "head": int(ring["head"]),
+                  "next_seq": self._announced, "head": int(ring["head"]),
                   "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
                   "unrecorded": self._control.unrecorded,
                   "backlog": self._control.backlog_rows, "recorded_through": recorded,
@@ -558,7 +585,14 @@ class Producer:
         self._enqueue(_Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
 
     def _publish_loop(self) -> None:
-        """Commit entries in order once their copies completed, then announce them."""
+        """Commit entries in order once their copies completed, then announce them.
+
+        GIL economy (this thread shares the interpreter with the engine's scheduler thread):
+        every blocking call releases the GIL, and taking it back from a busy thread can cost
+        up to the interpreter's switch interval (5 ms). So entries whose copies are already
+        done (``Event.query()``, non-blocking) are committed in one burst, and the thread
+        blocks (``synchronize()``) only when the oldest copy is still running.
+        """
         last_hb = 0.0
         while True:
             now = time.monotonic()
@@ -569,20 +603,29 @@ class Producer:
                 if not self._queue:
                     self._cond.wait(self.heartbeat_interval_s)
                     continue
-                item = self._queue.popleft()
-            if item is None:
-                break
-            self._safe(self._publish, item)
+                burst = []
+                while self._queue and (not burst or self._queue[0] is None or
+                                       self._queue[0].done is None or
+                                       self._queue[0].done.query()):
+                    burst.append(self._queue.popleft())
+                    if burst[-1] is None:
+                        break
+            stop = burst and burst[-1] is None
+            for item in burst:
+                if item is not None:
+                    self._safe(self._publish, item)
             with self._cond:
-                self._published += 1
+                self._published += len(burst) - (1 if stop else 0)
                 self._cond.notify_all()
+            if stop:
+                break
         self._safe(self._heartbeat)
-        self._safe(self._send, {"kind": "bye", "next_seq": self._next_seq,
+        self._safe(self._send, {"kind": "bye", "next_seq": self._announced,
                                 "time_ns": time.time_ns()})
 
     def _publish(self, item: _Pending) -> None:
         try:
-            if item.done is not None:
+            if item.done is not None and not item.done.query():
                 item.done.synchronize()  # waits for the side-stream copy only (GIL released)
             # SYNC POINT: commit release-stores the record state; the notice goes out after.
             self._ring.commit(item.position)
@@ -605,6 +648,8 @@ class Producer:
         self._send(nt.entry_notice(self.producer_id, self.epoch, item.seq, item.n, item.kind,
                                    self.segment, item.position, item.length,
                                    self._record_seq(item.position), item.meta_bytes))
+        if item.kind != "unheard":
+            self._announced = max(self._announced, item.seq + item.n)
 
     def _record_seq(self, position: int) -> int:
         try:
@@ -702,10 +747,14 @@ def _spans(rows: Sequence[Row]) -> list[tuple[int, int]]:
     return spans
 
 
-def _gather(src: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+def _gather(src: torch.Tensor, spans: list[tuple[int, int]], copy: bool = False
+            ) -> torch.Tensor:
+    """The rows of ``spans``, contiguous; a fresh tensor if ``copy`` (else maybe a view)."""
     if len(spans) == 1:
         s, e = spans[0]
         view = src[s:e]
+        if copy:
+            return view.clone(memory_format=torch.contiguous_format)
         return view if view.is_contiguous() else view.contiguous()
     return torch.cat([src[s:e] for s, e in spans])
 

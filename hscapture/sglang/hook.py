@@ -71,6 +71,9 @@ __all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "make_producer"]
 CAPTURE_MODES = ("EXTEND", "MIXED")
 
 _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill duplicates)
+#: how often the forward hook looks for requests that stopped between chunks (the scheduler's
+#: chunked-abort hook reports aborts at once; this catches requests released silently)
+_SWEEP_INTERVAL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,7 @@ class SGLangCaptureHook:
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
         self._mode, self._mode_read = "", 0
+        self._swept = 0.0
 
     # -- entry points --------------------------------------------------------------------
 
@@ -345,7 +349,9 @@ class SGLangCaptureHook:
                     wanted: list[tuple[int, Any]]) -> None:
         if batch is None or not self._ensure_started():
             return
-        if self._inflight:
+        now = time.monotonic()
+        if self._inflight and now - self._swept > _SWEEP_INTERVAL_S:
+            self._swept = now      # a request stopped between chunks is reported within this
             self._sweep()
         if _mode_name(batch) not in CAPTURE_MODES:
             return  # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing
@@ -438,7 +444,7 @@ class SGLangCaptureHook:
             ok = True
         else:
             ok = self.producer.capture_batch(rows, blocks, layers=cap_layers, layer_kinds=kinds,
-                                             token_ids=ids, layer_map=layer_map,
+                                             token_ids=ids, layer_map=layer_map, hidden=h,
                                              snapshot=snapshot)
         self.counters["chunks" if ok else "dropped_chunks"] += len(rows)
         for rid, attempt, req, is_last in accepted:
@@ -515,7 +521,7 @@ class SGLangCaptureHook:
             return None
         is_last = end == total
         st.pending_end = end
-        extra = {"attempt": attempt} if attempt else None
+        extra = {"attempt": attempt}
         fields = self.config.fields_for(req, prefix, end) if self.config.fields else None
         return (Row(rid, off, ext, prefix, is_last, st.cached_prefix, extra, fields),
                 (rid, attempt, req, is_last))
