@@ -28,7 +28,13 @@ from . import notice as nt
 from . import record as rec
 from ._control import ControlLog
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
-from .errors import CaptureConfigError, EndpointError, HSCaptureError, InvalidRidError
+from .errors import (
+    CaptureConfigError,
+    EndpointError,
+    HSCaptureError,
+    InvalidRidError,
+    RecordTooLargeError,
+)
 from .pinning import register_host_memory
 from .ring import segment_name
 
@@ -420,7 +426,10 @@ class Producer:
 
     def _reserve(self, length: int, tag: int) -> int:
         """Ring position, -1 when full (after the wait policy), -2 when it can never fit."""
-        position = self._ring.reserve(length, tag, False)
+        try:
+            position = self._ring.reserve(length, tag, False)
+        except RecordTooLargeError:   # larger than capacity - control_reserve: never fits
+            return -2
         if position >= 0 or position == -2 or self.full_policy == "drop":
             return position
         deadline = time.monotonic() + self.wait_timeout_s
