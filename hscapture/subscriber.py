@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import time
 import warnings
@@ -106,6 +107,8 @@ class _Source:
     retired: bool = False
     borrowed: _Held = field(default_factory=_Held)
     pid: int = 0
+    order: int = 0                    # attach order: the earlier of two conflicting wins
+    resumed: bool = False             # took over an existing durable place
 
 
 class Subscriber:
@@ -168,6 +171,7 @@ class Subscriber:
         self._current: dict[str, int] = {}              # producer id -> live epoch
         self._retired: set[int] = set()
         self._refused: dict[int, str] = {}              # epoch -> why (conflicts)
+        self._attach_order = itertools.count()
         self._asm = Assembler(max_partial_bytes)
         self._ready: collections.deque[Sample] = collections.deque()
         self._expected: dict[str, int] = {}
@@ -388,6 +392,15 @@ class Subscriber:
         if old is not None and old_epoch != epoch:
             alive = old.consumer is not None and old.consumer.producer_alive() and \
                 time.monotonic() - old.last_seen < self.producer_timeout_s and not old.ended
+            mine = self._sources.get(epoch)
+            if alive and mine is not None and mine.consumer is not None and \
+                    mine.order < old.order:
+                # ``epoch`` held our place first (e.g. a durable place resumed before its
+                # producer id was known): the newcomer is the one refused, and the place
+                # this subscriber just took in its ring is given back.
+                self._refuse(producer, old, epoch, msg)
+                self._current[producer] = epoch
+                return True
             if alive:
                 why = (f"two live producers use the producer id {producer!r}: epoch "
                        f"{old_epoch:#x} (segment {old.segment}) and epoch {epoch:#x} (segment "
@@ -400,6 +413,20 @@ class Subscriber:
             self._retire(old, f"producer restarted (epoch {old_epoch:#x} -> {epoch:#x})")
         self._current[producer] = epoch
         return True
+
+    def _refuse(self, producer: str, newer: _Source, epoch: int, msg: dict[str, Any]) -> None:
+        """Refuse the later-attached of two live incarnations with one producer id."""
+        why = (f"two live producers use the producer id {producer!r}: epoch {epoch:#x} "
+               f"(segment {msg.get('segment', '?')}) and epoch {newer.epoch:#x} (segment "
+               f"{newer.segment}); producer ids must be unique per subscriber: the second one "
+               f"is refused")
+        self._refused[newer.epoch] = why
+        self.conflicts[f"{producer}@{newer.epoch:016x}"] = why
+        log.error("hscapture subscriber: %s", why)
+        for p in self._asm.of_epoch(newer.epoch):
+            self._fail(p.key, why, "incomplete")
+        self._detach(newer, unsubscribe=bool(self.name) and not newer.resumed)
+        self._sources.pop(newer.epoch, None)
 
     def _attach(self, producer: str | None, epoch: int, segment: str, *,
                 resume_only: bool = False) -> _Source | None:
@@ -415,7 +442,9 @@ class Subscriber:
             if producer is not None and self._current.get(producer) == epoch:
                 del self._current[producer]
             return None
-        src = _Source(consumer.epoch, producer, segment, consumer)
+        src = _Source(consumer.epoch, producer, segment, consumer,
+                      order=next(self._attach_order),
+                      resumed=bool(getattr(consumer, "resumed", False)))
         self._sources[src.epoch] = src
         self._counts["attached"] += 1
         if getattr(consumer, "expired", False):
