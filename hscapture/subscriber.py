@@ -97,6 +97,7 @@ class _Source:
     segment: str
     consumer: Any
     seqs: SequenceTracker = field(default_factory=SequenceTracker)
+    lost_seqs: SequenceTracker = field(default_factory=SequenceTracker)   # reported lost
     notices: dict[int, dict[str, Any]] = field(default_factory=dict)
     held: Any = None                  # a record waiting for its notice
     held_since: float = 0.0
@@ -354,6 +355,11 @@ class Subscriber:
             if len(src.notices) < _MAX_NOTICES:
                 src.notices[seq] = msg
         elif kind == "heartbeat":
+            if src.consumer is not None and msg["head"] > src.consumer.head:
+                # the ring's head only grows: a heartbeat ahead of it was not the producer's
+                self._error(f"heartbeat of {msg['producer']!r} names ring head {msg['head']}, "
+                            f"past the ring's own head {src.consumer.head}", "forged_notices")
+                return
             src.hb = msg
         elif kind == "bye":
             src.ended = True
@@ -514,8 +520,30 @@ class Subscriber:
     def _lost(self, src: _Source, first: int, count: int, reason: str) -> None:
         self.lost.append(LostRange(src.producer or "?", src.epoch, first, count, reason))
         src.seqs.add(first, count)      # reported once
+        src.lost_seqs.add(first, count)  # ... unless the ring later shows them (_retract)
         log.warning("hscapture subscriber: %d events of producer %r (seq %d..%d) are lost: %s",
                     count, src.producer, first, first + count - 1, reason)
+
+    def _retract(self, src: _Source, first: int, count: int) -> None:
+        """Numbers reported lost (on a heartbeat's word) turned up in the ring: the report was
+        wrong (a forged or stale heartbeat), so take them out of :attr:`lost`."""
+        self._error(f"entries {first}..{first + count - 1} of producer {src.producer!r} were "
+                    f"reported lost on a heartbeat's word but are in the ring: the heartbeat "
+                    f"was forged or stale; the report is corrected", "retracted_losses")
+        src.lost_seqs.remove(first, count)
+        end = first + count
+        kept: list[LostRange] = []
+        for x in self.lost:
+            if x.epoch != src.epoch or x.first < 0 or x.first + x.count <= first or \
+                    x.first >= end:
+                kept.append(x)
+                continue
+            if x.first < first:
+                kept.append(LostRange(x.producer, x.epoch, x.first, first - x.first, x.reason))
+            if x.first + x.count > end:
+                kept.append(LostRange(x.producer, x.epoch, end, x.first + x.count - end,
+                                      x.reason))
+        self.lost[:] = kept
 
     # -- the ring ----------------------------------------------------------------------
 
@@ -564,10 +592,14 @@ class Subscriber:
                                      f"notice and ring entry disagree: {'; '.join(why)}")
                     self._release_to(src)
                     continue
-            if entry.n and src.seqs.add(entry.seq, entry.n) == entry.n:
-                self._counts["duplicate_entries"] += 1
-                self._release_to(src)
-                continue
+            if entry.n:
+                reported = src.lost_seqs.count(entry.seq, entry.n)
+                if src.seqs.add(entry.seq, entry.n) - reported == entry.n:
+                    self._counts["duplicate_entries"] += 1
+                    self._release_to(src)
+                    continue
+                if reported:   # the ring has what a heartbeat called lost: the ring wins
+                    self._retract(src, entry.seq, entry.n)
             self._on_entry(src, record, entry)
             self._release_to(src)
 
