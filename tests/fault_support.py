@@ -100,8 +100,10 @@ class ProducerProc:
 
     def __init__(self, spec: dict[str, Any], cwd: str | os.PathLike) -> None:
         self.spec = spec
+        spec_file = Path(cwd) / f"spec-{uuid.uuid4().hex[:8]}.json"   # argv has a size limit
+        spec_file.write_text(json.dumps(spec))
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "fault_support.py"), "produce", json.dumps(spec)],
+            [sys.executable, str(HERE / "fault_support.py"), "produce", "@" + str(spec_file)],
             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=_env())
         self.events: list[dict[str, Any]] = []
@@ -352,4 +354,5 @@ def produce(spec: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "produce":
-        produce(json.loads(sys.argv[2]))
+        arg = sys.argv[2]
+        produce(json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg))
