@@ -73,3 +73,30 @@ class SequenceTracker:
     def seen(self, seq: int) -> bool:
         i = bisect.bisect_right(self._starts, seq) - 1
         return i >= 0 and seq < self._ends[i]
+
+    def count(self, seq: int, n: int) -> int:
+        """How many numbers of ``[seq, seq + n)`` were seen (cost: the ranges it touches)."""
+        end = seq + n
+        i = bisect.bisect_right(self._ends, seq)
+        out = 0
+        while i < len(self._starts) and self._starts[i] < end:
+            out += max(0, min(end, self._ends[i]) - max(seq, self._starts[i]))
+            i += 1
+        return out
+
+    def remove(self, seq: int, n: int) -> None:
+        """Forget ``[seq, seq + n)`` (``base`` is kept)."""
+        end = seq + n
+        starts, ends = [], []
+        for s, e in zip(self._starts, self._ends):
+            if e <= seq or s >= end:
+                starts.append(s)
+                ends.append(e)
+                continue
+            if s < seq:
+                starts.append(s)
+                ends.append(seq)
+            if e > end:
+                starts.append(end)
+                ends.append(e)
+        self._starts, self._ends = starts, ends

@@ -161,7 +161,8 @@ Exit codes:
   0    done
   1    error (one line "hscapture: error: ..."; --debug shows the traceback)
   2    usage error (bad option or argument)
-  3    done, but some samples were dropped, incomplete or rejected (listed)
+  3    done, but some samples were dropped, incomplete, rejected, in flight or lost, or
+       two producers shared an id (all listed)
   130  interrupted (Ctrl-C); what was written is kept
 
 \b
@@ -241,8 +242,9 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
     """Subscribe to producers and write every complete sample into safetensors shards.
 
     Ctrl-C stops cleanly (exit 130): the open shard is finished, not lost, and a drain
-    restarted into the same directory resumes without duplicates. Dropped, incomplete and
-    rejected rids are listed at the end (exit 3 if there were any).
+    restarted into the same directory resumes without duplicates. Dropped, incomplete,
+    rejected and in-flight rids, lost ranges and producer-id conflicts are listed at the end
+    (exit 3 if there were any).
 
     \b
     Example:
@@ -273,6 +275,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
               "gb_per_s": round(res.gbps, 3), "duplicates_skipped": res.duplicates,
               "stopped_by": res.stopped_by, "dropped": res.dropped,
               "incomplete": res.incomplete, "rejected": res.rejected,
+              "in_flight": res.in_flight, "lost": res.lost, "conflicts": res.conflicts,
               "not_written": stats.get("not_written", []),
               "lost_notices": stats.get("lost_notices", 0),
               "malformed_notices": stats.get("malformed_notices", 0),
@@ -285,13 +288,16 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         log.info("wrote %d samples (%s) to %s in %.1f s, %.3f GB/s; %d duplicates skipped; "
                  "stopped by %s", res.samples, format_size(res.bytes), out_dir, res.seconds,
                  res.gbps, res.duplicates, res.stopped_by or "?")
-    for label in ("dropped", "incomplete", "rejected"):
-        _list_rids(label, report[label])
+    for label in ("dropped", "incomplete", "rejected", "in_flight", "conflicts"):
+        _list_rids(label.replace("_", " "), report[label])
+    for lost in res.lost:
+        log.warning("lost %s events of producer %s@%016x (seq %s..): %s", lost["count"],
+                    lost["producer"], lost["epoch"], lost["first"], lost["reason"])
     if res.stopped_by == "signal":
         log.warning("interrupted: %d samples written are kept; rerun the same command to go on",
                     res.samples)
         ctx.exit(EXIT_INTERRUPTED)
-    if res.dropped or res.incomplete or res.rejected:
+    if not res.complete:   # anything dropped, incomplete, rejected, in flight, lost, refused
         ctx.exit(EXIT_INCOMPLETE)
 
 

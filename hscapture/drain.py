@@ -118,6 +118,7 @@ def drain(
                 pending_bytes -= s.nbytes
                 s.release()          # durable now: give the ring space back
 
+    primary: BaseException | None = None   # the error that stopped the drain, if any
     try:
         try:
             sub.wait_ready(timeout=connect_timeout_s)
@@ -155,9 +156,18 @@ def drain(
         settle(writer.flush())
         # take in what arrived meanwhile for the report (drops, aborts), without new samples
         sub.pump(0.0)
+    except BaseException as exc:
+        primary = exc
+        if isinstance(exc, ShardError):   # a write failed: because the directory is gone?
+            try:
+                _check_dir(out_dir, dir_id)
+            except ShardError as gone:
+                primary = gone
+                raise gone from exc
+        raise
     finally:
         try:
-            settle(writer.close())
+            _close_writer(writer, settle, primary)
         finally:
             res.seconds = time.monotonic() - start
             bar.update(res, sub, start, force=True)
@@ -178,6 +188,18 @@ def drain(
                 sub.close()
             restore()
     return res
+
+
+def _close_writer(writer: ShardWriter, settle: Callable[[list[str]], None],
+                  primary: BaseException | None) -> None:
+    """Finalize the open shard and release what became durable. When the drain is already
+    failing (``primary``), a failure here follows from it (a removed directory cannot be
+    finalized): the first error is the one reported, and nothing more is released."""
+    try:
+        settle(writer.close())
+    except ShardError:
+        if primary is None:
+            raise
 
 
 def unsubscribe(endpoints: str | Sequence[str], out_dir: str) -> int:

@@ -28,8 +28,13 @@ from . import notice as nt
 from . import record as rec
 from ._control import ControlLog
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
-from .errors import (CaptureConfigError, EndpointError, HSCaptureError, InvalidRidError,
-                     RecordTooLargeError)
+from .errors import (
+    CaptureConfigError,
+    EndpointError,
+    HSCaptureError,
+    InvalidRidError,
+    RecordTooLargeError,
+)
 from .pinning import register_host_memory
 from .ring import segment_name
 
@@ -441,7 +446,7 @@ class Producer:
         """Ring position, -1 when full (after the wait policy), -2 when it can never fit."""
         try:
             position = self._ring.reserve(length, tag, False)
-        except RecordTooLargeError:
+        except RecordTooLargeError:   # larger than capacity - control_reserve: never fits
             return -2
         if position >= 0 or position == -2 or self.full_policy == "drop":
             return position

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import time
 import warnings
@@ -96,6 +97,7 @@ class _Source:
     segment: str
     consumer: Any
     seqs: SequenceTracker = field(default_factory=SequenceTracker)
+    lost_seqs: SequenceTracker = field(default_factory=SequenceTracker)   # reported lost
     notices: dict[int, dict[str, Any]] = field(default_factory=dict)
     held: Any = None                  # a record waiting for its notice
     held_since: float = 0.0
@@ -106,6 +108,8 @@ class _Source:
     retired: bool = False
     borrowed: _Held = field(default_factory=_Held)
     pid: int = 0
+    order: int = 0                    # attach order: the earlier of two conflicting wins
+    resumed: bool = False             # took over an existing durable place
 
 
 class Subscriber:
@@ -173,6 +177,7 @@ class Subscriber:
         self._current: dict[str, int] = {}              # producer id -> live epoch
         self._retired: set[int] = set()
         self._refused: dict[int, str] = {}              # epoch -> why (conflicts)
+        self._attach_order = itertools.count()
         self._asm = Assembler(max_partial_bytes)
         self._ready: collections.deque[Sample] = collections.deque()
         self._expected: dict[str, int] = {}
@@ -355,6 +360,11 @@ class Subscriber:
             if len(src.notices) < _MAX_NOTICES:
                 src.notices[seq] = msg
         elif kind == "heartbeat":
+            if src.consumer is not None and msg["head"] > src.consumer.head:
+                # the ring's head only grows: a heartbeat ahead of it was not the producer's
+                self._error(f"heartbeat of {msg['producer']!r} names ring head {msg['head']}, "
+                            f"past the ring's own head {src.consumer.head}", "forged_notices")
+                return
             src.hb = msg
         elif kind == "bye":
             src.ended = True
@@ -393,6 +403,15 @@ class Subscriber:
         if old is not None and old_epoch != epoch:
             alive = old.consumer is not None and old.consumer.producer_alive() and \
                 time.monotonic() - old.last_seen < self.producer_timeout_s and not old.ended
+            mine = self._sources.get(epoch)
+            if alive and mine is not None and mine.consumer is not None and \
+                    mine.order < old.order:
+                # ``epoch`` held our place first (e.g. a durable place resumed before its
+                # producer id was known): the newcomer is the one refused, and the place
+                # this subscriber just took in its ring is given back.
+                self._refuse(producer, old, epoch, msg)
+                self._current[producer] = epoch
+                return True
             if alive:
                 why = (f"two live producers use the producer id {producer!r}: epoch "
                        f"{old_epoch:#x} (segment {old.segment}) and epoch {epoch:#x} (segment "
@@ -405,6 +424,20 @@ class Subscriber:
             self._retire(old, f"producer restarted (epoch {old_epoch:#x} -> {epoch:#x})")
         self._current[producer] = epoch
         return True
+
+    def _refuse(self, producer: str, newer: _Source, epoch: int, msg: dict[str, Any]) -> None:
+        """Refuse the later-attached of two live incarnations with one producer id."""
+        why = (f"two live producers use the producer id {producer!r}: epoch {epoch:#x} "
+               f"(segment {msg.get('segment', '?')}) and epoch {newer.epoch:#x} (segment "
+               f"{newer.segment}); producer ids must be unique per subscriber: the second one "
+               f"is refused")
+        self._refused[newer.epoch] = why
+        self.conflicts[f"{producer}@{newer.epoch:016x}"] = why
+        log.error("hscapture subscriber: %s", why)
+        for p in self._asm.of_epoch(newer.epoch):
+            self._fail(p.key, why, "incomplete")
+        self._detach(newer, unsubscribe=bool(self.name) and not newer.resumed)
+        self._sources.pop(newer.epoch, None)
 
     def _attach(self, producer: str | None, epoch: int, segment: str, *,
                 resume_only: bool = False) -> _Source | None:
@@ -420,7 +453,9 @@ class Subscriber:
             if producer is not None and self._current.get(producer) == epoch:
                 del self._current[producer]
             return None
-        src = _Source(consumer.epoch, producer, segment, consumer)
+        src = _Source(consumer.epoch, producer, segment, consumer,
+                      order=next(self._attach_order),
+                      resumed=bool(getattr(consumer, "resumed", False)))
         self._sources[src.epoch] = src
         self._counts["attached"] += 1
         if getattr(consumer, "expired", False):
@@ -490,8 +525,30 @@ class Subscriber:
     def _lost(self, src: _Source, first: int, count: int, reason: str) -> None:
         self.lost.append(LostRange(src.producer or "?", src.epoch, first, count, reason))
         src.seqs.add(first, count)      # reported once
+        src.lost_seqs.add(first, count)  # ... unless the ring later shows them (_retract)
         log.warning("hscapture subscriber: %d events of producer %r (seq %d..%d) are lost: %s",
                     count, src.producer, first, first + count - 1, reason)
+
+    def _retract(self, src: _Source, first: int, count: int) -> None:
+        """Numbers reported lost (on a heartbeat's word) turned up in the ring: the report was
+        wrong (a forged or stale heartbeat), so take them out of :attr:`lost`."""
+        self._error(f"entries {first}..{first + count - 1} of producer {src.producer!r} were "
+                    f"reported lost on a heartbeat's word but are in the ring: the heartbeat "
+                    f"was forged or stale; the report is corrected", "retracted_losses")
+        src.lost_seqs.remove(first, count)
+        end = first + count
+        kept: list[LostRange] = []
+        for x in self.lost:
+            if x.epoch != src.epoch or x.first < 0 or x.first + x.count <= first or \
+                    x.first >= end:
+                kept.append(x)
+                continue
+            if x.first < first:
+                kept.append(LostRange(x.producer, x.epoch, x.first, first - x.first, x.reason))
+            if x.first + x.count > end:
+                kept.append(LostRange(x.producer, x.epoch, end, x.first + x.count - end,
+                                      x.reason))
+        self.lost[:] = kept
 
     # -- the ring ----------------------------------------------------------------------
 
@@ -540,10 +597,14 @@ class Subscriber:
                                      f"notice and ring entry disagree: {'; '.join(why)}")
                     self._release_to(src)
                     continue
-            if entry.n and src.seqs.add(entry.seq, entry.n) == entry.n:
-                self._counts["duplicate_entries"] += 1
-                self._release_to(src)
-                continue
+            if entry.n:
+                reported = src.lost_seqs.count(entry.seq, entry.n)
+                if src.seqs.add(entry.seq, entry.n) - reported == entry.n:
+                    self._counts["duplicate_entries"] += 1
+                    self._release_to(src)
+                    continue
+                if reported:   # the ring has what a heartbeat called lost: the ring wins
+                    self._retract(src, entry.seq, entry.n)
             self._on_entry(src, record, entry)
             self._release_to(src)
 

@@ -1,0 +1,51 @@
+"""Long fault runs: the drain killed (SIGINT/SIGKILL alternately) at random moments under load,
+many restarts, every sample exactly once in the shards or reported by rid.
+
+    .venv/bin/python scripts/faults.py --requests 5000 --restarts 20 --seeds 3
+
+Short versions: tests/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from fault_support import new_endpoint  # noqa: E402
+from test_faults import restarts_under_load  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument("--restarts", type=int, default=20)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=200.0)
+    a = ap.parse_args()
+    failures = 0
+    for seed in range(a.seeds):
+        ep, d = new_endpoint()
+        tmp = Path(tempfile.mkdtemp(prefix="hsc-faults-"))
+        try:
+            acct = restarts_under_load(ep, tmp, n_requests=a.requests, restarts=a.restarts,
+                                       seed=seed, rate=a.rate)
+            print(json.dumps({"seed": seed, "ok": True, **acct}), flush=True)
+        except AssertionError as exc:
+            failures += 1
+            print(json.dumps({"seed": seed, "ok": False, "error": str(exc)[:500]}), flush=True)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

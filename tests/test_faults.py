@@ -1,0 +1,232 @@
+"""Fault injection across processes: drains killed (SIGINT, SIGKILL) at random moments under
+load and restarted, producers killed mid-stream, a stalled subscriber on a full ring, a
+filesystem that fills. Each run ends with the exact account: every sample exactly once in the
+shards, or reported by rid (the union of every run's report), never silently missing.
+Long versions: scripts/faults.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_support import (  # noqa: E402
+    ProducerProc,
+    check_exact,
+    drain_report,
+    durable_rids,
+    new_endpoint,
+    reported_rids,
+    requests,
+    start_drain,
+    verify_shards,
+    wait_until,
+)
+
+from hscapture import Subscriber  # noqa: E402
+
+
+@pytest.fixture
+def endpoint():
+    ep, d = new_endpoint()
+    yield ep
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: int,
+                        seed: int, rate: float = 60) -> dict:
+    """Drain ``n_requests`` multi-chunk samples while the drain is stopped ``restarts``
+    times, alternately SIGINT and SIGKILL, each at a random amount of progress. Returns the
+    account (asserting it is exact)."""
+    rng = random.Random(seed)
+    reqs = requests(n_requests, seed=seed, tokens=(1, 6, 20, 48), chunks=(4, 16, 64))
+    sizes = {r: t for r, t, _ in reqs}
+    out = tmp / "out"
+    p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": f"fr{seed}",
+                      "consumers": 1, "rate": rate, "interleave": 6, "capacity": 4 << 20,
+                      "policy": "wait", "wait_timeout_s": 10.0, "close_on_stdin": True}, tmp)
+    reported: set[str] = set()
+    codes = []
+    try:
+        p.wait_event("ready")
+        for i in range(restarts):
+            d = start_drain(endpoint, out, "--flush-every", f"{rng.choice([8, 64, 512])}K")
+            # distinct rids: a shard being finalized is briefly in the journal and the index
+            at_start = len(set(durable_rids(out)))
+            target = at_start + rng.randint(5, max(6, n_requests // (3 * restarts)))
+
+            def progressed() -> bool:   # the drain is past its start-up, at a random point
+                n = len(set(durable_rids(out)))
+                return n >= target or (p.poll_event("captured") is not None and n > at_start)
+            try:
+                wait_until(progressed, 10, f"drain run {i} to make progress")
+            except AssertionError:
+                if p.poll_event("captured") is None:
+                    raise
+                d.kill()   # all captured and nothing left for this run to write
+                d.wait(timeout=10)
+                break
+            sig = signal.SIGINT if i % 2 == 0 else signal.SIGKILL
+            d.send_signal(sig)
+            rc, rep, err = drain_report(d)
+            codes.append(rc)
+            if sig == signal.SIGINT:
+                assert rc == 130, (i, rc, err)
+                reported |= reported_rids(rep)
+            else:
+                assert rc == -signal.SIGKILL
+        assert len(codes) >= 5, f"only {len(codes)} restarts under load"
+        p.wait_event("captured", timeout=60)
+        rc, rep, err = drain_report(start_drain(endpoint, out, "--idle-timeout", "2"),
+                                    timeout=120)
+        codes.append(rc)
+        reported |= reported_rids(rep)
+        assert rc in (0, 3), err
+        rids = durable_rids(out)
+        assert len(rids) == len(set(rids)), "a sample was written twice"
+        missing = set(sizes) - set(rids)
+        silent = missing - reported
+        assert not silent, f"{len(silent)} samples silently missing: {sorted(silent)[:10]}"
+        assert verify_shards(out, sizes) == len(rids)
+        return {"samples": len(sizes), "written": len(rids), "reported": len(missing),
+                "codes": codes}
+    finally:
+        p.send()
+        p.stop()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "KNOWN BUG (open): a multi-chunk sample's chunks are released from the ring as they "
+    "arrive (copied out), so a drain SIGKILLed after assembling it but before the shard "
+    "flush loses it with no report anywhere (~1-2% of samples here). Needs the durable "
+    "release point to wait for the sample's durability, or the at-risk rids recorded "
+    "durably before release."))
+def test_drain_killed_at_random_moments_gets_every_sample_once_or_reported(endpoint, tmp_path):
+    acct = restarts_under_load(endpoint, tmp_path, n_requests=700, restarts=6, seed=11)
+    assert acct["written"] >= acct["samples"] * 0.9, acct
+
+
+def test_producer_sigkill_mid_stream_leaves_nothing_silently_missing(endpoint, tmp_path):
+    reqs = requests(100_000, seed=12, tokens=(8, 40), chunks=(4, 8))
+    sizes = {r: t for r, t, _ in reqs}
+    p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "fk",
+                      "consumers": 1, "interleave": 8, "capacity": 2 << 20,
+                      "progress_every": 200}, tmp_path)
+    try:
+        with Subscriber(endpoint, producer_timeout_s=1.0) as sub:
+            sub.wait_ready(20)
+            got: set[str] = set()
+            while not p.poll_event("progress"):
+                s = sub.poll(0.05)
+                if s is not None:
+                    got.add(s.rid)
+            p.kill()
+            p.wait(10)
+            # after the producer died every sample it started is delivered or reported
+            def settled():
+                s = sub.poll(0.05)
+                if s is not None:
+                    check_exact(s.tensors, s.token_ids, s.rid, sizes[s.rid])
+                    got.add(s.rid)
+                st = sub.stats()
+                return not st["in_flight"] and not st["producers"] and st
+            st = wait_until(settled, 20, "the dead producer's samples to be settled")
+            started = got | set(st["dropped"]) | set(st["incomplete"])
+            assert st["incomplete"], ("the kill hit no sample in flight", {k: v for k, v in st.items() if k != "dropped"}, len(st["dropped"]))
+            assert all("producer stopped" in why for why in st["incomplete"].values())
+            assert len(got) >= 200
+    finally:
+        p.stop()
+
+
+def test_a_stalled_subscriber_never_blocks_capture_and_every_drop_is_named(endpoint, tmp_path):
+    reqs = requests(3000, seed=13, tokens=(4, 16), chunks=(64,))
+    sizes = {r: t for r, t, _ in reqs}
+    p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "fs",
+                      "consumers": 1, "capacity": 256 << 10, "policy": "drop",
+                      "close_on_stdin": True}, tmp_path)
+    try:
+        with Subscriber(endpoint, zero_copy=True) as sub:
+            sub.wait_ready(20)
+            first = sub.poll(20)        # held, unread: the subscriber stalls on it
+            assert first is not None
+            captured = p.wait_event("captured", timeout=20)   # never blocked: it finished
+            assert captured["dropped"], "the ring never filled"
+            # the stall ends: the held sample's bytes never changed under a full ring
+            check_exact(first.tensors, first.token_ids, first.rid, sizes[first.rid])
+            got = {first.rid}
+            first.release()
+
+            def account() -> bool:
+                s = sub.poll(0.05)
+                if s is not None:
+                    check_exact(s.tensors, s.token_ids, s.rid, sizes[s.rid])
+                    got.add(s.rid)
+                    s.release()
+                return len(got | set(sub.dropped)) == len(reqs)
+            wait_until(account, 20, "every sample to be delivered or named dropped")
+            assert not got & set(sub.dropped)
+            assert set(captured["dropped"]) == set(sub.dropped)
+            assert not sub.lost and not sub.incomplete
+    finally:
+        p.send()
+        p.stop()
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def test_a_full_filesystem_stops_the_drain_and_a_restart_after_growing_gets_the_rest(
+        endpoint, tmp_path):
+    fs = tmp_path / "fs"
+    if os.geteuid() != 0 or not _mount_tmpfs(fs, "3m"):
+        pytest.skip("needs root and `mount -t tmpfs` (not available here)")
+    try:
+        reqs = requests(600, seed=14, tokens=(64,), chunks=(64,))
+        sizes = {r: t for r, t, _ in reqs}
+        out = fs / "out"
+        p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "ff",
+                          "consumers": 1, "capacity": 32 << 20, "rate": 400,
+                          "close_on_stdin": True}, tmp_path)
+        try:
+            p.wait_event("ready")
+            # 3 MiB: the 2 MiB header reserve plus ~100 samples of 8 KiB: the disk fills
+            rc, rep, err = drain_report(start_drain(endpoint, out, "--flush-every", "32K",
+                                                    "--shard-size", "64M"), timeout=60)
+            assert rc == 1 and ("disk full" in err or "No space" in err), (rc, err)
+            before = set(durable_rids(out))
+            p.wait_event("captured", timeout=30)
+            subprocess.run(["mount", "-o", "remount,size=64m", str(fs)], check=True)
+            rc, rep, err = drain_report(start_drain(endpoint, out, "--idle-timeout", "2"),
+                                        timeout=60)
+            assert rc == 0, (rep, err)
+            rids = durable_rids(out)
+            assert len(rids) == len(set(rids)) == len(reqs), (len(rids), len(set(rids)))
+            assert before < set(rids)
+            assert verify_shards(out, sizes) == len(reqs)
+        finally:
+            p.send()
+            p.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], capture_output=True)
+
+
+def test_soak_short_every_sample_exact_across_three_producers():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from soak import soak
+
+    res = soak(3000, 3, 8, 8 << 20, seed=21, timeout_s=120, zero_copy=True)
+    assert res["delivered_exact"] + res["dropped"] + res["incomplete"] == res["samples"], res
+    assert res["duplicates"] == 0 and res["silently_missing"] == 0 and res["rejected"] == 0

@@ -1,0 +1,629 @@
+"""One regression test per numbered case of issue 8, each named for the guarantee it proves:
+
+*from a subscriber's first attach until it explicitly unsubscribes, every record a producer
+committed is delivered to it exactly once or reported to it by rid, and a delivered sample's
+bytes never change.*
+
+Real producer processes (tests/fault_support.py), real ``hscapture drain`` processes, real
+signals, real shards. Synchronization is on conditions (events on the producer's stdout,
+files, ring state) with deadlines, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_support import (  # noqa: E402
+    HIDDEN,
+    LAYERS,
+    ProducerProc,
+    check_exact,
+    drain_report,
+    durable_rids,
+    new_endpoint,
+    reported_rids,
+    requests,
+    source,
+    start_drain,
+    verify_shards,
+    wait_until,
+)
+
+from hscapture import Producer, Subscriber, _ring  # noqa: E402
+from hscapture import notice as nt  # noqa: E402
+from hscapture import record as rec  # noqa: E402
+from hscapture.drain import resume_name  # noqa: E402
+from hscapture.errors import (  # noqa: E402
+    CaptureConfigError,
+    EndpointError,
+    HSCaptureError,
+    InvalidRidError,
+    RecordFormatError,
+    SampleDroppedError,
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 3, 130
+
+
+@pytest.fixture
+def endpoint():
+    ep, d = new_endpoint()
+    yield ep
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts; all of them are gone after the test."""
+    started: list = []
+    yield started
+    for p in started:
+        if isinstance(p, ProducerProc):
+            p.stop()
+        elif p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+
+def _producer(procs, cwd, **spec) -> ProducerProc:
+    p = ProducerProc(spec, cwd)
+    procs.append(p)
+    return p
+
+
+def _drain(procs, endpoints, out_dir, *extra) -> subprocess.Popen:
+    d = start_drain(endpoints, out_dir, *extra)
+    procs.append(d)
+    return d
+
+
+def _capture(p: Producer, rid: str, tokens: int, chunk: int | None = None, **kw) -> list[bool]:
+    tensors, ids = source(rid, tokens)
+    chunk = chunk or tokens
+    out = []
+    for s in range(0, tokens, chunk):
+        e = min(tokens, s + chunk)
+        out.append(p.capture(rid, [t[s:e] for t in tensors], layers=LAYERS, token_start=s,
+                             is_last_chunk=e == tokens, token_ids=ids[s:e], **kw))
+    return out
+
+
+def _slots(segment: str) -> list[dict]:
+    return _ring.segment_info(segment)["consumers"]
+
+
+# -- 1 ---------------------------------------------------------------------------------------
+
+
+def test_drain_stopped_with_sigint_and_restarted_gets_every_rid_exactly_once(
+        endpoint, procs, tmp_path):
+    reqs = requests(300, seed=1)
+    sizes = {r: t for r, t, _ in reqs}
+    out = tmp_path / "out"
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, consumers=1, rate=300,
+                  producer_id="g1", close_on_stdin=True)
+    p.wait_event("ready")
+    d = _drain(procs, endpoint, out)
+    wait_until(lambda: len(durable_rids(out)) >= 30, 20, "the first drain to write 30 samples")
+    d.send_signal(signal.SIGINT)
+    rc, first, err = drain_report(d)
+    assert rc == EXIT_INTERRUPTED, err
+    p.wait_event("captured", timeout=30)   # captured while no drain ran, all of them
+    rc, second, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1.5"))
+    assert rc == EXIT_OK, (second, err)
+    assert first["samples"] >= 30 and first["samples"] + second["samples"] == len(reqs)
+    rids = durable_rids(out)
+    assert len(rids) == len(set(rids)) == len(reqs), "a rid was lost or written twice"
+    assert verify_shards(out, sizes) == len(reqs)
+    p.send()
+    p.wait_event("done")
+
+
+# -- 2 ---------------------------------------------------------------------------------------
+
+
+def test_captures_before_the_first_subscriber_are_reported_by_rid(endpoint):
+    with Producer(endpoint, producer_id="g2", capacity=4 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        early = [f"early-{i}" for i in range(5)]
+        for rid in early:
+            _capture(p, rid, 4)
+        p.flush()
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(timeout=10)
+            wait_until(lambda: (sub.pump(0.02), set(early) <= set(sub.dropped))[1], 10,
+                       "the early rids to be reported")
+            assert all("before any subscriber attached" in sub.dropped[r] for r in early)
+            _capture(p, "late", 4)
+            sample = sub.get("late", timeout=10)
+            check_exact(sample.tensors, sample.token_ids, "late", 4)
+            assert not sub.stats()["lost"]
+
+
+def test_wait_for_subscribers_holds_the_first_captures_until_one_attached(
+        endpoint, procs, tmp_path):
+    reqs = requests(20, seed=2)
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g2w",
+                  wait_for_subscribers=1)
+    with Subscriber(endpoint) as sub:
+        sub.wait_ready(timeout=20)
+        got = {s.rid: s for s in sub.samples(limit=len(reqs), timeout=20)}
+        assert sorted(got) == sorted(r for r, _, _ in reqs)
+        for rid, tokens, _ in reqs:
+            check_exact(got[rid].tensors, got[rid].token_ids, rid, tokens)
+        assert not sub.dropped and not sub.incomplete and not sub.lost
+    p.wait_event("done")
+
+
+# -- 3 ---------------------------------------------------------------------------------------
+
+
+def test_a_borrowed_sample_never_changes_while_held_under_a_full_ring(endpoint, procs, tmp_path):
+    reqs = requests(1500, seed=3, tokens=(1, 4, 16, 40), chunks=(8, 64))
+    aborts = [r for r, t, c in reqs[::7] if t > c]
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g3",
+                  capacity=256 << 10, consumers=1, interleave=6, aborts=aborts,
+                  close_on_stdin=True)
+    sizes = {r: t for r, t, _ in reqs}
+    held: list = []
+    seen: set[str] = set()
+    with Subscriber(endpoint, zero_copy=True) as sub:
+        sub.wait_ready(timeout=20)
+
+        def check_and_release(sample) -> None:
+            check_exact(sample.tensors, sample.token_ids, sample.rid, sizes[sample.rid])
+            tensors = list(sample.tensors.values())
+            borrowed = sample.borrowed   # one-chunk samples; assembled ones are copies
+            sample.release()
+            if borrowed:
+                assert all(t.numel() == 0 for t in tensors), "a released tensor kept its bytes"
+                assert sample.token_ids.numel() == 0
+
+        captured = None
+        while captured is None or len(seen | set(sub.dropped) | set(sub.incomplete)) < len(reqs):
+            sample = sub.poll(timeout=0.05)
+            if sample is not None:
+                assert sample.rid not in seen, "delivered twice"
+                seen.add(sample.rid)
+                check_exact(sample.tensors, sample.token_ids, sample.rid, sizes[sample.rid])
+                held.append(sample)
+                if len(held) > 24:   # hold many borrows: the ring fills, the producer drops
+                    check_and_release(held.pop(0))
+            if captured is None:
+                captured = p.poll_event("captured")
+        for sample in held:
+            check_and_release(sample)
+        st = sub.stats()
+        assert not st["lost"] and not st["rejected"]
+        assert st["dropped"], "the ring never filled: this test proves nothing"
+        assert set(captured["dropped"]) <= set(sub.dropped) | set(sub.incomplete)
+    p.send()
+    p.wait_event("done")
+
+
+def test_a_borrowed_sample_is_read_only_and_samples_are_owned_by_default(endpoint, tmp_path):
+    with Producer(endpoint, producer_id="g3r", capacity=4 << 20) as p:
+        with Subscriber(endpoint) as owned, Subscriber(endpoint, zero_copy=True) as borrowed:
+            owned.wait_ready(10)
+            borrowed.wait_ready(10)
+            _capture(p, "x", 8)
+            a, b = owned.get("x", timeout=10), borrowed.get("x", timeout=10)
+            assert not a.borrowed and b.borrowed
+            a.tensors["layer_0"].fill_(0)          # owned: the user's memory
+            with pytest.raises(Exception):
+                b.tensors["layer_0"].numpy()[0, 0] = 1   # the mapping is read-only
+            b.release()
+    # A write through a borrowed tensor faults (the consumer maps the ring PROT_READ).
+    child = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from fault_support import source, LAYERS
+        from hscapture import Producer, Subscriber
+        ep = {endpoint!r} + "x"
+        p = Producer(ep, producer_id="g3w", capacity=4 << 20)
+        s = Subscriber(ep, zero_copy=True); s.wait_ready(10)
+        t, ids = source("w", 4)
+        p.capture("w", t, layers=LAYERS, token_ids=ids)
+        x = s.get("w", timeout=10)
+        print("got", flush=True)
+        x.tensors["layer_0"].fill_(0)
+        print("wrote", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert "got" in r.stdout and "wrote" not in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert r.returncode == -signal.SIGSEGV
+
+
+# -- 4 ---------------------------------------------------------------------------------------
+
+
+def test_sigkilled_drain_restart_drops_nothing_and_partials_never_pin_the_ring(
+        endpoint, procs, tmp_path):
+    # Multi-chunk samples through a small ring: if a restarted drain let re-read chunks of
+    # already-written samples (or half samples) pin the ring, the producer would drop.
+    reqs = requests(600, seed=4, tokens=(16, 40, 64), chunks=(4, 8, 16))
+    sizes = {r: t for r, t, _ in reqs}
+    out = tmp_path / "out"
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g4",
+                  capacity=1 << 20, policy="wait", wait_timeout_s=8.0, consumers=1,
+                  interleave=8, rate=150, close_on_stdin=True)
+    p.wait_event("ready")
+    d = _drain(procs, endpoint, out, "--flush-every", "64K")
+    wait_until(lambda: len(durable_rids(out)) >= 60, 20, "the drain to write 60 samples")
+    d.kill()
+    d.wait(timeout=10)
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "2"),
+                                timeout=90)
+    captured = p.wait_event("captured", timeout=60)
+    assert captured["dropped"] == [], "the producer had to drop: the ring was pinned"
+    rids = durable_rids(out)
+    assert len(rids) == len(set(rids)), "written twice"
+    missing = set(sizes) - set(rids)
+    # samples half-read by the killed drain cannot complete: each one is reported by rid
+    assert missing <= reported_rids(rep), (missing - reported_rids(rep), rep)
+    assert len(missing) <= 8 + 1, "more samples lost than were in flight at the kill"
+    assert rc == (EXIT_INCOMPLETE if missing else EXIT_OK), (rc, err)
+    assert verify_shards(out, sizes) == len(rids)
+    p.send()
+    p.wait_event("done")
+
+
+def test_a_dropped_middle_or_last_chunk_fails_its_sample_promptly_and_holds_no_ring(endpoint):
+    cap = 1 << 20
+    with Producer(endpoint, producer_id="g4d", capacity=cap, heartbeat_interval_s=0.02) as p:
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(10)
+            huge = cap // (HIDDEN * 2 * len(LAYERS)) + 64   # one chunk larger than the ring
+            for rid, drop_at in (("mid", 1), ("last", 2)):
+                tensors, ids = source(rid, 8 + huge)
+                bounds = [(0, 4), (4, 4 + huge), (4 + huge, 8 + huge)] if drop_at == 1 else \
+                    [(0, 4), (4, 8), (8, 8 + huge)]
+                results = []
+                for i, (s, e) in enumerate(bounds):
+                    results.append(p.capture(rid, [t[s:e] for t in tensors], layers=LAYERS,
+                                             token_start=s, is_last_chunk=i == 2,
+                                             token_ids=ids[s:e]))
+                assert results[drop_at] is False
+                t0 = time.monotonic()
+                with pytest.raises(SampleDroppedError, match="record_too_large"):
+                    sub.get(rid, timeout=10)
+                assert time.monotonic() - t0 < 3, "the drop was not noticed promptly"
+            _capture(p, "after", 4)
+            sample = sub.get("after", timeout=10)
+            check_exact(sample.tensors, sample.token_ids, "after", 4)
+            # nothing of the failed samples pins the ring: released reaches the head
+            wait_until(lambda: (sub.pump(0.01), all(
+                c["released"] == _ring.segment_info(p.segment)["head"]
+                for c in _slots(p.segment) if c["active"]))[1], 5, "the ring to be released")
+            assert not sub.stats()["in_flight"]
+
+
+# -- 5 ---------------------------------------------------------------------------------------
+
+
+def test_a_dead_drains_named_slot_is_never_taken_by_another_subscriber(endpoint, procs, tmp_path):
+    reqs = requests(400, seed=5)
+    sizes = {r: t for r, t, _ in reqs}
+    out = tmp_path / "out"
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g5",
+                  max_consumers=3, consumers=1, rate=200, capacity=32 << 20,
+                  close_on_stdin=True)
+    segment = p.wait_event("ready")["segment"]
+    d = _drain(procs, endpoint, out)
+    wait_until(lambda: len(durable_rids(out)) >= 20, 20, "the drain to write 20 samples")
+    d.kill()
+    d.wait(timeout=10)
+    name = resume_name(str(out))
+    with Subscriber(endpoint) as anon, Subscriber(endpoint, name="other") as other, \
+            Subscriber(endpoint) as third:
+        for s in (anon, other):
+            s.wait_ready(10)
+        # the ring has 3 slots: the dead drain's, anon's and other's; the third gets none
+        wait_until(lambda: (third.pump(0.02), third.stats().get("attach_errors", 0))[1], 10,
+                   "the third subscriber to be refused a slot")
+        slots = {c["name"]: c for c in _slots(segment) if c["active"]}
+        assert name in slots and not slots[name]["alive"], slots
+        assert "other" in slots
+        p.wait_event("captured", timeout=30)
+        rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1.5"))
+        other.unsubscribe()
+    assert rc == EXIT_OK, (rep, err)
+    rids = durable_rids(out)
+    assert len(rids) == len(set(rids)) == len(reqs)
+    assert verify_shards(out, sizes) == len(reqs)
+    p.send()
+    p.wait_event("done")
+
+
+# -- 6 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["rename", "rmtree"])
+def test_a_removed_output_directory_stops_the_drain_and_releases_nothing_unwritten(
+        endpoint, procs, tmp_path, how):
+    reqs = requests(300, seed=6)
+    sizes = {r: t for r, t, _ in reqs}
+    out, moved = tmp_path / "out", tmp_path / "removed"
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g6",
+                  consumers=1, rate=200, progress_every=10, close_on_stdin=True)
+    p.wait_event("ready")
+    d = _drain(procs, endpoint, out, "--flush-every", "16K")
+    wait_until(lambda: len(durable_rids(out)) >= 30, 20, "the drain to write 30 samples")
+    if how == "rename":
+        os.rename(out, moved)   # the path is gone (its files stay readable for the check)
+    else:
+        shutil.rmtree(out)
+        moved.mkdir()
+    rc, rep, err = drain_report(d)
+    assert rc == EXIT_ERROR and "is gone" in err and "stay in the ring" in err, err
+    assert "will be recovered" not in err
+    seen = len(p.events)
+    after = wait_until(lambda: next((e["requests"] for e in p.events[seen:]
+                                     if e["event"] == "progress"), None), 20,
+                       "a request captured after the drain stopped")
+    p.wait_event("captured", timeout=30)
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1.5"))
+    assert rc == EXIT_OK, (rep, err)
+    old, new = durable_rids(moved), durable_rids(out)
+    assert len(new) == len(set(new))
+    if how == "rename":
+        assert set(old) | set(new) == set(sizes), "a rid was released before it was durable"
+    else:   # what was durable before the removal is gone with it; what came after is here
+        assert {f"r-{i}" for i in range(after, len(reqs))} <= set(new)
+    assert verify_shards(out, sizes) == len(new)
+    p.send()
+    p.wait_event("done")
+
+
+# -- 7 ---------------------------------------------------------------------------------------
+
+
+def test_two_producers_with_one_id_are_a_reported_conflict_and_the_first_loses_nothing(
+        procs, tmp_path):
+    ep1, d1 = new_endpoint("a")
+    ep2, d2 = new_endpoint("b")
+    try:
+        first = requests(150, prefix="first", seed=7)
+        second = requests(150, prefix="second", seed=8)
+        out = tmp_path / "out"
+        a = _producer(procs, tmp_path, endpoint=ep1, requests=first, producer_id="same",
+                      start_on_stdin=True, close_on_stdin=True)
+        a.wait_event("ready")
+        d = _drain(procs, [ep1], out, "--idle-timeout", "30")
+        wait_until(lambda: any(c["active"] for c in
+                               _slots(a.events[0]["segment"])), 20, "the drain to attach")
+        d.kill()
+        d.wait(timeout=10)
+        d = _drain(procs, [ep1, ep2], out, "--idle-timeout", "2")
+        b = _producer(procs, tmp_path, endpoint=ep2, requests=second, producer_id="same",
+                      close_on_stdin=True, rate=300)
+        b.wait_event("ready")
+        a.send()
+        a.wait_event("captured")
+        b.wait_event("captured")
+        rc, rep, err = drain_report(d, timeout=60)   # both still live: idle ends it
+        b.send()
+        b.wait_event("done")
+        assert rc != EXIT_OK, ("a conflict must not end in success", rep, err)
+        assert rep.get("conflicts"), rep
+        assert set(r for r, _, _ in first) <= set(durable_rids(out)), \
+            "the first producer's samples were lost"
+        a.send()
+        a.wait_event("done")
+    finally:
+        shutil.rmtree(d1, ignore_errors=True)
+        shutil.rmtree(d2, ignore_errors=True)
+
+
+# -- 8 ---------------------------------------------------------------------------------------
+
+
+def test_an_unencodable_capture_raises_and_takes_no_sequence_number(endpoint):
+    with Producer(endpoint, producer_id="g8", capacity=4 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(10)
+            _capture(p, "a", 4)
+            tensors, ids = source("bad", 4)
+            for bad in ({"x": object()}, {"x": {1, 2}}, {3: "non-str key"}):
+                with pytest.raises(CaptureConfigError):
+                    p.capture("bad", tensors, layers=LAYERS, token_ids=ids, extra=bad)
+            _capture(p, "b", 4, extra={"numpy": __import__("numpy").int64(3)})
+            assert p.stats()["next_seq"] == 2
+            t0 = time.monotonic()
+            p.flush(timeout_s=5)
+            assert time.monotonic() - t0 < 2
+            assert sub.get("a", timeout=10) and sub.get("b", timeout=10).meta["extra"] == \
+                {"numpy": 3}
+            wait_until(lambda: (sub.pump(0.02), (sub.stats()["producers"] and
+                                                 _hb_next(sub) == 2))[1], 5, "a heartbeat")
+            st = sub.stats()
+            assert not st["lost"] and not st["unresolved"], st
+
+
+def _hb_next(sub: Subscriber) -> int:
+    src = next(iter(sub._sources.values()))
+    return (src.hb or {}).get("next_seq", -1)
+
+
+def test_close_while_another_thread_captures_is_safe(endpoint):
+    p = Producer(endpoint, producer_id="g8c", capacity=4 << 20)
+    sub = Subscriber(endpoint)
+    sub.wait_ready(10)
+    ok: list[str] = []
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def worker() -> None:
+        i = 0
+        try:
+            while True:
+                rid = f"c-{i}"
+                if _capture(p, rid, 4) == [True]:
+                    ok.append(rid)
+                i += 1
+                started.set()
+        except CaptureConfigError as exc:   # "capture on a closed Producer": the only way out
+            errors.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - anything else is the bug
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    assert started.wait(10)
+    p.close()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert len(errors) == 3 and all(isinstance(e, CaptureConfigError) for e in errors), errors
+    got = {s.rid for s in sub.samples(limit=len(ok), timeout=5)}
+    sub.close()
+    assert got == set(ok), f"{len(set(ok) - got)} committed captures never arrived"
+
+
+# -- 9 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rid", ["", "x" * 513, "nul\x00", "tab\t", "\ud800"])
+def test_a_bad_rid_raises_invalid_rid_error_at_capture(endpoint, rid):
+    with Producer(endpoint, producer_id="g9", capacity=4 << 20) as p:
+        tensors, ids = source("any", 4)
+        with pytest.raises(InvalidRidError):
+            p.capture(rid, tensors, layers=LAYERS, token_ids=ids)
+        with pytest.raises(InvalidRidError):
+            p.abort(rid, "why")
+        assert p.stats()["next_seq"] == 0
+
+
+def test_a_drain_never_crash_loops_on_a_sample(endpoint, procs, tmp_path):
+    # rids legal on the wire that the shard writer might still refuse: the drain goes on
+    odd = ["a/b", "x" * 512, "é" * 256, "\x7f", "名前", "../up", "a b"]
+    reqs = [["ok-0", 4, 4]] + [[r, 3, 4] for r in odd] + [["ok-1", 4, 4]]
+    out = tmp_path / "out"
+    p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g9d",
+                  consumers=1, close_on_stdin=True)
+    p.wait_event("ready")
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1.5"))
+    assert rc in (EXIT_OK, EXIT_INCOMPLETE), err
+    written = set(durable_rids(out))
+    assert {"ok-0", "ok-1"} <= written
+    assert set(r for r, _, _ in reqs) == written | set(rep["rejected"])
+    assert (rc == EXIT_INCOMPLETE) == bool(rep["rejected"])
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1"))
+    assert rc == EXIT_OK and rep["samples"] == 0, (rc, rep, err)
+    p.send()
+    p.wait_event("done")
+
+
+# -- 10 --------------------------------------------------------------------------------------
+
+
+def _batch_payload(**over) -> tuple[bytearray, int]:
+    rows = [{"rid": "r", "token_start": 0, "token_count": 2, "last": True, "cached_prefix": 0,
+             "extra": {}, "fields": {}}]
+    plan = rec.plan_batch(producer="p", epoch=5, seq=0, dp_rank=0, layers=[0, 1],
+                          layer_kinds=["residual"] * 2, convention="", model="", hidden=4,
+                          dtype="float32", rows=rows, block_cols=[4, 4])
+    meta = msgpack.unpackb(plan.meta_bytes)
+    meta.update(over)
+    body = msgpack.packb(meta, use_bin_type=True)
+    buf = bytearray(len(body).to_bytes(4, "little") + body)
+    buf += bytes(-len(buf) % 64)
+    length = max(plan.length, meta.get("length", 0) if isinstance(meta.get("length"), int)
+                 else 0, len(buf))
+    buf += bytes(max(0, length - len(buf)))
+    return buf, len(buf)
+
+
+@pytest.mark.parametrize("over", [
+    {"seq": [1]},                                        # list-typed seq
+    {"blocks": [[-64, 4], [128, 4]]},                    # negative offset
+    {"blocks": [[128, 4], [128, 4]]},                    # overlapping blocks
+    {"blocks": [[192, 4], [128, 4]]},                    # out of order
+    {"blocks": [[130, 4], [192, 4]]},                    # misaligned
+    {"ids_offset": 1 << 40},                             # out of bounds
+    {"rows": [{"rid": "", "token_start": 0, "token_count": 2, "last": True,
+               "cached_prefix": 0, "extra": {}, "fields": {}}]},
+])
+def test_a_malformed_record_meta_is_a_typed_error(over):
+    buf, n = _batch_payload(**over)
+    with pytest.raises(RecordFormatError):
+        rec.read_entry(bytes(buf), payload_len=n, epoch=5)
+
+
+def test_forged_notices_are_cross_checked_cheap_and_discard_nothing(endpoint):
+    ctx = zmq.Context()
+    rogue_ep, rogue_dir = new_endpoint("rogue")
+    rogue = ctx.socket(zmq.PUB)
+    rogue.bind(rogue_ep)
+    try:
+        with Producer(endpoint, producer_id="g10", capacity=4 << 20,
+                      heartbeat_interval_s=0.5) as p:
+            with Subscriber([endpoint, rogue_ep]) as sub:
+                sub.wait_ready(10)
+                wait_until(lambda: (sub.pump(0.02), _hb_next(sub) >= 0)[1], 5, "a heartbeat")
+                _capture(p, "before", 4)
+                assert sub.get("before", timeout=10)
+                hb = {"v": 2, "kind": "heartbeat", "producer": "g10", "epoch": p.epoch,
+                      "pid": os.getpid(), "segment": p.segment, "next_seq": 3_000_000,
+                      "head": 0, "committed": 0, "dropped": 0, "unrecorded": 0, "backlog": 0,
+                      "recorded_through": 3_000_000, "errors": 0, "time_ns": time.time_ns()}
+                hello = {"v": 2, "kind": "hello", "producer": "g10", "epoch": p.epoch ^ 1,
+                         "pid": 1, "segment": p.segment, "capacity": 1 << 20,
+                         "time_ns": time.time_ns()}
+                wait_until(lambda: (rogue.send(nt.encode(hb)), sub.pump(0.02),
+                                    sub.stats()["notices"] > 0 and _hb_next(sub) == 3_000_000
+                                    )[2], 5, "the forged heartbeat to arrive")
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 0.3:   # housekeeping acts on the heartbeat
+                    sub.pump(0.02)
+                assert time.monotonic() - t0 < 1.0, "a forged heartbeat cost real work"
+                ahead = dict(hb, head=1 << 40, time_ns=time.time_ns())
+                rogue.send(nt.encode(ahead))
+                wait_until(lambda: (sub.pump(0.02), sub.stats().get("forged_notices"))[1], 5,
+                           "a heartbeat ahead of the ring's head to be refused")
+                wait_until(lambda: (rogue.send(nt.encode(hello)), sub.pump(0.02),
+                                    sub.stats()["conflicts"])[2], 5, "the forged hello")
+                rogue.send(b"\x93garbage")
+                for i in range(20):
+                    _capture(p, f"after-{i}", 4)
+                for i in range(20):
+                    s = sub.get(f"after-{i}", timeout=10)
+                    check_exact(s.tensors, s.token_ids, f"after-{i}", 4)
+                st = sub.stats()
+                assert not st["dropped"] and not st["incomplete"] and not st["rejected"], st
+                # a false loss may stay reported (at worst reported), never a real sample lost
+                assert all(x["first"] >= 21 or x["first"] < 0 for x in st["lost"]), st["lost"]
+    finally:
+        rogue.close(0)
+        ctx.term()
+        shutil.rmtree(rogue_dir, ignore_errors=True)
+
+
+# -- 11 --------------------------------------------------------------------------------------
+
+
+def test_a_failed_producer_constructor_releases_its_endpoint(endpoint):
+    for bad in ({"capacity": 64}, {"full_policy": "nope"}, {"control_reserve": 1 << 30}):
+        with pytest.raises((HSCaptureError, ValueError)):
+            Producer(endpoint, producer_id="g11", **bad)
+    with Producer(endpoint, producer_id="g11", capacity=1 << 20) as p:
+        with pytest.raises(EndpointError):
+            Producer(endpoint, producer_id="g11b", capacity=1 << 20)
+        assert p.capture("ok", *source("ok", 2)[:1], layers=LAYERS,
+                         token_ids=source("ok", 2)[1])
