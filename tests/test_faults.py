@@ -103,12 +103,6 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
         p.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "KNOWN BUG (open): a multi-chunk sample's chunks are released from the ring as they "
-    "arrive (copied out), so a drain SIGKILLed after assembling it but before the shard "
-    "flush loses it with no report anywhere (~1-2% of samples here). Needs the durable "
-    "release point to wait for the sample's durability, or the at-risk rids recorded "
-    "durably before release."))
 def test_drain_killed_at_random_moments_gets_every_sample_once_or_reported(endpoint, tmp_path):
     acct = restarts_under_load(endpoint, tmp_path, n_requests=700, restarts=6, seed=11)
     assert acct["written"] >= acct["samples"] * 0.9, acct
