@@ -121,7 +121,7 @@ def drain(
     primary: BaseException | None = None   # the error that stopped the drain, if any
     try:
         try:
-            sub.wait_ready(timeout=connect_timeout_s)
+            sub.wait_ready(timeout=connect_timeout_s, stop=stop.is_set)   # Ctrl-C: at once
         except SampleTimeoutError:
             if not stop.is_set():
                 raise
@@ -147,7 +147,8 @@ def drain(
                 pending_bytes += sample.nbytes
                 res.samples += 1
                 res.bytes += sample.nbytes
-            if pending and (pending_bytes >= flush_bytes or now - last_flush >= flush_interval_s):
+            if pending and (pending_bytes >= flush_bytes or now - last_flush >= flush_interval_s
+                            or sub.held_fraction() > 0.5):   # the ring needs the space back
                 settle(writer.flush())
                 last_flush = now
             bar.update(res, sub, start)

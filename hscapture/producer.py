@@ -271,47 +271,67 @@ class Producer:
         block_cols = [int(b.shape[1]) for b in blocks]
         if layer_map is not None:
             layer_map = [[int(b), int(c)] for b, c in layer_map]
-        with self._lock:
-            if self._closed:
-                raise CaptureConfigError("capture on a closed Producer")
-            seq = self._next_seq
-            try:
-                plan = rec.plan_batch(
-                    producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
-                    layers=layers, layer_kinds=kinds, convention=self.convention,
-                    model=self.model, hidden=hidden, dtype=dtype, rows=row_maps,
-                    block_cols=block_cols, layer_map=layer_map, check=False)
-            except HSCaptureError as exc:
-                raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
-            position = self._reserve(plan.length, plan.tag)
-            if position == -2 and len(rows) > 1:   # too large as one entry: split it
-                half = len(rows) // 2
-                a = self._capture_split(rows[:half], blocks, layers, kinds, token_ids,
-                                        layer_map, snapshot, hidden)
-                b = self._capture_split(rows[half:], blocks, layers, kinds, token_ids,
-                                        layer_map, snapshot, hidden)
-                return a and b
-            self._next_seq = seq + len(rows)
-            if position < 0:
-                self._drop_locked(seq, row_maps, "ring_full" if position == -1
-                                  else "record_too_large", plan.length)
-                return False
-            try:
-                buf = self._ring.payload(position)
-                rec.write_header(buf, plan)
-                done, keepalive = self._copy_into(buf, plan, rows, blocks, token_ids, snapshot)
-            except Exception as exc:
-                self._ring.abort(position)
-                self._counters["errors"] += 1
-                log.exception("hscapture: copy of %d rows (first rid %r) into the ring failed",
-                              len(rows), rows[0].rid)
-                self._drop_locked(seq, row_maps, f"copy_error: {type(exc).__name__}",
-                                  plan.length)
-                return False
-            self._counters["captured_rows"] += len(rows)
-            self._counters["captured_bytes"] += plan.length
-            self._enqueue(_Pending("batch", position, seq, len(rows), plan.length,
-                                   plan.meta_bytes, done, keepalive, row_maps))
+        deadline = time.monotonic() + self.wait_timeout_s
+        while True:
+            with self._lock:
+                done = self._capture_locked(rows, row_maps, blocks, block_cols, layers, kinds,
+                                            token_ids, layer_map, hidden, dtype, snapshot,
+                                            may_wait=time.monotonic() < deadline)
+            if done is not None:
+                return done
+            # The wait policy polls for ring space WITHOUT holding the capture lock: the
+            # publisher thread needs it for heartbeats, and only its commits (and the
+            # subscribers' releases) free space. The next try takes a fresh sequence number.
+            time.sleep(0.0005)
+            self._ring.reap()
+
+    def _capture_locked(self, rows: list[Row], row_maps: list[dict[str, Any]],
+                        blocks: list[torch.Tensor], block_cols: list[int], layers: list[int],
+                        kinds: list[str], token_ids: Any, layer_map: Any, hidden: int,
+                        dtype: str, snapshot: bool, may_wait: bool) -> bool | None:
+        """One try under the lock: True (in the ring), False (dropped and recorded), or None
+        (full, and the wait policy wants another try)."""
+        if self._closed:
+            raise CaptureConfigError("capture on a closed Producer")
+        seq = self._next_seq
+        try:
+            plan = rec.plan_batch(
+                producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
+                layers=layers, layer_kinds=kinds, convention=self.convention, model=self.model,
+                hidden=hidden, dtype=dtype, rows=row_maps, block_cols=block_cols,
+                layer_map=layer_map, check=False)
+        except HSCaptureError as exc:
+            raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
+        position = self._reserve(plan.length, plan.tag)
+        if position == -1 and self.full_policy == "wait" and may_wait:
+            return None
+        if position == -2 and len(rows) > 1:   # too large as one entry: split it
+            half = len(rows) // 2
+            a = self._capture_split(rows[:half], blocks, layers, kinds, token_ids, layer_map,
+                                    snapshot, hidden)
+            b = self._capture_split(rows[half:], blocks, layers, kinds, token_ids, layer_map,
+                                    snapshot, hidden)
+            return a and b
+        self._next_seq = seq + len(rows)
+        if position < 0:
+            self._drop_locked(seq, row_maps, "ring_full" if position == -1
+                              else "record_too_large", plan.length)
+            return False
+        try:
+            buf = self._ring.payload(position)
+            rec.write_header(buf, plan)
+            done, keepalive = self._copy_into(buf, plan, rows, blocks, token_ids, snapshot)
+        except Exception as exc:
+            self._ring.abort(position)
+            self._counters["errors"] += 1
+            log.exception("hscapture: copy of %d rows (first rid %r) into the ring failed",
+                          len(rows), rows[0].rid)
+            self._drop_locked(seq, row_maps, f"copy_error: {type(exc).__name__}", plan.length)
+            return False
+        self._counters["captured_rows"] += len(rows)
+        self._counters["captured_bytes"] += plan.length
+        self._enqueue(_Pending("batch", position, seq, len(rows), plan.length,
+                               plan.meta_bytes, done, keepalive, row_maps))
         return True
 
     def abort(self, rid: str, reason: str, *, restart: bool = False,
@@ -443,19 +463,11 @@ class Producer:
             self._lock.acquire()
 
     def _reserve(self, length: int, tag: int) -> int:
-        """Ring position, -1 when full (after the wait policy), -2 when it can never fit."""
+        """Ring position, -1 when full, -2 when it can never fit (one try, never waits)."""
         try:
-            position = self._ring.reserve(length, tag, False)
+            return self._ring.reserve(length, tag, False)
         except RecordTooLargeError:   # larger than capacity - control_reserve: never fits
             return -2
-        if position >= 0 or position == -2 or self.full_policy == "drop":
-            return position
-        deadline = time.monotonic() + self.wait_timeout_s
-        while position == -1 and time.monotonic() < deadline:
-            time.sleep(0.0005)   # the wait policy: bounded polling of the consumers' progress
-            self._ring.reap()
-            position = self._ring.reserve(length, tag, False)
-        return position
 
     def _drop_locked(self, seq: int, rows: list[dict[str, Any]], reason: str,
                      length: int) -> None:
@@ -559,7 +571,11 @@ class Producer:
         self._sock.send(nt.encode(msg, check=False), copy=True)
 
     def _heartbeat(self) -> None:
-        with self._lock:
+        # Never wait for the capture lock here: a capture waiting for ring space (the wait
+        # policy) holds it, and only this thread's commits can give that space back.
+        if not self._lock.acquire(blocking=False):
+            return
+        with _Held(self._lock):
             ring = self._ring.stats()
             # read together: every number below recorded_through is in the ring below head
             recorded = min(self._control.recorded_through(self._next_seq), self._announced)
@@ -708,6 +724,19 @@ class Producer:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+class _Held:
+    """Releases an already acquired lock at the end of a ``with`` block."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

@@ -394,13 +394,26 @@ class ShardWriter:
                              f"{e.strerror or e} (errno {e.errno})") from e
         if not os.access(self.out_dir, os.W_OK | os.X_OK):
             os.close(self._lock_fd)
+            self._lock_fd = -1
             raise ShardError(f"cannot use shard directory {self.out_dir}: not writable")
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+        lock_path = os.path.join(self.out_dir, LOCK_NAME)
+        for _ in range(16):
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(self._lock_fd)
+                self._lock_fd = -1          # not ours: never unlink it
+                raise ShardError(f"shard directory {self.out_dir} is locked by another live "
+                                 f"ShardWriter ({e.strerror})") from e
+            # a closing writer unlinks the lock file while holding it: a lock taken on the
+            # unlinked file claims nothing, so start over on the current one
+            try:
+                if os.stat(lock_path).st_ino == os.fstat(self._lock_fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
             os.close(self._lock_fd)
-            raise ShardError(f"shard directory {self.out_dir} is locked by another live "
-                             f"ShardWriter ({e.strerror})") from e
+            self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             self._recover()
             self._index: dict[str, dict] = read_index(self.out_dir)
@@ -769,6 +782,12 @@ class ShardWriter:
 
     def _release_lock(self) -> None:
         if self._lock_fd >= 0:
+            try:
+                # remove the lock file while still holding the lock (no other writer can be
+                # inside), so a closed writer leaves nothing behind
+                os.unlink(os.path.join(self.out_dir, LOCK_NAME))
+            except OSError:
+                pass
             try:
                 os.close(self._lock_fd)
             finally:

@@ -108,6 +108,7 @@ class _Source:
     retired: bool = False
     borrowed: _Held = field(default_factory=_Held)
     pid: int = 0
+    attach_head: int = 0              # producer head when we attached: older notices are gone
     order: int = 0                    # attach order: the earlier of two conflicting wins
     resumed: bool = False             # took over an existing durable place
 
@@ -197,16 +198,23 @@ class Subscriber:
 
     # -- public API --------------------------------------------------------------------
 
-    def wait_ready(self, timeout: float = 10.0, producers: int = 1) -> None:
-        """Block until at least ``producers`` live producer incarnations are attached."""
+    def wait_ready(self, timeout: float = 10.0, producers: int = 1,
+                   stop: Callable[[], bool] | None = None) -> bool:
+        """Block until at least ``producers`` live producer incarnations are attached.
+
+        Returns True when they are, False when ``stop()`` became true first; raises
+        :class:`SampleTimeoutError` after ``timeout``."""
         deadline = time.monotonic() + timeout
         while len(self._current) < producers:
+            if stop is not None and stop():
+                return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SampleTimeoutError(
                     f"no hscapture producer announced itself on {self.endpoints} within "
                     f"{timeout:g}s (expected {producers}, attached {len(self._current)})")
             self._pump(min(remaining, 0.05))
+        return True
 
     def expect(self, rid: str, num_tokens: int) -> None:
         """Declare that ``rid`` must come with exactly ``num_tokens`` tokens, or be rejected."""
@@ -612,8 +620,8 @@ class Subscriber:
         """True when the notice of entry ``seq`` will not come (so the entry is used as is)."""
         hb = src.hb or {}
         if seq < src.max_notice_seq or seq < hb.get("next_seq", 0) or src.ended or \
-                not src.consumer.producer_alive():
-            return True
+                record.position < src.attach_head or not src.consumer.producer_alive():
+            return True   # (an entry from before we (re)attached: its notice went out then)
         now = time.monotonic()
         if src.held is None:
             src.held, src.held_since = record, now
@@ -705,9 +713,10 @@ class Subscriber:
                                dict(rv.fields), rv.seq))
         if self.name and (not p.holds or p.holds[-1][1] != record.position):
             # durable: keep the chunk's record until the sample is acknowledged, so a crash
-            # mid-sample loses nothing (bounded by partial_hold_s)
+            # mid-sample loses nothing (bounded by partial_hold_s and by a quarter of the ring)
             src.borrowed.add(record.position)
             p.holds.append((src, record.position))
+            self._bound_partial_holds(src)
         if rv.last:
             p.total = end
         if p.total is not None:
@@ -810,6 +819,31 @@ class Subscriber:
         return release
 
     # -- failures ------------------------------------------------------------------------
+
+    def _bound_partial_holds(self, src: _Source) -> None:
+        """Partials never pin more than a quarter of a ring: past that, the oldest ones stop
+        holding (their chunks are copies already; only a crash could then cost them)."""
+        consumer = src.consumer
+        if consumer is None:
+            return
+        limit = consumer.capacity // 4
+        held = sorted((p.holds[0][1], id(p), p) for p in self._asm.partials.values()
+                      if p.holds and p.holds[0][0] is src)
+        for first, _, p in held:
+            if consumer.position - first <= limit:
+                break
+            self._counts["partials_unpinned"] += 1
+            self._unhold(p)
+
+    def held_fraction(self) -> float:
+        """The largest share of any ring this subscriber has read but not released (samples
+        not yet acknowledged, partial chunks): a drain flushes early when it grows."""
+        out = 0.0
+        for src in self._sources.values():
+            c = src.consumer
+            if c is not None and c.capacity:
+                out = max(out, (c.position - c.released) / c.capacity)
+        return out
 
     def _pop_partial(self, key: tuple[int, str]) -> Partial | None:
         p = self._asm.pop(key)
