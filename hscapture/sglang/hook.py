@@ -60,7 +60,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..errors import CaptureConfigError
+from ..errors import CaptureConfigError, InvalidRidError
+from ..notice import check_rid
 from .config import CaptureConfig, endpoint_for_dp_rank
 
 log = logging.getLogger("hscapture.sglang")
@@ -464,6 +465,13 @@ class SGLangCaptureHook:
         from ..producer import Row
 
         rid = str(req.rid)
+        try:
+            check_rid(rid)           # the protocol's one rid rule, at the edge
+        except InvalidRidError as exc:
+            self.counters["invalid_rids"] += 1
+            self._log_once("invalid_rid", logging.ERROR, "hscapture: request %r is not "
+                           "captured: %s (further invalid rids are counted)", rid[:80], exc)
+            return None
         attempt = int(getattr(req, "retraction_count", 0) or 0)
         producer = self.producer
         stopping = getattr(req, "to_finish", None) or getattr(req, "finished_reason", None)

@@ -232,3 +232,16 @@ def test_same_rid_reused_by_a_new_request_is_a_new_sample(rig):
     r2 = srv.new_req("hscap-again", 8)   # client retried the rid later: a fresh request
     srv.extend([(r2, 0, 8)])
     check(sub.get(r2.rid, timeout=10), srv, r2)
+
+
+def test_an_invalid_rid_is_counted_and_skipped_and_its_batch_mates_are_captured(rig):
+    hook, sub, srv = rig()
+    bad = srv.new_req("hscap-bad\nrid", 6)          # a control character: not a valid rid
+    good = srv.new_req("hscap-good-mate", 7)
+    srv.extend([(bad, 0, 6), (good, 0, 7)])
+    s = sub.get(good.rid, timeout=10)
+    assert s.num_tokens == 7
+    assert hook.counters["invalid_rids"] == 1
+    assert hook.counters.get("errors", 0) == 0      # never an exception in the server
+    sub.pump(0.2)
+    assert bad.rid not in sub.dropped and bad.rid not in sub.incomplete
