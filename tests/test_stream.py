@@ -1,0 +1,199 @@
+"""StreamDataset / stream: live samples from a real producer process into a training loop."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import hscapture
+from hscapture.errors import CaptureConfigError
+from hscapture.stream import StreamDataset
+from capture_support import assert_sample_exact, read_events, start_producer
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train_from_stream.py"
+HIDDEN, LAYERS = 64, [2, 5, 7]
+
+
+@pytest.fixture
+def endpoint():
+    sock_dir = Path("/tmp") / f"hsc-test-{uuid.uuid4().hex[:10]}"
+    sock_dir.mkdir(mode=0o700)
+    yield f"ipc://{sock_dir}/p.sock"
+    for f in sock_dir.iterdir():
+        f.unlink()
+    sock_dir.rmdir()
+
+
+def spec(endpoint, requests, **over):
+    out = {"endpoint": endpoint, "hidden": HIDDEN, "layers": LAYERS, "requests": requests,
+           "threads": 1}
+    out.update(over)
+    return out
+
+
+def finish(proc):
+    try:
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_dataloader_yields_every_sample_exact_and_never_holds_more_than_prefetch(
+        endpoint, tmp_path):
+    requests = [[f"s{i}", 1 + 53 * i % 300, 64] for i in range(30)]   # multi-chunk ones too
+    proc = start_producer(spec(endpoint, requests, threads=3, policy="wait"), tmp_path)
+    try:
+        ds = StreamDataset(endpoint, max_samples=30, idle_timeout_s=20, prefetch=3)
+        seen = {}
+        for item in DataLoader(ds, batch_size=None, num_workers=0):
+            assert ds._feed.buffered <= 3
+            seen[item["rid"]] = item
+        by_rid = {r[0]: r[1] for r in requests}
+        assert sorted(seen) == sorted(by_rid)
+        for rid, item in seen.items():
+            sample = hscapture.Sample(rid, "test", 0, by_rid[rid], item["input_ids"],
+                                      {f"layer_{L}": item[f"layer_{L}"] for L in LAYERS},
+                                      LAYERS, ["residual"] * 3, "bfloat16", HIDDEN)
+            assert_sample_exact(sample, rid, by_rid[rid], HIDDEN, LAYERS)
+            assert item["input_ids"].dtype == torch.int64
+            assert "loss_mask" not in item          # this producer attaches no fields
+        assert 1 <= ds.max_buffered <= 3
+        report = ds.report()
+        assert report["delivered"] == 30 and report["stopped"] == "max_samples"
+        assert not (report["dropped"] or report["incomplete"] or report["rejected"]
+                    or report["lost"] or report["undelivered"])
+        assert ds._feed.subscriber is None            # closed once exhausted
+    finally:
+        finish(proc)
+
+
+def test_slow_trainer_fills_the_ring_and_every_drop_is_reported_by_rid(endpoint, tmp_path):
+    # 40 samples of 200 tokens x 3 layers x 64 bf16 = 77 KB each, a 1 MiB ring: a trainer that
+    # stops reading after one sample leaves the ring full and the producer must drop
+    requests = [[f"d{i}", 200, 200] for i in range(40)]
+    proc = start_producer(spec(endpoint, requests, capacity=1 << 20, policy="drop"), tmp_path)
+    try:
+        ds = StreamDataset(endpoint, idle_timeout_s=3, prefetch=2)
+        it = iter(ds)
+        first = [next(it)["rid"]]
+        dropped = read_events(proc, "dropped", timeout=60)["rids"]  # producer done meanwhile
+        assert dropped, "the ring never filled: the test proves nothing"
+        assert ds._feed.buffered <= 2
+        rest = [item["rid"] for item in it]
+        got = first + rest
+        report = ds.report()
+        assert sorted(report["dropped"]) == sorted(dropped)
+        assert all("ring_full" in why for why in report["dropped"].values())
+        assert sorted(got + dropped) == sorted(r[0] for r in requests)   # once or reported
+        assert report["stopped"] == "idle_timeout" and report["delivered"] == len(got)
+        assert ds.max_buffered <= 2
+    finally:
+        finish(proc)
+
+
+def test_dataloader_workers_are_refused_with_a_clear_error(endpoint):
+    ds = StreamDataset(endpoint, max_samples=1, idle_timeout_s=1)
+    with pytest.raises(CaptureConfigError, match="num_workers=0"):
+        next(iter(DataLoader(ds, batch_size=None, num_workers=2)))
+
+
+def test_stream_stops_when_idle_and_closes_its_subscriber(endpoint):
+    s = hscapture.stream(endpoint, idle_timeout_s=0.2)
+    assert list(s) == []
+    assert s.subscriber is None and s.report()["stopped"] == "idle_timeout"
+
+
+def test_abandoned_iterator_closes_the_subscriber_and_reports_what_it_held(endpoint, tmp_path):
+    requests = [[f"g{i}", 10, 10] for i in range(12)]
+    proc = start_producer(spec(endpoint, requests, policy="wait"), tmp_path)
+    try:
+        ds = StreamDataset(endpoint, idle_timeout_s=20, prefetch=4)
+        it = iter(ds)
+        assert next(it)["rid"] == "g0"
+        read_events(proc, "dropped", timeout=60)
+        del it
+        gc.collect()
+        report = ds.report()
+        assert ds._feed.subscriber is None and report["stopped"] == "closed"
+        # the samples received but never handed out are named, not silently lost
+        assert report["delivered"] == 1
+        assert set(report["undelivered"]) <= {f"g{i}" for i in range(1, 12)}
+        assert 1 <= len(report["undelivered"])
+    finally:
+        finish(proc)
+
+
+def test_plain_stream_yields_owned_samples_exact(endpoint, tmp_path):
+    requests = [[f"p{i}", 5 + i, 4] for i in range(6)]
+    proc = start_producer(spec(endpoint, requests, policy="wait"), tmp_path)
+    try:
+        with hscapture.stream(endpoint, max_samples=6, idle_timeout_s=20, prefetch=2) as s:
+            samples = list(s)
+        assert [x.rid for x in samples] == [r[0] for r in requests]
+        for x, r in zip(samples, requests):
+            assert not x.borrowed
+            assert_sample_exact(x, r[0], r[1], HIDDEN, LAYERS)
+        assert s.report()["delivered"] == 6
+    finally:
+        finish(proc)
+
+
+def test_bad_bounds_are_refused():
+    with pytest.raises(CaptureConfigError, match="prefetch"):
+        StreamDataset("ipc:///tmp/x.sock", prefetch=0)
+    with pytest.raises(CaptureConfigError, match="zero_copy"):
+        hscapture.stream("ipc:///tmp/x.sock", zero_copy=False)
+
+
+def test_example_trains_a_draft_head_from_a_live_producer_and_loss_masks_arrive(tmp_path):
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_from_stream as ex
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "12", "--json"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(result["losses"]) == 12
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["report"]["delivered"] == 12 and result["producer_dropped"] == []
+    assert not result["report"]["dropped"] and not result["report"]["undelivered"]
+    assert "loss" in out.stdout and "not seen:" in out.stdout
+
+
+def test_loss_masks_and_aux_layers_from_the_example_producer_arrive_exact(endpoint, tmp_path):
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_from_stream as ex
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--produce", "--endpoint", endpoint,
+                             "--requests", "8", "--chunk", "16"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        ds = StreamDataset(endpoint, max_samples=8, idle_timeout_s=20, prefetch=2)
+        items = list(DataLoader(ds, batch_size=None, num_workers=0))
+        plan = dict(ex.request_plan(8))
+        assert sorted(i["rid"] for i in items) == sorted(plan)
+        for item in items:
+            ids, layers, mask = ex.synthetic(item["rid"], plan[item["rid"]])
+            assert torch.equal(item["input_ids"], ids)
+            assert item["loss_mask"].dtype == torch.int64
+            assert torch.equal(item["loss_mask"], mask.to(torch.int64))
+            assert item["loss_mask"].sum() < len(ids)      # masked positions exist
+            for L, t in zip(ex.AUX_LAYERS, layers):
+                assert torch.equal(item[f"layer_{L}"], t)
+    finally:
+        finish(proc)
