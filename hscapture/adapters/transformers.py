@@ -14,8 +14,9 @@ i.e. ``hidden_states[-1]``.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import CaptureConfigError
@@ -75,7 +76,8 @@ class HiddenStateCapture:
     @contextmanager
     def request(self, rids: Sequence[str | None], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, *,
-                chunk_size: int | None = None) -> Iterator[None]:
+                chunk_size: int | None = None,
+                fields: Sequence[Mapping[str, Any] | None] | None = None) -> Iterator[None]:
         """Capture the forward pass run inside the block, one sample per non-None rid.
 
         ``input_ids`` is ``[B, S]``; sequences may be right- or left-padded as described by
@@ -85,12 +87,22 @@ class HiddenStateCapture:
         Row positions and token ids are read on the host when the block is entered (before
         the forward pass is queued), so nothing here waits for the GPU afterwards; pass host
         tensors to avoid even that one device-to-host read.
+
+        ``fields`` (optional, one entry per row, None for none) are per-token side fields of
+        each sample, e.g. ``{"loss_mask": [0, 0, 1, 1]}``: one uint8 value per real token of
+        the row (padding excluded); each chunk carries its slice. A length that does not match
+        the row's token count raises :class:`CaptureConfigError` before anything is captured.
         """
         if len(rids) != input_ids.shape[0]:
             raise CaptureConfigError(f"expected {input_ids.shape[0]} rids, found {len(rids)}")
+        if fields is not None and len(fields) != len(rids):
+            raise CaptureConfigError(f"fields: expected one entry per row ({len(rids)}), "
+                                     f"found {len(fields)}")
         ids_host = input_ids.detach().to("cpu")
         mask_host = None if attention_mask is None else attention_mask.detach().to("cpu")
         rows = [self._row_index(b, ids_host.shape[1], mask_host) for b in range(len(rids))]
+        row_fields = [_row_fields(rids[b], fields[b] if fields is not None else None,
+                                  ids_host[b, rows[b]].numel()) for b in range(len(rids))]
         self._outputs.clear()
         self._active = True
         try:
@@ -121,7 +133,8 @@ class HiddenStateCapture:
                 self.producer.capture(
                     rid, [s[start:end] for s in states], layers=self.layer_ids,
                     layer_kinds=self.kinds, token_start=start, is_last_chunk=end == total,
-                    token_ids=ids[start:end])
+                    token_ids=ids[start:end],
+                    fields={k: v[start:end] for k, v in row_fields[b].items()} or None)
 
     @staticmethod
     def _row_index(b: int, width: int, mask: torch.Tensor | None) -> slice | torch.Tensor:
@@ -141,3 +154,22 @@ class HiddenStateCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def _row_fields(rid: str | None, fields: Mapping[str, Any] | None, count: int
+                ) -> dict[str, np.ndarray]:
+    """One row's per-token fields as flat uint8 arrays of ``count`` values each."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in (fields or {}).items():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            arr = np.frombuffer(value, dtype=np.uint8)
+        elif isinstance(value, torch.Tensor):
+            arr = value.detach().to("cpu").numpy()
+        else:
+            arr = np.asarray(value)
+        arr = arr.reshape(-1)
+        if arr.shape[0] != count:
+            raise CaptureConfigError(f"field {name!r} of rid {rid!r}: expected one value per "
+                                     f"token ({count}), found {arr.shape[0]}")
+        out[str(name)] = arr.astype(np.uint8)
+    return out
