@@ -150,8 +150,12 @@ class Producer:
         self._ctx = self._sock = None
         try:
             self._claim = claim_endpoint(self.endpoint)   # before anything else is created
-            self._ring = _ring.Producer(segment_name(producer_id), capacity, int(max_consumers),
-                                        0, int(control_reserve))
+            name = segment_name(producer_id)
+            # A predecessor with this id that was killed (an engine's scheduler is, at shutdown)
+            # left its segment: remove it now, unless a durable subscriber still needs it.
+            _remove_stale_predecessors(name)
+            self._ring = _ring.Producer(name, capacity, int(max_consumers), 0,
+                                        int(control_reserve))
             if durable_expiry_s:
                 self._ring.durable_expiry_ns = int(durable_expiry_s * 1e9)
             self.epoch: int = self._ring.epoch
@@ -798,6 +802,17 @@ def _gather_into(dst: torch.Tensor, src: torch.Tensor, spans: list[tuple[int, in
     for s, e in spans:
         dst[at:at + e - s].copy_(src[s:e])
         at += e - s
+
+
+def _remove_stale_predecessors(name: str) -> None:
+    from .ring import cleanup_stale
+
+    try:
+        for action in cleanup_stale(name.rsplit("-", 1)[0] + "-"):
+            log.info("hscapture: %s stale segment %s of a dead predecessor%s", action.action,
+                     action.name, "" if action.action == "removed" else f" ({action.reason})")
+    except Exception as exc:   # cleanup is best effort; never a reason not to capture
+        log.warning("hscapture: could not clean up stale segments: %s", exc)
 
 
 def _first_attach(name: str) -> int:

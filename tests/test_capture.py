@@ -516,3 +516,18 @@ def test_a_second_producer_cannot_steal_a_live_producers_endpoint(endpoint):
     # released on close: the endpoint can be bound again (capacity is rounded up to 64)
     with Producer(endpoint, producer_id="third", capacity=1_000_001) as p:
         assert p.stats()["ring"]["head"] == 0
+
+
+def test_a_producer_removes_the_segment_its_killed_predecessor_left(endpoint, tmp_path):
+    code = ("import os, signal, sys\n"
+            "from hscapture import Producer\n"
+            "p = Producer(sys.argv[1], producer_id='reborn', capacity=1 << 20)\n"
+            "print(p.segment, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code, endpoint], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    old = proc.stdout.strip()
+    assert old and os.path.exists(f"/dev/shm/{old}"), "the killed producer left its segment"
+    with Producer(endpoint, producer_id="reborn", capacity=1 << 20) as p:
+        assert not os.path.exists(f"/dev/shm/{old}")
+        assert p.segment != old and os.path.exists(f"/dev/shm/{p.segment}")
