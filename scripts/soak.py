@@ -77,7 +77,7 @@ def soak(samples: int, producers: int, interleave: int, capacity: int, seed: int
     return {"samples": len(sizes), "delivered_exact": len(got), "chunks": chunks,
             "duplicates": duplicates, "dropped": len(st["dropped"]),
             "incomplete": len(st["incomplete"]), "rejected": len(st["rejected"]),
-            "lost_ranges": len(st["lost"]), "silently_missing": len(missing),
+            "lost_ranges": len(st["lost"]), "lost": st["lost"][:5], "silently_missing": len(missing),
             "producers": producers, "seconds": round(seconds, 1),
             "samples_per_s": round(len(got) / seconds, 1) if seconds else 0.0}
 
