@@ -148,7 +148,7 @@ def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
                     done += b
             producer.flush()
             say(f"captured {requests} requests; producer stats: "
-                f"captured={producer.stats().get('captured', 0)} "
+                f"captured={producer.stats().get('captured_rows', 0)} chunks "
                 f"dropped={producer.stats().get('dropped', 0)}")
             rc = drain.wait(timeout=300)
         finally:
