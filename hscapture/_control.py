@@ -35,7 +35,10 @@ class ControlLog:
         self.heard = False          # a subscriber has attached since the producer started
         self._unheard: list[tuple[int, int, str]] = []   # (position, seq, rid)
         self._unheard_limit = unheard_rows
-        self._unheard_overflow = 0
+        # past the limit, only (position, rows) per entry is kept (bounded too; beyond that,
+        # rows are counted as unheard whatever their position: reported, never hidden)
+        self._overflow: collections.deque[tuple[int, int]] = collections.deque()
+        self._overflow_unplaced = 0
 
     # -- backlog ---------------------------------------------------------------------------
 
@@ -62,11 +65,17 @@ class ControlLog:
 
     def note_unheard(self, item: Any) -> None:
         """Remember a committed entry's rows while no subscriber has attached yet."""
+        extra = 0
         for r, row in enumerate(item.rows):
             if len(self._unheard) < self._unheard_limit:
                 self._unheard.append((item.position, item.seq + r, row["rid"]))
             else:
-                self._unheard_overflow += 1
+                extra += 1
+        if extra:
+            if len(self._overflow) < self._unheard_limit:
+                self._overflow.append((item.position, extra))
+            else:
+                self._overflow_unplaced += extra
 
     def take_unheard(self, first_attach: int, in_flight: Any = ()
                      ) -> tuple[list[dict[str, Any]], int] | None:
@@ -78,9 +87,12 @@ class ControlLog:
             if item is not None and item.position < first_attach:
                 self.note_unheard(item)
         rows = [{"rid": rid, "seq": seq} for pos, seq, rid in self._unheard if pos < first_attach]
-        overflow = self._unheard_overflow
+        # only rows of entries before the first subscriber's start were never delivered to it
+        overflow = sum(n for pos, n in self._overflow if pos < first_attach) + \
+            self._overflow_unplaced
         self._unheard.clear()
-        self._unheard_overflow = 0
+        self._overflow.clear()
+        self._overflow_unplaced = 0
         return (rows, overflow) if rows or overflow else None
 
     def unheard_lost(self, n: int) -> None:

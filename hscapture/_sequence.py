@@ -30,7 +30,9 @@ class SequenceTracker:
         if self.base is None:
             self.base = seq
         end = seq + n
-        i = bisect.bisect_right(self._ends, seq)   # first range ending after seq
+        # first range ending at or after seq: an adjacent range merges, so numbers that arrive
+        # in order stay ONE range (the cost of every query is the number of gaps, not entries)
+        i = bisect.bisect_left(self._ends, seq)
         dup = 0
         j = i
         new_s, new_e = seq, end

@@ -575,11 +575,8 @@ class Producer:
         self._sock.send(nt.encode(msg, check=False), copy=True)
 
     def _heartbeat(self) -> None:
-        # Never wait for the capture lock here: a capture waiting for ring space (the wait
-        # policy) holds it, and only this thread's commits can give that space back.
-        if not self._lock.acquire(blocking=False):
-            return
-        with _Held(self._lock):
+        # (captures hold the lock only briefly: the wait policy waits outside it)
+        with self._lock:
             ring = self._ring.stats()
             # read together: every number below recorded_through is in the ring below head
             recorded = min(self._control.recorded_through(self._next_seq), self._announced)
@@ -728,19 +725,6 @@ class Producer:
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-class _Held:
-    """Releases an already acquired lock at the end of a ``with`` block."""
-
-    def __init__(self, lock: Any) -> None:
-        self._lock = lock
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
 
 def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
