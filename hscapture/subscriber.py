@@ -10,6 +10,7 @@ tell it when numbers it never saw can no longer arrive.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -286,8 +287,7 @@ class Subscriber:
             "dropped": dict(self.dropped),
             "incomplete": dict(self.incomplete),
             "rejected": dict(self.rejected),
-            "lost": [vars(x) if not hasattr(x, "__dataclass_fields__") else
-                     {k: getattr(x, k) for k in x.__dataclass_fields__} for x in self.lost],
+            "lost": [dataclasses.asdict(x) for x in self.lost],
             "unresolved": unresolved,
             "conflicts": dict(self.conflicts),
             "in_flight": self.in_flight(),
