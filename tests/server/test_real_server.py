@@ -19,7 +19,10 @@ the samples while a thread pool sends, concurrently:
 - requests that do not opt in (rid prefix ``plain-``): nothing may arrive for them;
 - requests with ``n > 1`` (opted in through ``custom_params``: SGLang gives each copy a new
   rid, so their samples are matched by their token ids);
-- long requests aborted through ``/abort_request`` at a random moment of their prefill.
+- requests aborted through ``/abort_request`` while still queued (nothing computed, nothing
+  to deliver) and, one at a time next to long plain requests, long ones aborted as soon as
+  their first chunk reached the subscriber (mid-prefill: reported, or delivered whole if the
+  abort came too late; never a partial or wrong sample).
 
 The oracle is the same weights in ``transformers`` on the GPU (float32). Which of its
 ``hidden_states`` indices an SGLang aux layer id corresponds to is ESTABLISHED here from the
@@ -97,7 +100,8 @@ class Run:
     masks: dict[str, list[int]] = field(default_factory=dict)
     plain: dict[str, list[int]] = field(default_factory=dict)      # not opted in
     multi: dict[str, tuple[list[int], int]] = field(default_factory=dict)   # key -> (ids, n)
-    aborted: dict[str, list[int]] = field(default_factory=dict)
+    aborted: dict[str, list[int]] = field(default_factory=dict)      # mid-prefill
+    queued: dict[str, list[int]] = field(default_factory=dict)       # aborted while waiting
     abort_answers: dict[str, str] = field(default_factory=dict)
     samples: dict[str, list[Any]] = field(default_factory=dict)    # rid -> samples
     stats: dict = field(default_factory=dict)
@@ -128,7 +132,7 @@ def _settled(sub: Any, run: Run) -> bool:
     """Every opted-in rid has a sample or a report, and nothing is assembling."""
     st = sub.stats()
     told = set(st["dropped"]) | set(st["incomplete"]) | set(st["rejected"])
-    want = set(run.sent) | set(run.aborted)
+    want = set(run.sent) | set(run.aborted) | set(run.queued)
     return all(r in run.samples or r in told for r in want) and not st["in_flight"]
 
 
@@ -164,8 +168,9 @@ def run() -> Run:
     for i in range(3):
         ids = prompt(100, 700)
         r.multi[f"multi-{i}"] = (ids, 2)
-    for i in range(6):
-        r.aborted[f"hscap-abort{i}"] = prompt(2 * chunk + 10, 12 * chunk)
+    for i in range(4):
+        r.queued[f"hscap-queued{i}"] = prompt(2 * chunk + 10, 12 * chunk)
+        r.aborted[f"hscap-abort{i}"] = prompt(10 * chunk, 12 * chunk)
 
     sub = Subscriber(_endpoint())
     sub.wait_ready(timeout=120)
@@ -182,29 +187,52 @@ def run() -> Run:
         ids, n = r.multi[key]
         _generate(ids, None, n=n, custom={"hscapture": True})
 
-    def send_abort(rid: str) -> None:
-        box: dict[str, Any] = {}
+    def answer(rid: str, box: dict) -> None:
+        out = box.get("out") or {}
+        fin = (out.get("meta_info") or {}).get("finish_reason") if isinstance(out, dict) else None
+        r.abort_answers[rid] = json.dumps(fin if fin is not None else out)[:200]
 
+    def generate_into(box: dict, ids: list[int], rid: str, max_new: int) -> threading.Thread:
         def gen() -> None:
             try:
-                box["out"] = _generate(r.aborted[rid], rid, max_new=64)
+                box["out"] = _generate(ids, rid, max_new=max_new)
             except urllib.error.HTTPError as exc:
                 box["out"] = {"http_error": exc.code}
         t = threading.Thread(target=gen)
         t.start()
-        delay = random.Random(rid).uniform(0.0, 0.15)
-        t.join(delay)           # an abort at a random moment, maybe mid-prefill, maybe later
+        return t
+
+    def send_queued(rid: str) -> None:
+        # aborted right after it was sent, while the server's waiting queue is full: SGLang
+        # answers "Abort in waiting queue" and no forward ever sees it (nothing to capture)
+        box: dict[str, Any] = {}
+        t = generate_into(box, r.queued[rid], rid, 64)
         _post("/abort_request", {"rid": rid})
         t.join(120)
-        out = box.get("out") or {}
-        fin = (out.get("meta_info") or {}).get("finish_reason") if isinstance(out, dict) else None
-        r.abort_answers[rid] = json.dumps(fin if fin is not None else out)[:200]
+        answer(rid, box)
+
+    def abort_mid_prefill(rid: str) -> None:
+        """Send a long prompt next to long plain ones (so its prefill takes many forwards),
+        abort it as soon as its first chunk reached this subscriber."""
+        box: dict[str, Any] = {}
+        noise = [generate_into({}, prompt(6 * chunk, 8 * chunk), None, 1) for _ in range(3)]
+        t = generate_into(box, r.aborted[rid], rid, 64)
+        deadline = time.monotonic() + 60
+        while rid not in sub.in_flight() and rid not in r.samples and t.is_alive() \
+                and time.monotonic() < deadline:
+            got = sub.poll(timeout=0.002)
+            if got is not None:
+                r.samples.setdefault(got.rid, []).append(got)
+        _post("/abort_request", {"rid": rid})
+        for th in [t, *noise]:
+            th.join(120)
+        answer(rid, box)
 
     try:
         with cf.ThreadPoolExecutor(16) as ex:
             futs = [ex.submit(send, j) for j in jobs]
             futs += [ex.submit(send_multi, k) for k in r.multi]
-            futs += [ex.submit(send_abort, k) for k in r.aborted]
+            futs += [ex.submit(send_queued, k) for k in r.queued]
             for f in futs:
                 f.result()
         # greedy outputs, each prompt alone (same batch composition), opted in and not
@@ -218,6 +246,8 @@ def run() -> Run:
         stop.set()
         collector.join()
     # the collector has stopped: this thread owns the Subscriber again
+    for rid in r.aborted:
+        abort_mid_prefill(rid)
     deadline = time.monotonic() + 60
     while not _settled(sub, r) and time.monotonic() < deadline:
         s = sub.poll(timeout=0.2)
@@ -229,7 +259,8 @@ def run() -> Run:
         "chunked_prefill_size", "disable_cuda_graph", "disable_overlap_schedule",
         "eagle3_layers_to_capture", "speculative_algorithm")},
         "samples": sum(map(len, r.samples.values())), "abort_answers": r.abort_answers,
-        "dropped": r.stats["dropped"], "incomplete": r.stats["incomplete"]}, default=str))
+        "dropped": r.stats["dropped"], "incomplete": r.stats["incomplete"],
+        "greedy_equal": [a == b for _, a, b in r.greedy]}, default=str))
     return r
 
 
@@ -251,7 +282,7 @@ def test_nothing_is_lost_rejected_or_unresolved(run: Run) -> None:
     st = run.stats
     assert st["lost"] == [] and st["unresolved"] == [] and st["conflicts"] == {}
     assert st["rejected"] == {}
-    assert set(st["dropped"]) | set(st["incomplete"]) <= set(run.aborted), \
+    assert set(st["dropped"]) | set(st["incomplete"]) <= set(run.aborted) | set(run.queued), \
         (st["dropped"], st["incomplete"])
 
 
@@ -278,7 +309,21 @@ def test_an_aborted_request_is_delivered_whole_or_reported_never_wrong(run: Run)
         for s in got:
             assert s.token_ids.to(torch.int64).tolist() == ids, rid
         # the 1-token stub forward an aborted request runs last never makes a sample
-        assert not [s for s in run.by_ids(ids[:1])], rid
+        assert not run.by_ids(ids[:1]), rid
+    # the abort must have landed mid-prefill at least once, or this proved nothing
+    assert told & set(run.aborted), f"no abort landed mid-prefill: {run.abort_answers}"
+
+
+def test_a_request_aborted_before_its_first_forward_leaves_nothing_behind(run: Run) -> None:
+    # nothing of it was ever computed, so there is nothing to deliver or report; SGLang's own
+    # answer says so
+    for rid in run.queued:
+        if "waiting queue" not in run.abort_answers.get(rid, ""):
+            continue         # it ran after all: then it is delivered whole or reported
+        assert rid not in run.samples and rid not in _reported(run), rid
+    for rid, ids in run.queued.items():
+        for s in run.samples.get(rid, []):
+            assert s.token_ids.to(torch.int64).tolist() == ids, rid
 
 
 def test_loss_masks_arrive_with_their_samples(run: Run) -> None:
