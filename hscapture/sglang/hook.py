@@ -191,8 +191,10 @@ class SGLangCaptureHook:
     """Callable installed as the AFTER hook. One per scheduler process.
 
     ``producer_factory(config, ranks, model)`` and ``ranks_fn()`` are injectable for tests;
-    by default the producer is created at the first opted-in prefill on a publishing rank
+    by default the producer is created at start-up (or the first forward) on a publishing rank
     and the ranks are read from SGLang's runtime context at the first call.
+    ``on_producer(hook)`` runs once the producer exists (the plugin installs its SIGTERM
+    close there, in the scheduler's main thread).
     """
 
     def __init__(
@@ -201,8 +203,10 @@ class SGLangCaptureHook:
         *,
         producer_factory: Callable[[CaptureConfig, Ranks, str | None], Any] | None = None,
         ranks_fn: Callable[[], Ranks] | None = None,
+        on_producer: Callable[["SGLangCaptureHook"], Any] | None = None,
     ) -> None:
         self.config = config
+        self._on_producer = on_producer
         self._producer_factory = producer_factory or make_producer
         self._ranks_fn = ranks_fn or read_ranks
         self.ranks: Ranks | None = None
@@ -359,6 +363,12 @@ class SGLangCaptureHook:
                 return False
             log.info("hscapture: capturing on DP rank %d (attn TP/CP rank 0), endpoint %s",
                      self.ranks.dp_rank, getattr(self.producer, "endpoint", "?"))
+            if self._on_producer is not None:
+                try:
+                    self._on_producer(self)   # the plugin: close on SIGTERM
+                except Exception as exc:
+                    self._log_once("on_producer", logging.WARNING,
+                                   "hscapture: start-up callback failed: %s", exc)
         return True
 
     def _on_forward(self, result: Any, worker: Any, batch: Any,
