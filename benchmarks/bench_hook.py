@@ -101,13 +101,16 @@ class Driver:
         self.rng = random.Random(seed)
         self.worker = SimpleNamespace(model_config=SimpleNamespace(num_hidden_layers=num_layers))
         self.times_ns: list[int] = []
+        self.cpu_ns: list[int] = []     # this thread's CPU time in the hook (no waits)
         self._result = None
         self.n = 0
 
         def timed_hook(result, *args, **kwargs):
+            c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
             hook(result, *args, **kwargs)
             self.times_ns.append(time.perf_counter_ns() - t0)
+            self.cpu_ns.append(time.thread_time_ns() - c0)
 
         def forward_batch_generation(worker, batch, forward_batch=None, pp_proxy_tensors=None,
                                      is_verify=False, skip_attn_backend_init=None, *,
@@ -137,6 +140,11 @@ class Driver:
         b.forward_mode = ForwardMode.EXTEND
         b.prefix_lens = [0] * len(reqs)
         b.extend_lens = list(lengths)
+        # resolve_forward_inputs: the forward's input ids, int64 on the device (the hook takes
+        # them from here, as in a real server)
+        import torch
+        b.input_ids = torch.tensor([t for r in reqs for t in r.full_untruncated_fill_ids],
+                                   dtype=torch.int64).to(self.device)
         return b
 
     def run(self, batch, aux, last) -> int:
@@ -234,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    if a.device == "cpu" or (a.device is None and not torch.cuda.is_available()):
+        # CPU copies of a few MB would fan out to OpenMP threads that spin against the
+        # subscriber process on a small machine: one thread, so the figure is the hook's
+        torch.set_num_threads(1)
     from hscapture.sglang.config import load_config
     from hscapture.sglang.hook import SGLangCaptureHook
 
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             last = torch.randn(max_t, H, generator=g).to(torch.bfloat16).to(a.device)
             for b, lo, hi in mixes:
                 rng = random.Random(a.seed + b)
-                times, tokens, dropped = [], [], 0
+                times, cpus, tokens, dropped = [], [], [], 0
                 for i in range(a.warmup + a.forwards):
                     lengths = [rng.randint(lo, hi) for _ in range(b)]
                     batch = drv.batch(lengths)
@@ -280,17 +292,20 @@ def main(argv: list[str] | None = None) -> int:
                     wait_drained(hook.producer, a.device)
                     if i >= a.warmup:
                         times.append(ns / 1e3)
+                        cpus.append(drv.cpu_ns[-1] / 1e3)
                         tokens.append(sum(lengths))
                         dropped += int(hook.producer.stats().get("dropped", 0)) - d0
                 row = {"shape": shape_name, "hidden": H, "aux_layers": layers, "batch": b,
                        "tokens_range": [lo, hi], "tokens_per_forward": _stats.summarize(tokens),
                        "hook_us": _stats.summarize(times),
                        "hook_us_p90": _stats.percentile(times, 90),
+                       "hook_thread_cpu_us": _stats.summarize(cpus),
                        "hook_us_per_request": _stats.median(times) / b, "drops": dropped}
                 line = (f"{shape_name} {b:>3} x {lo}-{hi} tok: hook {row['hook_us']['median']:,.0f}"
                         f" us median, p90 {row['hook_us_p90']:,.0f}, min-max "
                         f"{row['hook_us']['min']:,.0f}-{row['hook_us']['max']:,.0f} us "
-                        f"({row['hook_us_per_request']:.1f} us/request), drops {dropped}")
+                        f"({row['hook_us_per_request']:.1f} us/request), thread CPU "
+                        f"{row['hook_thread_cpu_us']['median']:,.0f} us, drops {dropped}")
                 if cuda:
                     fwd = matmul_forward_ms(shape, int(row["tokens_per_forward"]["median"]), b)
                     pct = [t / 1e3 / fwd["median"] * 100 for t in times]

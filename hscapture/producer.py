@@ -40,10 +40,22 @@ from .ring import segment_name
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["Producer", "Row", "FULL_POLICIES"]
+__all__ = ["Producer", "Row", "FULL_POLICIES", "EXIT_CLOSE_TIMEOUT_S"]
 
 FULL_POLICIES = ("drop", "wait")
 _TORCH_NAMES = {getattr(torch, name): name for name in nt.DTYPES}
+_EVENT_POOL = 64        # completed copy events kept for reuse, per device
+#: How long the close at process exit (atexit, or a signal handler) may wait for copies in
+#: flight and the last notices before it gives up the orderly part (see Producer.close).
+EXIT_CLOSE_TIMEOUT_S = 5.0
+_KEPT_FOR_DURABLE: list[Any] = []
+
+
+def _leak(obj: Any) -> None:
+    """Take a reference that is never given back (the object outlives interpreter exit)."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 @dataclass(slots=True)
@@ -182,6 +194,8 @@ class Producer:
         self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._ready: dict[torch.device, Any] = {}       # one reused "forward done" event
+        self._events: dict[torch.device, collections.deque] = {}   # completed copy events
         self._counters: collections.Counter[str] = collections.Counter()
         self._control = ControlLog()
         self._closed = False
@@ -267,20 +281,75 @@ class Producer:
         """
         rows = list(rows)
         blocks = list(blocks)
+        narrowest, dtype, t_src = self._check_blocks(blocks, token_ids)
+        _check_rows(rows, t_src)
+        return self._capture([_row_map(r) for r in rows], [r.src_start for r in rows],
+                             blocks, layers, layer_kinds, token_ids, layer_map,
+                             narrowest if hidden is None else int(hidden), dtype, snapshot)
+
+    def capture_rows(
+        self,
+        rows: Sequence[dict[str, Any]],
+        src_starts: Sequence[int],
+        blocks: Sequence[torch.Tensor],
+        *,
+        layers: Sequence[int],
+        layer_kinds: Sequence[str] | None = None,
+        token_ids: Any,
+        layer_map: Sequence[Sequence[int]] | None = None,
+        hidden: int | None = None,
+        snapshot: bool = False,
+    ) -> bool:
+        """:meth:`capture_batch` for an engine adapter's hot path: the rows are already in
+        their wire form, so no per-row object is built or converted here.
+
+        ``rows[r]`` is a batch row map exactly as ``record.ROW_KEYS`` lists it (``rid``,
+        ``token_start``, ``token_count``, ``last``, ``cached_prefix``, ``extra``, ``fields``:
+        plain Python values, the rid already accepted by :func:`hscapture.notice.check_rid`,
+        ``fields`` values ``token_count`` bytes each); its token rows are
+        ``[src_starts[r], src_starts[r] + token_count)`` of the sources. The maps are stored
+        as given (not copied: do not change them afterwards). Blocks, token ids and every
+        row's source range are checked here (:class:`CaptureConfigError`, before a sequence
+        number is taken); the rest of each row is the caller's promise, and a row that breaks
+        it makes the subscriber reject the entry (reported), never a wrong sample. Returns
+        what :meth:`capture_batch` returns.
+        """
+        blocks = list(blocks)
+        narrowest, dtype, t_src = self._check_blocks(blocks, token_ids)
+        if not rows or len(rows) != len(src_starts):
+            raise CaptureConfigError(
+                f"capture_rows: expected one source start per row and at least one row, "
+                f"found {len(rows)} rows and {len(src_starts)} starts")
+        for s, m in zip(src_starts, rows):
+            n = m["token_count"]
+            if s < 0 or n <= 0 or s + n > t_src:
+                raise CaptureConfigError(
+                    f"row {m['rid']!r}: expected 1..{t_src} token rows inside the sources, "
+                    f"found [{s}, {s + n})")
+        return self._capture(rows if isinstance(rows, list) else list(rows),
+                             src_starts if isinstance(src_starts, list) else list(src_starts),
+                             blocks, layers, layer_kinds, token_ids, layer_map,
+                             narrowest if hidden is None else int(hidden), dtype, snapshot)
+
+    def _capture(self, maps: list[dict[str, Any]], starts: list[int],
+                 blocks: list[torch.Tensor], layers: Sequence[int],
+                 layer_kinds: Sequence[str] | None, token_ids: Any, layer_map: Any,
+                 hidden: int, dtype: str, snapshot: bool) -> bool:
         layers = [int(x) for x in layers]
         kinds = list(layer_kinds) if layer_kinds is not None else ["residual"] * len(layers)
-        narrowest, dtype, t_src = self._check_batch(rows, blocks, layers, kinds, token_ids)
-        hidden = narrowest if hidden is None else int(hidden)
-        row_maps = [_row_map(r) for r in rows]
+        if not layers or len(kinds) != len(layers):
+            raise CaptureConfigError(
+                f"expected at least one layer and one kind per layer: {len(layers)} layers, "
+                f"{len(kinds)} kinds")
         block_cols = [int(b.shape[1]) for b in blocks]
         if layer_map is not None:
             layer_map = [[int(b), int(c)] for b, c in layer_map]
-        deadline = time.monotonic() + self.wait_timeout_s
+        deadline = time.monotonic() + self.wait_timeout_s if self.full_policy == "wait" else 0.0
         while True:
             with self._lock:
-                done = self._capture_locked(rows, row_maps, blocks, block_cols, layers, kinds,
+                done = self._capture_locked(maps, starts, blocks, block_cols, layers, kinds,
                                             token_ids, layer_map, hidden, dtype, snapshot,
-                                            may_wait=time.monotonic() < deadline)
+                                            may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
@@ -289,7 +358,7 @@ class Producer:
             time.sleep(0.0005)
             self._ring.reap()
 
-    def _capture_locked(self, rows: list[Row], row_maps: list[dict[str, Any]],
+    def _capture_locked(self, row_maps: list[dict[str, Any]], starts: list[int],
                         blocks: list[torch.Tensor], block_cols: list[int], layers: list[int],
                         kinds: list[str], token_ids: Any, layer_map: Any, hidden: int,
                         dtype: str, snapshot: bool, may_wait: bool) -> bool | None:
@@ -309,14 +378,14 @@ class Producer:
         position = self._reserve(plan.length, plan.tag)
         if position == -1 and self.full_policy == "wait" and may_wait:
             return None
-        if position == -2 and len(rows) > 1:   # too large as one entry: split it
-            half = len(rows) // 2
-            a = self._capture_split(rows[:half], blocks, layers, kinds, token_ids, layer_map,
-                                    snapshot, hidden)
-            b = self._capture_split(rows[half:], blocks, layers, kinds, token_ids, layer_map,
-                                    snapshot, hidden)
+        if position == -2 and len(row_maps) > 1:   # too large as one entry: split it
+            half = len(row_maps) // 2
+            a = self._capture_split(row_maps[:half], starts[:half], blocks, layers, kinds,
+                                    token_ids, layer_map, hidden, dtype, snapshot)
+            b = self._capture_split(row_maps[half:], starts[half:], blocks, layers, kinds,
+                                    token_ids, layer_map, hidden, dtype, snapshot)
             return a and b
-        self._next_seq = seq + len(rows)
+        self._next_seq = seq + len(row_maps)
         if position < 0:
             self._drop_locked(seq, row_maps, "ring_full" if position == -1
                               else "record_too_large", plan.length)
@@ -324,17 +393,18 @@ class Producer:
         try:
             buf = self._ring.payload(position)
             rec.write_header(buf, plan)
-            done, keepalive = self._copy_into(buf, plan, rows, blocks, token_ids, snapshot)
+            done, keepalive = self._copy_into(buf, plan, starts, row_maps, blocks, token_ids,
+                                              snapshot)
         except Exception as exc:
             self._ring.abort(position)
             self._counters["errors"] += 1
             log.exception("hscapture: copy of %d rows (first rid %r) into the ring failed",
-                          len(rows), rows[0].rid)
+                          len(row_maps), row_maps[0]["rid"])
             self._drop_locked(seq, row_maps, f"copy_error: {type(exc).__name__}", plan.length)
             return False
-        self._counters["captured_rows"] += len(rows)
+        self._counters["captured_rows"] += len(row_maps)
         self._counters["captured_bytes"] += plan.length
-        self._enqueue(_Pending("batch", position, seq, len(rows), plan.length,
+        self._enqueue(_Pending("batch", position, seq, len(row_maps), plan.length,
                                plan.meta_bytes, done, keepalive, row_maps))
         return True
 
@@ -392,15 +462,64 @@ class Producer:
                     f"Producer.flush: {target - self._published} entries still pending after "
                     f"{timeout_s:g}s (a copy that never completes?)")
 
-    def close(self) -> None:
-        """Publish everything pending (waiting for copies in flight), say ``bye``, unmap."""
-        with self._lock:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Publish everything pending (waiting for copies in flight), say ``bye``, unmap, and
+        remove this producer's names: the ipc socket and its claim, and the segment unless a
+        durable subscriber has not read it all (it stays in ``/dev/shm`` for that subscriber).
+
+        ``timeout_s`` bounds the wait (None: no bound; process exit uses
+        :data:`EXIT_CLOSE_TIMEOUT_S`). When the capture lock cannot be taken within
+        ``min(timeout_s, 1 s)`` (e.g. a signal handler interrupted a capture on this very
+        thread) or the publisher has not finished in time (a copy that never completes), the
+        orderly part is given up: the names are removed as above right away and the mapping
+        is left to the process's exit, so nothing waits longer and no copy in flight writes
+        into unmapped memory. Never raises for that; a second call returns at once.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        if not self._lock.acquire(timeout=-1 if timeout_s is None
+                                  else min(1.0, max(0.0, timeout_s))):
+            self._abandon("the capture lock is held (a capture in progress on this thread?)")
+            return
+        try:
             if self._closed:
                 return
             self._closed = True          # no capture can start after this
+        finally:
+            self._lock.release()
         self._enqueue(None)
-        self._thread.join()
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._abandon(f"the publisher did not finish within {timeout_s:g} s (a copy that "
+                          f"never completes?)")
+            return
         self._release_resources(unlink=None)
+        self._finalizer.detach()
+
+    def _abandon(self, why: str) -> None:
+        """:meth:`close` could not finish: remove the names now, leave the mapping."""
+        self._closed = True
+        log.warning("hscapture: producer %s could not close in order (%s): its socket, claim "
+                    "and segment name are removed now, the mapping at process exit",
+                    self.producer_id, why)
+        ring = self._ring
+        if ring is not None:
+            try:
+                if _durable_unread(ring.name):
+                    # kept for that subscriber: the ring object's destructor (which unlinks)
+                    # must never run, so it is held until the process ends
+                    _KEPT_FOR_DURABLE.append(ring)
+                    _leak(ring)
+                else:
+                    from . import _ring
+                    _ring.unlink(ring.name)
+            except Exception as exc:
+                log.warning("hscapture: could not remove segment %s: %s", ring.name, exc)
+        try:
+            if self._claim is not None:
+                release_endpoint(self.endpoint, self._claim)
+                self._claim = None
+        except Exception as exc:
+            log.warning("hscapture: could not release endpoint %s: %s", self.endpoint, exc)
         self._finalizer.detach()
 
     def __enter__(self) -> "Producer":
@@ -411,14 +530,11 @@ class Producer:
 
     # -- internals: capture --------------------------------------------------------------
 
-    def _check_batch(self, rows: list[Row], blocks: list[torch.Tensor], layers: list[int],
-                     kinds: list[str], token_ids: Any) -> tuple[int, str, int]:
-        if not rows:
-            raise CaptureConfigError("capture_batch: expected at least one row, found none")
-        if not blocks or not layers or len(kinds) != len(layers):
-            raise CaptureConfigError(
-                f"expected blocks and one kind per layer: {len(blocks)} blocks, "
-                f"{len(layers)} layers, {len(kinds)} kinds")
+    def _check_blocks(self, blocks: list[torch.Tensor], token_ids: Any
+                      ) -> tuple[int, str, int]:
+        """(narrowest block width, dtype name, source token rows) of valid sources."""
+        if not blocks:
+            raise CaptureConfigError("expected at least one block, found none")
         first = blocks[0]
         if first.dim() != 2:
             raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(first.shape)}")
@@ -435,34 +551,16 @@ class Producer:
         if n_ids != t_src:
             raise CaptureConfigError(
                 f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
-        for r in rows:
-            try:
-                nt.check_rid(r.rid)
-            except InvalidRidError:
-                raise
-            if r.token_count <= 0 or r.src_start < 0 or r.src_start + r.token_count > t_src:
-                raise CaptureConfigError(
-                    f"row {r.rid!r}: expected 1..{t_src} token rows inside the sources, found "
-                    f"[{r.src_start}, {r.src_start + r.token_count})")
-            if r.token_start < 0 or not 0 <= r.cached_prefix <= r.token_start + r.token_count:
-                raise CaptureConfigError(
-                    f"row {r.rid!r}: token_start={r.token_start}, cached_prefix="
-                    f"{r.cached_prefix}: expected 0 <= cached_prefix <= token_start + count")
-            for name, value in (r.fields or {}).items():
-                if not isinstance(value, (bytes, bytearray)) or len(value) != r.token_count:
-                    raise CaptureConfigError(
-                        f"row {r.rid!r} field {name!r}: expected {r.token_count} bytes (uint8 "
-                        f"per token), found {type(value).__name__} of {len(value)}")
         return hidden, _dtype_name(first.dtype), t_src
 
-    def _capture_split(self, rows: list[Row], blocks: list[torch.Tensor], layers: list[int],
-                       kinds: list[str], token_ids: Any, layer_map: Any, snapshot: bool,
-                       hidden: int) -> bool:
-        self._lock.release()   # capture_batch takes the lock again (entries stay in seq order)
+    def _capture_split(self, maps: list[dict[str, Any]], starts: list[int],
+                       blocks: list[torch.Tensor], layers: list[int], kinds: list[str],
+                       token_ids: Any, layer_map: Any, hidden: int, dtype: str,
+                       snapshot: bool) -> bool:
+        self._lock.release()   # _capture takes the lock again (entries stay in seq order)
         try:
-            return self.capture_batch(rows, blocks, layers=layers, layer_kinds=kinds,
-                                      token_ids=token_ids, layer_map=layer_map, hidden=hidden,
-                                      snapshot=snapshot)
+            return self._capture(maps, starts, blocks, layers, kinds, token_ids, layer_map,
+                                 hidden, dtype, snapshot)
         finally:
             self._lock.acquire()
 
@@ -512,13 +610,21 @@ class Producer:
             stream = self._streams[device] = torch.cuda.Stream(device=device)
         return stream
 
-    def _copy_into(self, buf: memoryview, plan: Any, rows: list[Row],
-                   blocks: list[torch.Tensor], token_ids: Any, snapshot: bool
-                   ) -> tuple[Any, Any]:
+    def _copy_into(self, buf: memoryview, plan: Any, starts: list[int],
+                   maps: list[dict[str, Any]], blocks: list[torch.Tensor], token_ids: Any,
+                   snapshot: bool) -> tuple[Any, Any]:
         """Start copying the rows' token rows of every block, and their token ids, into the
-        entry; return (done event or None, keepalive)."""
+        entry; return (done event or None, keepalive).
+
+        CUDA, per forward: the token ids are taken (and made int32) with one kernel on the
+        caller's stream; the caller's stream is marked with one reused event that the side
+        stream waits on; per block one gather (none when the rows are one contiguous span:
+        a view) and one device-to-host copy on the side stream; one pooled ``done`` event.
+        Many scattered spans use one ``index_select`` per tensor with an index copied from
+        pinned memory (stream-ordered, no synchronization). Nothing waits for the device.
+        """
         tokens = plan.tokens
-        spans = _spans(rows)
+        spans = _spans(starts, maps)
         dsts = [torch.frombuffer(buf, dtype=b.dtype, count=tokens * int(b.shape[1]),
                                  offset=off).view(tokens, int(b.shape[1]))
                 for b, off in zip(blocks, plan.block_offsets)]
@@ -532,32 +638,52 @@ class Producer:
             return None, None
         device = blocks[0].device
         caller = torch.cuda.current_stream(device)
+        index = None
+        if len(spans) > _CAT_SPANS:
+            # pinned host -> device on the caller's stream; the host block is held by torch's
+            # caching host allocator until that copy completed
+            index = _span_index(spans, tokens).to(device, non_blocking=True)
         if snapshot:
             # The sources may be overwritten after we return (graph buffers): copy the rows on
             # the caller's stream, ordered before whatever the caller enqueues next.
-            blocks = [_gather(b, spans, copy=True) for b in blocks]
+            blocks = [_gather(b, spans, copy=True, index=index) for b in blocks]
         if ids.is_cuda:
             # Token ids are tiny and engines reuse or mutate their id tensors right after the
-            # forward (SGLang's speculative path does): always take them on the caller's stream.
-            ids = _gather(ids.reshape(-1), spans, copy=True).to(torch.int32)
+            # forward (SGLang's speculative path does): always take them on the caller's
+            # stream, in one kernel when they are one span (slice + int32 copy).
+            flat = ids.reshape(-1)
+            if len(spans) == 1:
+                ids = flat[spans[0][0]:spans[0][1]].to(torch.int32, copy=True)
+            else:
+                ids = _gather(flat, spans, index=index).to(torch.int32)
         if snapshot:
             spans = [(0, tokens)]
-        ready = torch.cuda.Event()
+        ready = self._ready.get(device)
+        if ready is None:
+            ready = self._ready[device] = torch.cuda.Event()
+        # One event per device, re-recorded every forward: a wait enqueued earlier keeps the
+        # record it saw (CUDA semantics), and captures are serialized by the lock.
         ready.record(caller)
         side = self._side_stream(device)
         side.wait_event(ready)      # the copy starts after the forward pass produced the data
+        pool = self._events.get(device)
+        if pool is None:
+            pool = self._events[device] = collections.deque()
+        try:
+            done = pool.pop()        # an event the publisher saw complete (append is atomic)
+        except IndexError:
+            done = torch.cuda.Event()
         with torch.cuda.stream(side):
-            srcs = [_gather(b, spans) for b in blocks]
+            srcs = [_gather(b, spans, index=index) for b in blocks]
             for dst, src in zip(dsts, srcs):
                 dst.copy_(src, non_blocking=True)
             if ids.is_cuda:
                 ids_dst.copy_(ids, non_blocking=True)
             else:
                 _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
-            done = torch.cuda.Event()
             done.record(side)
         # Sources and staging buffers stay referenced until ``done`` completed.
-        return done, (blocks, srcs, ids)
+        return done, (blocks, srcs, ids, index, pool)
 
     # -- internals: publishing -------------------------------------------------------------
 
@@ -649,6 +775,11 @@ class Producer:
         try:
             if item.done is not None and not item.done.query():
                 item.done.synchronize()  # waits for the side-stream copy only (GIL released)
+            if item.done is not None and item.keepalive is not None:
+                pool = item.keepalive[-1]
+                if len(pool) < _EVENT_POOL:
+                    pool.append(item.done)   # completed: the next capture may record it again
+                item.done = None
             # SYNC POINT: commit release-stores the record state; the notice goes out after.
             self._ring.commit(item.position)
             if not self._control.heard:
@@ -719,12 +850,33 @@ class Producer:
         obj = ref()
         if obj is not None:
             try:
-                obj.close()
+                obj.close(timeout_s=EXIT_CLOSE_TIMEOUT_S)
             except Exception:  # pragma: no cover - interpreter shutdown
                 pass
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _check_rows(rows: list[Row], t_src: int) -> None:
+    """Every row's rid, token range and fields, before a sequence number is taken."""
+    if not rows:
+        raise CaptureConfigError("capture_batch: expected at least one row, found none")
+    for r in rows:
+        nt.check_rid(r.rid)   # InvalidRidError
+        if r.token_count <= 0 or r.src_start < 0 or r.src_start + r.token_count > t_src:
+            raise CaptureConfigError(
+                f"row {r.rid!r}: expected 1..{t_src} token rows inside the sources, found "
+                f"[{r.src_start}, {r.src_start + r.token_count})")
+        if r.token_start < 0 or not 0 <= r.cached_prefix <= r.token_start + r.token_count:
+            raise CaptureConfigError(
+                f"row {r.rid!r}: token_start={r.token_start}, cached_prefix="
+                f"{r.cached_prefix}: expected 0 <= cached_prefix <= token_start + count")
+        for name, value in (r.fields or {}).items():
+            if not isinstance(value, (bytes, bytearray)) or len(value) != r.token_count:
+                raise CaptureConfigError(
+                    f"row {r.rid!r} field {name!r}: expected {r.token_count} bytes (uint8 "
+                    f"per token), found {type(value).__name__} of {len(value)}")
 
 
 def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
@@ -757,27 +909,48 @@ def _field_bytes(fields: Mapping[str, Any] | None, count: int) -> dict[str, byte
     return out
 
 
-def _spans(rows: Sequence[Row]) -> list[tuple[int, int]]:
+def _spans(starts: Sequence[int], maps: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     """The rows' source token ranges, adjacent ones merged, in row order."""
     spans: list[tuple[int, int]] = []
-    for r in rows:
-        s, e = r.src_start, r.src_start + r.token_count
-        if spans and spans[-1][1] == s:
-            spans[-1] = (spans[-1][0], e)
-        else:
-            spans.append((s, e))
+    s0 = e0 = -1
+    for s, m in zip(starts, maps):
+        if s == e0:
+            e0 = s + m["token_count"]
+            continue
+        if e0 >= 0:
+            spans.append((s0, e0))
+        s0, e0 = s, s + m["token_count"]
+    spans.append((s0, e0))
     return spans
 
 
-def _gather(src: torch.Tensor, spans: list[tuple[int, int]], copy: bool = False
-            ) -> torch.Tensor:
-    """The rows of ``spans``, contiguous; a fresh tensor if ``copy`` (else maybe a view)."""
+#: More spans than this are gathered with one ``index_select`` per tensor (the index goes to
+#: the device from pinned memory, stream-ordered: no synchronization) instead of a slice per
+#: span and a ``torch.cat``.
+_CAT_SPANS = 2
+
+
+def _span_index(spans: list[tuple[int, int]], tokens: int) -> torch.Tensor:
+    """The source row of every captured token row, as a pinned int64 host tensor."""
+    starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
+    lens = np.fromiter((e - s for s, e in spans), dtype=np.int64, count=len(spans))
+    shift = starts - (np.cumsum(lens) - lens)          # source row - destination row, per span
+    idx = np.arange(tokens, dtype=np.int64) + np.repeat(shift, lens)
+    return torch.from_numpy(idx).pin_memory()
+
+
+def _gather(src: torch.Tensor, spans: list[tuple[int, int]], copy: bool = False,
+            index: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows of ``spans``, contiguous; a fresh tensor if ``copy`` (else maybe a view).
+    ``index`` (the rows as a device index, :func:`_span_index`) replaces the per-span cat."""
     if len(spans) == 1:
         s, e = spans[0]
         view = src[s:e]
         if copy:
             return view.clone(memory_format=torch.contiguous_format)
         return view if view.is_contiguous() else view.contiguous()
+    if index is not None:
+        return src.index_select(0, index)
     return torch.cat([src[s:e] for s, e in spans])
 
 

@@ -100,6 +100,61 @@ def test_capture_rejects_inconsistent_arguments(endpoint):
             p.capture("r", [t.to(torch.int64)], layers=[1], token_ids=range(4))
 
 
+def test_capture_rows_takes_wire_form_rows_exactly_and_checks_their_sources(endpoint):
+    """The engine adapter's entry point: rows as wire maps plus source starts, rows
+    scattered through the sources (three spans), checked before any number is taken."""
+    p, sub = _inproc_pair(endpoint)
+    try:
+        t = torch.arange(40 * 6, dtype=torch.float32).reshape(40, 6)
+        ids = torch.arange(1000, 1040)
+
+        def row(rid, n, last=True):
+            return {"rid": rid, "token_start": 0, "token_count": n, "last": last,
+                    "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+        starts = [0, 5, 20, 31]
+        maps = [row("w0", 5), row("w1", 3), row("w2", 4), row("w3", 9)]
+        with pytest.raises(CaptureConfigError, match="inside the sources"):
+            p.capture_rows([row("bad", 10)], [35], [t], layers=[0], token_ids=ids)
+        with pytest.raises(CaptureConfigError, match="one source start per row"):
+            p.capture_rows(maps, starts[:2], [t], layers=[0], token_ids=ids)
+        with pytest.raises(CaptureConfigError, match="expected 40 ids"):
+            p.capture_rows(maps, starts, [t], layers=[0], token_ids=ids[:3])
+        assert p.stats()["next_seq"] == 0
+        assert p.capture_rows(maps, starts, [t], layers=[0], token_ids=ids)
+        for m, s0 in zip(maps, starts):
+            got = sub.get(m["rid"], timeout=10)
+            n = m["token_count"]
+            assert torch.equal(got.tensors["layer_0"], t[s0:s0 + n])
+            assert got.token_ids.tolist() == list(range(1000 + s0, 1000 + s0 + n))
+            got.release()
+    finally:
+        sub.close()
+        p.close()
+
+
+def test_close_with_a_timeout_gives_up_in_time_and_still_removes_the_names(endpoint):
+    """A close that cannot take the capture lock (a signal handler interrupting a capture on
+    the same thread) returns within its bound and still removes socket, claim and segment."""
+    from hscapture.endpoint import ipc_path
+
+    p = Producer(endpoint, producer_id="abandon", capacity=1 << 20)
+    seg = Path(f"/dev/shm/{p.segment}")
+    sock = ipc_path(endpoint)
+    assert seg.exists() and sock.exists()
+    p._lock.acquire()          # as if this thread were inside capture_rows
+    try:
+        t0 = time.monotonic()
+        p.close(timeout_s=0.2)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        p._lock.release()
+    assert not seg.exists() and not sock.exists() and not Path(f"{sock}.lock").exists()
+    p.close(timeout_s=0.2)     # a second close returns at once
+    p._enqueue(None)           # (this process goes on: stop the publisher, unmap)
+    p._thread.join(10)
+    p._release_resources(unlink=True)
+
+
 def _inproc_pair(endpoint, **producer_kw):
     sub_kw = producer_kw.pop("sub_kw", {})
     p = Producer(endpoint, producer_id="local", capacity=producer_kw.pop("capacity", 8 << 20),

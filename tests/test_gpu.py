@@ -377,3 +377,50 @@ def test_unpinned_copies_are_exact_too(endpoint):
     finally:
         sub.close()
         p.close()
+
+
+@pytest.mark.parametrize("pattern", ["one_span", "two_spans", "many_spans"])
+def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, pattern):
+    """capture_rows as the SGLang hook calls it, through each CUDA gather branch: one
+    contiguous span (views, ids in one int32 kernel), two spans (slices + cat), many spans
+    (one index_select per tensor, index from pinned memory), with and without snapshot; 40
+    forwards in a row reuse the ready event and the pooled done events. Sources and int64
+    ids are overwritten right after each call when snapshotting."""
+    p, sub = pair
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(3)
+    k, h = 3, 128
+    lens = [7, 1, 64, 3, 200, 5, 33, 2, 90, 11]
+    offs = [sum(lens[:i]) for i in range(len(lens))]
+    wanted = {"one_span": range(10), "two_spans": [0, 1, 2, 5, 6, 7],
+              "many_spans": [0, 2, 4, 6, 8, 9]}[pattern]
+    want = {}
+    for f in range(40):
+        snapshot = bool(f % 2)
+        T = sum(lens)
+        aux = torch.randn(T, k * h, generator=g, device=dev).to(torch.bfloat16)
+        last = torch.randn(T, h, generator=g, device=dev).to(torch.bfloat16)
+        ids = torch.randint(0, 50_000, (T,), generator=g, device=dev)     # int64, as SGLang
+        maps = [{"rid": f"{pattern}-{f}-{i}", "token_start": 0, "token_count": lens[i],
+                 "last": True, "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+                for i in wanted]
+        for m, i in zip(maps, wanted):
+            s, n = offs[i], lens[i]
+            want[m["rid"]] = ([bits(aux[s:s + n, j * h:(j + 1) * h]) for j in range(k)]
+                              + [bits(last[s:s + n])], ids[s:s + n].cpu())
+        assert p.capture_rows(maps, [offs[i] for i in wanted], [aux, last],
+                              layers=[1, 2, 3, 15], layer_kinds=["residual"] * 3 + ["final_norm"],
+                              layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
+                              token_ids=ids, snapshot=snapshot)
+        if snapshot:
+            aux.fill_(float("nan"))
+            last.fill_(float("nan"))
+            ids.fill_(-1)
+    p.flush()
+    for rid, (layers, tok) in want.items():
+        s = sub.get(rid, timeout=30)
+        for name, w in zip(["layer_1", "layer_2", "layer_3", "final_norm"], layers):
+            assert torch.equal(bits(s.tensors[name]), w), f"{rid} {name} differs"
+        assert torch.equal(s.token_ids.to(torch.int64), tok), rid
+        s.release()
+    assert p.stats().get("dropped", 0) == 0

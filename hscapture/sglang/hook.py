@@ -50,6 +50,7 @@ disjoint requests and publishes its own, on its own endpoint, tagged with its DP
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
@@ -175,6 +176,10 @@ class _Inflight:
     pending_end: int = 0      # end of the chunk handed to the producer in this forward
 
 
+def _dead() -> None:
+    return None
+
+
 def _ref(obj: Any) -> Callable[[], Any]:
     try:
         return weakref.ref(obj)
@@ -186,8 +191,10 @@ class SGLangCaptureHook:
     """Callable installed as the AFTER hook. One per scheduler process.
 
     ``producer_factory(config, ranks, model)`` and ``ranks_fn()`` are injectable for tests;
-    by default the producer is created at the first opted-in prefill on a publishing rank
+    by default the producer is created at start-up (or the first forward) on a publishing rank
     and the ranks are read from SGLang's runtime context at the first call.
+    ``on_producer(hook)`` runs once the producer exists (the plugin installs its SIGTERM
+    close there, in the scheduler's main thread).
     """
 
     def __init__(
@@ -196,8 +203,10 @@ class SGLangCaptureHook:
         *,
         producer_factory: Callable[[CaptureConfig, Ranks, str | None], Any] | None = None,
         ranks_fn: Callable[[], Ranks] | None = None,
+        on_producer: Callable[["SGLangCaptureHook"], Any] | None = None,
     ) -> None:
         self.config = config
+        self._on_producer = on_producer
         self._producer_factory = producer_factory or make_producer
         self._ranks_fn = ranks_fn or read_ranks
         self.ranks: Ranks | None = None
@@ -207,14 +216,17 @@ class SGLangCaptureHook:
         self._inflight: dict[str, _Inflight] = {}
         # rid -> (attempt, ref to the Req) of samples that completed or failed. Keyed by the
         # Req object too: a later request that reuses the rid is a new sample.
-        self._done: collections.OrderedDict[str, tuple[int, Callable[[], Any]]] = \
-            collections.OrderedDict()
+        # (a plain dict in insertion order: the oldest entry is evicted first)
+        self._done: dict[str, tuple[int, Callable[[], Any]]] = {}
         self._logged: set[str] = set()
         self._layers: tuple[int, ...] | None = None
         self._timing = HookTiming()
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
-        self._mode, self._mode_read = "", 0
+        # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop`` or
+        # ``nocapture``; its path is read once here, the file re-read only when it changed
+        self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
+        self._mode, self._mode_checked, self._mode_stamp = "", 0, None
         self._swept = 0.0
 
     # -- entry points --------------------------------------------------------------------
@@ -228,8 +240,7 @@ class SGLangCaptureHook:
         wanted: list[tuple[int, Any]] = []
         t0 = time.perf_counter_ns()
         try:
-            mode = self._experiment_mode(t0)
-            if mode == "noop":
+            if self._mode_file and self._experiment_mode(t0) == "noop":
                 return None
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
@@ -248,16 +259,20 @@ class SGLangCaptureHook:
         return None
 
     def _experiment_mode(self, now: int) -> str:
-        path = os.environ.get("HSCAPTURE_EXPERIMENT_FILE")
-        if not path:
-            return ""
-        if now - self._mode_read > 200_000_000:
-            self._mode_read = now
-            try:
-                with open(path) as f:
+        """The benchmark mode in ``HSCAPTURE_EXPERIMENT_FILE``: its status is looked at once
+        per 100 ms at most, its content read only when that changed (size or mtime)."""
+        if now - self._mode_checked < 100_000_000:
+            return self._mode
+        self._mode_checked = now
+        try:
+            st = os.stat(self._mode_file)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp != self._mode_stamp:
+                with open(self._mode_file) as f:
                     self._mode = f.read().strip()
-            except OSError:
-                self._mode = ""
+                self._mode_stamp = stamp
+        except OSError:
+            self._mode, self._mode_stamp = "", None
         return self._mode
 
     def _write_stats(self) -> None:
@@ -288,12 +303,16 @@ class SGLangCaptureHook:
                            exc_info=True)
         return None
 
-    def close(self) -> None:
-        if self.producer is not None:
-            try:
-                self.producer.close()
-            finally:
-                self.producer = None
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop capturing in this process and close the producer: everything captured so far
+        is published, the endpoint's socket and claim are removed, and the segment is
+        unlinked unless a durable subscriber has not read it all
+        (:meth:`hscapture.producer.Producer.close`, bounded by ``timeout_s``). Later forwards
+        capture nothing (the producer is not started again)."""
+        self.disabled = self.disabled or "closed"
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            producer.close(timeout_s=timeout_s)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
@@ -344,11 +363,17 @@ class SGLangCaptureHook:
                 return False
             log.info("hscapture: capturing on DP rank %d (attn TP/CP rank 0), endpoint %s",
                      self.ranks.dp_rank, getattr(self.producer, "endpoint", "?"))
+            if self._on_producer is not None:
+                try:
+                    self._on_producer(self)   # the plugin: close on SIGTERM
+                except Exception as exc:
+                    self._log_once("on_producer", logging.WARNING,
+                                   "hscapture: start-up callback failed: %s", exc)
         return True
 
     def _on_forward(self, result: Any, worker: Any, batch: Any,
                     wanted: list[tuple[int, Any]]) -> None:
-        if batch is None or not self._ensure_started():
+        if batch is None or (self.producer is None and not self._ensure_started()):
             return
         now = time.monotonic()
         if self._inflight and now - self._swept > _SWEEP_INTERVAL_S:
@@ -356,10 +381,16 @@ class SGLangCaptureHook:
             self._sweep()
         if _mode_name(batch) not in CAPTURE_MODES:
             return  # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing
-        reqs = batch.reqs
-        decoding = {id(r) for r in (batch.decoding_reqs or ())}
-        wants = self.config.wants
-        wanted.extend((i, r) for i, r in enumerate(reqs) if id(r) not in decoding and wants(r))
+        dec = batch.decoding_reqs
+        decoding = {id(r) for r in dec} if dec else None
+        cfg = self.config
+        prefix, param, wants = cfg.rid_prefix, cfg.param, cfg.wants
+        for i, r in enumerate(batch.reqs):
+            if decoding is not None and id(r) in decoding:
+                continue
+            rid = r.rid
+            if (prefix and type(rid) is str and rid.startswith(prefix)) or (param and wants(r)):
+                wanted.append((i, r))
         if not wanted:
             return
         self.counters["batches"] += 1
@@ -367,15 +398,18 @@ class SGLangCaptureHook:
 
     def _publish_batch(self, result: Any, worker: Any, batch: Any,
                        wanted: list[tuple[int, Any]]) -> None:
-        prefix_lens = [int(x) for x in batch.prefix_lens]
-        extend_lens = [int(x) for x in batch.extend_lens]
         n = len(batch.reqs)
+        prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
+        if type(prefix_lens) is not list:
+            prefix_lens = [int(x) for x in prefix_lens]
+        if type(extend_lens) is not list:
+            extend_lens = [int(x) for x in extend_lens]
         if len(prefix_lens) < n or len(extend_lens) < n:
             raise CaptureConfigError(
                 f"batch has {n} requests but {len(prefix_lens)} prefix_lens and "
                 f"{len(extend_lens)} extend_lens")
-        offsets = np.concatenate(([0], np.cumsum(extend_lens[:n], dtype=np.int64)))
-        real_tokens = int(offsets[-1])
+        offsets = list(itertools.accumulate(extend_lens[:n], initial=0))
+        real_tokens = offsets[-1]
 
         lo = getattr(result, "logits_output", None)
         hidden = getattr(lo, "hidden_states", None)
@@ -427,14 +461,19 @@ class SGLangCaptureHook:
             kinds.append("final_norm")
         # Graph replays hand out views of reused buffers: ask the producer to snapshot them.
         snapshot = bool(getattr(result, "can_run_cuda_graph", True))
-        rows: list[Any] = []
+        # The rows, already in their wire form (record.ROW_KEYS order): no per-row object.
+        maps: list[dict[str, Any]] = []
+        starts: list[int] = []
         accepted: list[tuple[str, int, Any, bool]] = []
+        seen: set[str] = set()
+        row = self._row
         for i, req in wanted:
-            row = self._row(req, prefix_lens[i], extend_lens[i], int(offsets[i]))
-            if row is not None:
-                rows.append(row[0])
-                accepted.append(row[1])
-        if not rows:
+            got = row(req, prefix_lens[i], extend_lens[i], seen)
+            if got is not None:
+                maps.append(got[0])
+                starts.append(offsets[i])
+                accepted.append(got[1])
+        if not maps:
             return
         blocks = [hidden[:real_tokens]]
         if last is not None:
@@ -444,36 +483,47 @@ class SGLangCaptureHook:
         if self._mode == "nocapture":
             ok = True
         else:
-            ok = self.producer.capture_batch(rows, blocks, layers=cap_layers, layer_kinds=kinds,
-                                             token_ids=ids, layer_map=layer_map, hidden=h,
-                                             snapshot=snapshot)
-        self.counters["chunks" if ok else "dropped_chunks"] += len(rows)
+            ok = self.producer.capture_rows(maps, starts, blocks, layers=cap_layers,
+                                            layer_kinds=kinds, token_ids=ids,
+                                            layer_map=layer_map, hidden=h, snapshot=snapshot)
+        self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
+        inflight, done, completed = self._inflight, self._done, 0
         for rid, attempt, req, is_last in accepted:
-            st = self._inflight.get(rid)
             if not ok or is_last:
                 # complete, or dropped (the producer recorded the drop; nothing more of it
                 # is published)
-                if ok:
-                    self.counters["samples"] += 1
-                self._inflight.pop(rid, None)
-                self._remember_done(rid, attempt, req)
-            elif st is not None:
-                st.next_start = st.pending_end
+                completed += ok
+                if inflight:
+                    inflight.pop(rid, None)
+                if rid in done:
+                    del done[rid]
+                done[rid] = (attempt, _ref(req))   # newest last: evicted oldest first
+            else:
+                st = inflight.get(rid)
+                if st is not None:
+                    st.next_start = st.pending_end
+        if completed:
+            self.counters["samples"] += completed
+        while len(done) > _MAX_DONE:
+            del done[next(iter(done))]
 
-    def _row(self, req: Any, prefix: int, ext: int, off: int) -> tuple[Any, tuple] | None:
-        """The producer row for one request chunk, or None (skipped or failed: reported)."""
-        from ..producer import Row
-
-        rid = str(req.rid)
-        try:
-            check_rid(rid)           # the protocol's one rid rule, at the edge
-        except InvalidRidError as exc:
-            self.counters["invalid_rids"] += 1
-            self._log_once("invalid_rid", logging.ERROR, "hscapture: request %r is not "
-                           "captured: %s (further invalid rids are counted)", rid[:80], exc)
-            return None
-        attempt = int(getattr(req, "retraction_count", 0) or 0)
-        producer = self.producer
+    def _row(self, req: Any, prefix: int, ext: int, seen: set[str]
+             ) -> tuple[dict[str, Any], tuple[str, int, Any, bool]] | None:
+        """The wire-form row map for one request chunk and what to do with it after the
+        capture, or None (skipped, or failed and reported). The rid rule is checked once per
+        sample, at its first chunk (later chunks find the rid in ``_inflight``)."""
+        rid = req.rid
+        st = self._inflight.get(rid) if type(rid) is str else None
+        if st is None:
+            try:
+                rid = check_rid(rid)     # the protocol's one rid rule, at the edge
+            except InvalidRidError as exc:
+                self.counters["invalid_rids"] += 1
+                self._log_once("invalid_rid", logging.ERROR, "hscapture: request %r is not "
+                               "captured: %s (further invalid rids are counted)",
+                               str(rid)[:80], exc)
+                return None
+        attempt = getattr(req, "retraction_count", 0) or 0
         stopping = getattr(req, "to_finish", None) or getattr(req, "finished_reason", None)
         if stopping is not None:
             # An aborted request runs one last forward on a 1-token stub prompt: never a sample.
@@ -482,6 +532,14 @@ class SGLangCaptureHook:
             return None
         if ext <= 0:
             return None
+        if rid in seen:
+            # SGLang refuses a second live request with the same rid; never two rows of one
+            # rid in one entry (the subscriber would reject the whole entry)
+            self.counters["duplicate_rid_rows_skipped"] += 1
+            self._log_once("duplicate_rid", logging.ERROR, "hscapture: two requests with rid "
+                           "%r in one batch; the second is not captured", rid)
+            return None
+        seen.add(rid)
         done = self._done.get(rid)
         if done is not None:
             if done[1]() is req:
@@ -495,22 +553,9 @@ class SGLangCaptureHook:
             self._fail_rid(rid, attempt, f"chunk [{prefix}, {end}) runs past the request's "
                                          f"{total} tokens", req)
             return None
-        st = self._inflight.get(rid)
-        if st is not None and st.ref() is not req:
-            # The earlier request with this rid vanished mid-sample; this is a new one.
-            self.counters["restarts"] += 1
-            del self._inflight[rid]
-            producer.abort(rid, "superseded by a new request with the same rid", restart=True,
-                           extra={"attempt": st.attempt})
-            st = None
-        if st is not None and st.attempt != attempt:
-            # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
-            self.counters["restarts"] += 1
-            del self._inflight[rid]
-            producer.abort(rid, f"retracted after {st.next_start} tokens (attempt {st.attempt}); "
-                                f"re-prefill follows", restart=True,
-                           extra={"attempt": st.attempt})
-            st = None
+        is_last = end == total
+        if st is not None:
+            st = self._check_inflight(st, rid, attempt, req)
         if st is None:
             if prefix > 0:
                 self.counters["cached_prefix_samples"] += 1
@@ -520,19 +565,43 @@ class SGLangCaptureHook:
                                "reported incomplete. Start SGLang with --disable-radix-cache "
                                "(or make each prompt unique) for complete samples.",
                                rid, prefix, prefix)
-            st = _Inflight(attempt=attempt, next_start=prefix, cached_prefix=prefix,
-                           ref=_ref(req))
-            self._inflight[rid] = st
+            cached = prefix
+            if not is_last:   # a sample of several chunks: followed until its last one
+                self._inflight[rid] = _Inflight(attempt=attempt, next_start=prefix,
+                                                cached_prefix=prefix, ref=_ref(req),
+                                                pending_end=end)
         elif prefix != st.next_start:
             self._fail_rid(rid, attempt, f"chunk starts at token {prefix}, expected "
                                          f"{st.next_start}", req)
             return None
-        is_last = end == total
-        st.pending_end = end
-        extra = {"attempt": attempt}
+        else:
+            cached = st.cached_prefix
+            st.pending_end = end
         fields = self.config.fields_for(req, prefix, end) if self.config.fields else None
-        return (Row(rid, off, ext, prefix, is_last, st.cached_prefix, extra, fields),
+        return ({"rid": rid, "token_start": prefix, "token_count": ext, "last": is_last,
+                 "cached_prefix": cached, "extra": {"attempt": attempt},
+                 "fields": fields or {}},
                 (rid, attempt, req, is_last))
+
+    def _check_inflight(self, st: _Inflight, rid: str, attempt: int, req: Any
+                        ) -> _Inflight | None:
+        """``st`` if this chunk continues its sample, else None after reporting why not."""
+        if st.ref() is not req:
+            # The earlier request with this rid vanished mid-sample; this is a new one.
+            self.counters["restarts"] += 1
+            del self._inflight[rid]
+            self.producer.abort(rid, "superseded by a new request with the same rid",
+                                restart=True, extra={"attempt": st.attempt})
+            return None
+        if st.attempt != attempt:
+            # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
+            self.counters["restarts"] += 1
+            del self._inflight[rid]
+            self.producer.abort(rid, f"retracted after {st.next_start} tokens (attempt "
+                                     f"{st.attempt}); re-prefill follows", restart=True,
+                                extra={"attempt": st.attempt})
+            return None
+        return st
 
     def _sweep(self) -> None:
         for rid, st in list(self._inflight.items()):
@@ -575,10 +644,12 @@ class SGLangCaptureHook:
             self.counters["errors"] += 1
 
     def _remember_done(self, rid: str, attempt: int, req: Any) -> None:
-        self._done[rid] = (attempt, _ref(req) if req is not None else (lambda: None))
-        self._done.move_to_end(rid)
-        while len(self._done) > _MAX_DONE:
-            self._done.popitem(last=False)
+        done = self._done
+        if rid in done:
+            del done[rid]        # re-inserted: newest last
+        done[rid] = (attempt, _ref(req) if req is not None else _dead)
+        while len(done) > _MAX_DONE:
+            del done[next(iter(done))]
 
     def _resolve_layers(self) -> tuple[int, ...] | None:
         if self._layers is not None:

@@ -21,7 +21,7 @@ from . import HOOK_TARGET, SUPPORTED_SGLANG
 
 log = logging.getLogger("hscapture.sglang")
 
-__all__ = ["register", "check_sglang_version", "installed_hook"]
+__all__ = ["register", "check_sglang_version", "installed_hook", "close_on_sigterm"]
 
 #: AFTER hook that reports chunked requests aborted between chunks without waiting for the
 #: next forward pass (optional: registered only when the method exists).
@@ -83,7 +83,7 @@ def register() -> None:
 
         from .hook import SGLangCaptureHook
 
-        hook = SGLangCaptureHook(config)
+        hook = SGLangCaptureHook(config, on_producer=close_on_sigterm)
         HookRegistry.register(HOOK_TARGET, hook, HookType.AFTER)
         _register_sweep(hook, HookRegistry, HookType)
         _HOOK = hook
@@ -107,3 +107,61 @@ def _register_sweep(hook: Any, registry: Any, hook_type: Any) -> None:
             continue
         if callable(getattr(owner, attr, None)):
             registry.register(target, fn, hook_type.AFTER)
+
+
+def close_on_sigterm(hook: Any) -> bool:
+    """Make SIGTERM close ``hook``'s producer before the process ends; True if installed.
+
+    How an SGLang 0.5.23 scheduler process ends (``sglang/srt/managers/scheduler.py``
+    ``run_scheduler_process``, ``tokenizer_manager.py`` ``sigterm_watchdog``,
+    ``utils/common.py`` ``kill_process_tree``):
+
+    - SIGTERM to the server: the tokenizer manager drains, sends ``ShutdownReq``, the
+      scheduler's event loop returns and the process exits normally: ``atexit`` closes the
+      producer (:data:`hscapture.producer.EXIT_CLOSE_TIMEOUT_S` at most). Schedulers still
+      alive 15 s later are SIGKILLed.
+    - SIGINT (Ctrl-C reaches the whole process group): ``KeyboardInterrupt`` in the
+      scheduler, a normal interpreter exit: ``atexit`` again.
+    - SIGTERM to the scheduler itself (systemd's control-group stop, ``kill``): the
+      scheduler installs no handler, so the default action would end it at once, with no
+      ``atexit``. This handler closes the producer (bounded), then restores the default
+      action and re-sends SIGTERM, so the process still ends by SIGTERM (a second SIGTERM
+      during the close ends it at once).
+    - SIGKILL (``kill_process_tree`` at the end of ``launch_server``, ``Engine.shutdown``,
+      the parent dying: ``PR_SET_PDEATHSIG``): nothing can run; the next producer with the
+      same id removes the dead one's segment at start (unless a durable subscriber still
+      needs it), ``hscapture cleanup`` too.
+
+    Installed only in the main thread and only over the default action: a handler someone
+    else installed (or SIG_IGN) is left alone, and ``atexit`` covers the exits it leads to.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except Exception:
+        return False
+    if previous not in (signal.SIG_DFL, None):
+        log.debug("hscapture: SIGTERM already handled (%r); the producer closes at exit",
+                  previous)
+        return False
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)   # a second SIGTERM ends the process at once
+        try:
+            from ..producer import EXIT_CLOSE_TIMEOUT_S
+
+            hook.close(timeout_s=EXIT_CLOSE_TIMEOUT_S)
+        except BaseException:   # never keep a terminating process alive
+            pass
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)   # only reached if the signal is blocked in this thread
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        return False
+    return True
