@@ -279,7 +279,8 @@ class SGLangCaptureHook:
         try:
             tmp = f"{self._stats_file}.tmp"
             with open(tmp, "w") as f:
-                json.dump({"pid": os.getpid(), "timing": self._timing.summary(),
+                json.dump({"pid": os.getpid(), "mode": self._mode,
+                           "timing": self._timing.summary(),
                            "counters": dict(self.counters),
                            "producer": {k: v for k, v in (self.producer.stats().items()
                                         if self.producer is not None else ())
