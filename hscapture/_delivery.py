@@ -76,8 +76,11 @@ class Delivery:
             meta = entry.meta
             schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
                       meta["hidden"])
+            # per entry, not per row: the tensor names and the torch dtype
+            names = (tuple(layer_name(l, k) for l, k in zip(schema[0], schema[1])),
+                     _TORCH_DTYPES[schema[2]])
             for rv in entry.row_views(record.payload):
-                self._on_row(src, record, meta, schema, rv)
+                self._on_row(src, record, meta, schema, names, rv)
         elif kind == "drop":
             for row in entry.rows:
                 counts["dropped_rows"] += 1
@@ -102,7 +105,7 @@ class Delivery:
                     "committed before any subscriber attached (not named)"))
 
     def _on_row(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
-                rv: Any) -> None:
+                names: tuple, rv: Any) -> None:
         counts = self.ledger.counts
         rid = rv.rid
         key = (src.epoch, rid)
@@ -117,7 +120,7 @@ class Delivery:
             return
         p = self.asm.get(key)
         if p is None and rv.token_start == 0 and rv.last:
-            self._whole(src, record, meta, schema, rv)
+            self._whole(src, record, meta, schema, names, rv)
             return
         if p is None:
             if rv.cached_prefix and rv.token_start == rv.cached_prefix:
@@ -136,7 +139,7 @@ class Delivery:
         if any(c.start < end and start < c.start + c.count for c in p.chunks):
             self.reject(key, f"token positions [{start}, {end}) were delivered twice")
             return
-        dtype = _TORCH_DTYPES[schema[2]]
+        dtype = names[1]
         tensors = [_torch_view(rv.layer(i), dtype).clone() for i in range(len(schema[0]))]
         self.asm.add(p, Chunk(start, rv.token_count, tensors, rv.token_ids.copy(),
                               dict(rv.fields), rv.seq))
@@ -166,21 +169,22 @@ class Delivery:
     # -- samples ---------------------------------------------------------------------------
 
     def _whole(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
-               rv: Any) -> None:
+               names: tuple, rv: Any) -> None:
         """A sample that came in one row: a borrowed view, or a copy."""
         total = rv.token_count
-        if not self._check_expected(src, rv.rid, total):
+        if self.expected and not self._check_expected(src, rv.rid, total):
             return
-        dtype = _TORCH_DTYPES[schema[2]]
-        names = [layer_name(l, k) for l, k in zip(schema[0], schema[1])]
+        layer_names, dtype = names
         borrow = self.zero_copy
-        tensors = {n: _torch_view(rv.layer(i), dtype) for i, n in enumerate(names)}
         ids = _torch_view(rv.token_ids, None)
-        fields = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
-                  rv.fields.items()}
-        if not borrow:
-            tensors = {n: t.clone() for n, t in tensors.items()}
+        if borrow:
+            tensors = {n: _torch_view(rv.layer(i), dtype) for i, n in enumerate(layer_names)}
+        else:
+            tensors = {n: _torch_view(rv.layer(i), dtype).clone()
+                       for i, n in enumerate(layer_names)}
             ids = ids.clone()
+        fields = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
+                  rv.fields.items()} if rv.fields else {}
         sample = Sample(rid=rv.rid, producer_id=src.producer or "", epoch=src.epoch,
                         num_tokens=total, token_ids=ids, tensors=tensors,
                         layers=list(schema[0]), layer_kinds=list(schema[1]), dtype=schema[2],
@@ -327,9 +331,33 @@ class Delivery:
 def _torch_view(arr: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
     """A torch tensor over a (read-only) numpy view of the ring, reinterpreted as ``dtype``.
     torch warns that it cannot protect read-only memory; that is the documented contract of
-    a borrowed sample (the mapping itself is read-only), so the warning is silenced here,
-    for this call only."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    a borrowed sample (the mapping itself is read-only), so the warning is silenced, for
+    this call only, as long as torch would issue it at all (see :func:`_numpy_warning_gone`:
+    torch warns once per process, and a ``catch_warnings`` per view cost more than the rest
+    of a 1-token sample's delivery)."""
+    if _numpy_warning_gone():
         t = torch.from_numpy(arr)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(arr)
     return t.view(dtype) if dtype is not None and t.dtype != dtype else t
+
+
+_WARNING_GONE: list[bool] = []
+
+
+def _numpy_warning_gone() -> bool:
+    """True once ``torch.from_numpy`` of a read-only array can no longer warn in this
+    process. Probed once, on a read-only array of our own, with the warning swallowed: if a
+    second call stays silent, torch has used up its warn-once and every later call is silent
+    too; if torch warns every time, this stays False and each call silences its own."""
+    if not _WARNING_GONE:
+        probe = np.frombuffer(bytes(8), dtype=np.uint8)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.from_numpy(probe)
+            first = len(seen)
+            torch.from_numpy(probe)
+            _WARNING_GONE.append(len(seen) == first)
+    return _WARNING_GONE[0]

@@ -218,19 +218,26 @@ class SourceRegistry:
 
     # -- the rings -------------------------------------------------------------------------
 
-    def pump(self, src: Source, final: bool = False) -> None:
-        """Dispatch what ``src``'s ring holds now; a corrupt ring retires it."""
+    def pump(self, src: Source, final: bool = False, budget: int | None = None) -> None:
+        """Dispatch what ``src``'s ring holds now (at most about ``budget`` rows); a corrupt
+        ring retires it."""
         anonymous = src.producer is None
-        corrupt = src.pump(self.delivery, final)
+        corrupt = src.pump(self.delivery, final, budget)
         if anonymous and src.producer is not None:   # a resumed place learned its producer
             self.current.setdefault(src.producer, src.epoch)
         if corrupt is not None and not src.retired and not final:
             self.retire(src, f"ring corrupt: {corrupt}")
 
-    def pump_all(self) -> None:
+    def pump_all(self, budget: int | None = None) -> None:
+        """Pump every attached ring (each up to ``budget`` rows, None: all it holds)."""
         for src in list(self.sources.values()):
             if src.consumer is not None:
-                self.pump(src)
+                self.pump(src, budget=budget)
+
+    @property
+    def unread(self) -> bool:
+        """A budgeted pump left entries in some ring: the next pump must not wait."""
+        return any(src.unread and src.consumer is not None for src in self.sources.values())
 
     def housekeeping(self, now: float) -> None:
         """Report numbers heartbeats say can no longer arrive; retire incarnations whose

@@ -104,6 +104,7 @@ class Source:
         self.attach_head = 0      # producer head when we attached: older notices are gone
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
+        self.unread = False       # the last budgeted pump stopped with entries maybe left
 
     @property
     def key(self) -> str:
@@ -133,14 +134,23 @@ class Source:
 
     # -- the ring --------------------------------------------------------------------------
 
-    def pump(self, sink: EntrySink, final: bool = False) -> str | None:
+    def pump(self, sink: EntrySink, final: bool = False, budget: int | None = None
+             ) -> str | None:
         """Read and dispatch every entry available now (``final``: without waiting for any
-        notice). Returns the error text if the ring is corrupt (the caller retires us)."""
+        notice), or, with ``budget``, stop after the entry that brings the rows dispatched
+        in this call to ``budget`` (:attr:`unread` then says entries may be waiting; the
+        ring keeps them). Returns the error text if the ring is corrupt (the caller retires
+        us)."""
         consumer = self.consumer
+        self.unread = False
         if consumer is None:
             return None
         counts = self.ledger.counts
+        spent = 0
         while True:
+            if budget is not None and spent >= budget:
+                self.unread = True
+                return None
             record = self.held
             if record is None:
                 try:
@@ -189,6 +199,7 @@ class Source:
                     self.retract(entry.seq, entry.n)
             sink.on_entry(self, record, entry)
             self.release()
+            spent += entry.n or 1
 
     def notice_lost(self, seq: int, record: Any) -> bool:
         """True when the notice of entry ``seq`` will not come (so the entry is used as is);

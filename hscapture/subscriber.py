@@ -31,6 +31,11 @@ __all__ = ["Subscriber", "LostRange"]
 
 #: how often (seconds) the pump looks at heartbeats, liveness and stale partials
 _HOUSEKEEPING_S = 0.05
+#: rows :meth:`Subscriber.poll` reads from each ring before it hands out a sample: reading a
+#: whole burst first made thousands of samples outlive two garbage-collector generations,
+#: and the full collections they triggered cost more than delivering them (and delayed the
+#: first one); the rest stays in the ring (the log) for the next call
+_POLL_BUDGET_ROWS = 64
 
 
 class Subscriber:
@@ -140,12 +145,16 @@ class Subscriber:
         self._delivery.expected[rid] = int(num_tokens)
 
     def poll(self, timeout: float = 0.0) -> Sample | None:
-        """The next complete sample, waiting up to ``timeout`` seconds; None if none."""
+        """The next complete sample, waiting up to ``timeout`` seconds; None if none.
+
+        Reads at most about ``_POLL_BUDGET_ROWS`` rows from each ring before it returns (the
+        rest stays in the ring for the next call), so the first sample of a burst is handed
+        out early and samples do not pile up unread."""
         deadline = time.monotonic() + timeout
         ready = self._delivery.ready
         while not ready:
             remaining = deadline - time.monotonic()
-            self._pump(max(0.0, min(remaining, 0.05)))
+            self._pump(max(0.0, min(remaining, 0.05)), _POLL_BUDGET_ROWS)
             if not ready and remaining <= 0:
                 return None
         return ready.popleft()
@@ -236,14 +245,15 @@ class Subscriber:
 
     # -- the pump ----------------------------------------------------------------------
 
-    def _pump(self, timeout: float) -> None:
-        """Notices (waiting up to ``timeout`` for the first), then every ring, then (every
-        ``_HOUSEKEEPING_S``) heartbeat losses, retirements and stale partials."""
+    def _pump(self, timeout: float, budget: int | None = None) -> None:
+        """Notices (waiting up to ``timeout`` for the first, unless a ring has unread
+        entries), then every ring (each up to about ``budget`` rows; None: all it holds),
+        then (every ``_HOUSEKEEPING_S``) heartbeat losses, retirements and stale partials."""
         if self._closed:
             raise HSCaptureError("Subscriber is closed")
         registry = self._registry
-        self._wire.receive(timeout, registry.route)
-        registry.pump_all()
+        self._wire.receive(0.0 if registry.unread else timeout, registry.route)
+        registry.pump_all(budget)
         now = time.monotonic()
         if now - self._last_housekeeping > _HOUSEKEEPING_S:
             self._last_housekeeping = now
