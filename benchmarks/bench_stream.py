@@ -134,12 +134,9 @@ def child_stream_consume(spec: dict) -> None:
 def _shm(name: str, size: int, create: bool) -> tuple[mmap.mmap, int]:
     path = f"/dev/shm/{name}"
     fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-    try:
-        if create:
-            os.posix_fallocate(fd, 0, size)
-        return mmap.mmap(fd, size, flags=MAP_FLAGS), fd
-    finally:
-        pass
+    if create:
+        os.posix_fallocate(fd, 0, size)
+    return mmap.mmap(fd, size, flags=MAP_FLAGS), fd
 
 
 def _register(m: mmap.mmap, size: int, device: str) -> object:
@@ -180,7 +177,8 @@ def child_raw_produce(spec: dict) -> None:
     emit(event="captured", t0=t0, committed=spec["samples"], dropped=0)
     sys.stdin.read()
     del data, ctr
-    reg = None  # noqa: F841
+    if reg is not None:
+        reg.close()
     m.close()
     os.close(fd)
     os.unlink(f"/dev/shm/{spec['shm']}")
@@ -204,7 +202,8 @@ def child_raw_consume(spec: dict) -> None:
     layer_bytes = spec["tokens"] * spec["hidden"] * 2
     emit(event="ready")
     n = nbytes = 0
-    keep = []
+    keep: list[torch.Tensor] = []
+    src: list[torch.Tensor] = []
     stream = torch.cuda.current_stream() if dev == "cuda" else None
     for i in range(spec["samples"]):
         while int(ctr[0]) <= i:                       # spin until the slot is published
@@ -226,7 +225,8 @@ def child_raw_consume(spec: dict) -> None:
     _sync(dev)
     t1 = time.time_ns()
     del keep, src, data, ctr
-    reg = None  # noqa: F841
+    if reg is not None:
+        reg.close()
     emit(event="done", t1=t1, samples=n, bytes=nbytes, dropped=0, incomplete=0, rejected=0,
          lost=0, unresolved=0)
     m.close()
@@ -261,6 +261,8 @@ def run_once(method: str, a: argparse.Namespace) -> dict:
         if cons is not None:
             stop_child(cons)
         stop_child(prod)
+        if os.path.exists(f"/dev/shm/{spec['shm']}"):    # a raw producer that was killed
+            os.unlink(f"/dev/shm/{spec['shm']}")
     secs = (done["t1"] - cap["t0"]) / 1e9
     return {"GBps": done["bytes"] / secs / 1e9, "seconds": secs, "samples": done["samples"],
             "bytes": done["bytes"], "committed": cap["committed"],
