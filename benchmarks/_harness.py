@@ -135,7 +135,9 @@ def _row_slices(ts: Sequence[Any], dims: int = 2) -> tuple[Any, list[int]] | Non
     row = base.stride(0)
     starts = []
     for t in ts:
-        if (t._base if t._base is not None else t) is not base or t.dim() != dims or                 t.shape[1:] != base.shape[1:] or (t.shape[0] > 1 and t.stride() != base.stride()):
+        own = t._base if t._base is not None else t
+        if own is not base or t.dim() != dims or t.shape[1:] != base.shape[1:] or \
+                (t.shape[0] > 1 and t.stride() != base.stride()):
             return None
         d = t.storage_offset() - base.storage_offset()
         if d % row:
