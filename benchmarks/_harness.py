@@ -1,9 +1,10 @@
 """What the benchmarks share besides arithmetic: child processes that talk JSON lines, a
 consumer process that keeps a ring empty, and THE capture entry point.
 
-Every benchmark captures through :func:`capture_forward` and nothing else, so a new producer
-entry point (``Producer.capture_batch``: one ring entry per forward pass, protocol v2) is
-plugged in here, once, and every benchmark measures it.
+Every benchmark captures through :func:`capture_forward` and nothing else: one
+``Producer.capture_batch`` per forward pass (one ring entry, protocol v2), or with
+``HSC_BENCH_CAPTURE_API=capture`` one ``Producer.capture`` per row, so every benchmark
+measures the same entry point.
 """
 
 from __future__ import annotations
@@ -41,8 +42,20 @@ class Row:
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
 
 
-#: Which producer entry point :func:`capture_forward` uses ("capture": one call per row).
-CAPTURE_API = os.environ.get("HSC_BENCH_CAPTURE_API", "capture")
+#: Which producer entry point :func:`capture_forward` uses: "batch" (default; one
+#: ``Producer.capture_batch`` per forward pass = one ring entry) or "capture" (one
+#: ``Producer.capture`` per row = one ring entry per row, the protocol-v1 way, for comparison).
+CAPTURE_APIS = ("batch", "capture")
+CAPTURE_API = os.environ.get("HSC_BENCH_CAPTURE_API", "batch")
+if CAPTURE_API not in CAPTURE_APIS:
+    raise RuntimeError(f"HSC_BENCH_CAPTURE_API: expected one of {CAPTURE_APIS}, found "
+                       f"{CAPTURE_API!r}")
+
+#: How :func:`capture_forward` found the forward's source blocks, per call (a benchmark may
+#: print it): "single" (one row: its own tensors), "shared" (every row is a row-slice of the
+#: same per-layer tensors: those are the blocks, no copy), "packed" (rows concatenated per
+#: layer first: one extra copy per forward, inside the timed region).
+BLOCK_SOURCES: dict[str, int] = {"single": 0, "shared": 0, "packed": 0}
 
 
 def capture_forward(producer: Any, rows: Sequence[Row], *, layers: Sequence[int],
@@ -51,17 +64,103 @@ def capture_forward(producer: Any, rows: Sequence[Row], *, layers: Sequence[int]
     """Capture one forward pass's ``rows`` into ``producer``; one bool per row (True = into
     the ring, False = dropped and announced).
 
-    Today this is one ``Producer.capture`` per row. When ``Producer.capture_batch`` exists,
-    replace the loop below with that one call (and keep the return value: one bool per row);
-    every benchmark then measures the new entry point.
+    "batch" (default): ONE ``Producer.capture_batch`` call, built the way the SGLang hook
+    builds it — producer ``Row``\ s pointing at token rows of shared source blocks (one block
+    per layer, default layer map). ``capture_batch`` decides for the whole entry, so every row
+    gets its result (an entry too large for the ring is split by the producer; if a part of it
+    was dropped all rows read False: committed bytes are then under-, never over-counted).
+    "capture": one ``Producer.capture`` per row.
     """
-    if CAPTURE_API != "capture":
-        raise RuntimeError(f"HSC_BENCH_CAPTURE_API={CAPTURE_API!r}: only 'capture' is wired up; "
-                           f"add the new entry point in benchmarks/_harness.capture_forward")
-    return [producer.capture(r.rid, r.tensors, layers=layers, layer_kinds=layer_kinds,
-                             token_start=r.token_start, is_last_chunk=r.is_last_chunk,
-                             token_ids=r.token_ids, snapshot=snapshot, extra=r.extra)
-            for r in rows]
+    if not rows:
+        return []
+    if CAPTURE_API == "capture":
+        return [producer.capture(r.rid, r.tensors, layers=layers, layer_kinds=layer_kinds,
+                                 token_start=r.token_start, is_last_chunk=r.is_last_chunk,
+                                 token_ids=r.token_ids, snapshot=snapshot, extra=r.extra)
+                for r in rows]
+    from hscapture.producer import Row as BatchRow
+
+    blocks, token_ids, starts = _forward_blocks(rows)
+    batch = [BatchRow(r.rid, start, int(r.tensors[0].shape[0]), r.token_start,
+                      r.is_last_chunk, 0, r.extra)
+             for r, start in zip(rows, starts)]
+    ok = producer.capture_batch(batch, blocks, layers=layers, layer_kinds=layer_kinds,
+                                token_ids=token_ids, snapshot=snapshot)
+    return [bool(ok)] * len(rows)
+
+
+def _forward_blocks(rows: Sequence[Row]) -> tuple[list[Any], Any, list[int]]:
+    """``(blocks, token_ids, src_start per row)`` for one ``capture_batch`` call."""
+    if len(rows) == 1:
+        BLOCK_SOURCES["single"] += 1
+        return list(rows[0].tensors), rows[0].token_ids, [0]
+    n_layers = len(rows[0].tensors)
+    shared = [_row_slices([r.tensors[i] for r in rows]) for i in range(n_layers)]
+    if all(x is not None for x in shared) and all(x[1] == shared[0][1] for x in shared):
+        starts = shared[0][1]
+        ids = _row_slices([_as_tensor(r.token_ids) for r in rows], dims=1)
+        if ids is not None and ids[1] == starts:
+            token_ids = ids[0]
+        else:   # the ids are separate arrays: lay them out at the rows' source positions
+            token_ids = _ids_at(rows, starts, int(shared[0][0].shape[0]))
+        if token_ids is not None:
+            BLOCK_SOURCES["shared"] += 1
+            return [x[0] for x in shared], token_ids, starts
+    import torch
+
+    BLOCK_SOURCES["packed"] += 1
+    blocks = [torch.cat([r.tensors[i] for r in rows]) for i in range(n_layers)]
+    token_ids = torch.cat([_as_tensor(r.token_ids).reshape(-1).to("cpu") for r in rows])
+    starts, at = [], 0
+    for r in rows:
+        starts.append(at)
+        at += int(r.tensors[0].shape[0])
+    return blocks, token_ids, starts
+
+
+def _as_tensor(x: Any) -> Any:
+    import numpy as np
+    import torch
+
+    return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+
+
+def _row_slices(ts: Sequence[Any], dims: int = 2) -> tuple[Any, list[int]] | None:
+    """If every tensor of ``ts`` is a slice of whole rows of ONE contiguous base tensor:
+    ``(base, first row of each)``; else None."""
+    first = ts[0]
+    base = first._base if first._base is not None else first
+    if base.dim() != dims or not base.is_contiguous():
+        return None
+    row = base.stride(0)
+    starts = []
+    for t in ts:
+        own = t._base if t._base is not None else t
+        if own is not base or t.dim() != dims or t.shape[1:] != base.shape[1:] or \
+                (t.shape[0] > 1 and t.stride() != base.stride()):
+            return None
+        d = t.storage_offset() - base.storage_offset()
+        if d % row:
+            return None
+        starts.append(d // row)
+    return base, starts
+
+
+def _ids_at(rows: Sequence[Row], starts: list[int], length: int) -> Any:
+    """Token ids ``[length]`` holding each row's ids at its source rows; None if two rows put
+    different ids at one position."""
+    import torch
+
+    out = torch.zeros(length, dtype=torch.int32)
+    seen = torch.zeros(length, dtype=torch.bool)
+    for r, s in zip(rows, starts):
+        ids = _as_tensor(r.token_ids).reshape(-1).to("cpu", torch.int32)
+        e = s + int(ids.numel())
+        if bool((seen[s:e] & (out[s:e] != ids)).any()):
+            return None
+        out[s:e] = ids
+        seen[s:e] = True
+    return out
 
 
 def committed_rows(ok: Sequence[bool], stats_before: Mapping[str, Any],

@@ -156,7 +156,7 @@ def section_copy(a: argparse.Namespace) -> dict:
             rows_out.append(row)
             print(f"[copy] {size // MB:4d} MiB: " + ", ".join(
                 f"{m} {_stats.fmt_spread(row['GBps'][m])}" for m in methods) +
-                f" GB/s; producer drops {row['producer_dropped']}, capture() "
+                f" GB/s; producer drops {row['producer_dropped']}, capture_forward() "
                 f"{row['producer_capture_call_us']['median']:.0f} us/call", flush=True)
         if cuda:
             goals.append(_stats.goal_record(
@@ -383,7 +383,9 @@ def plot_overhead(rec: dict, path: str) -> None:
 # -- notices --------------------------------------------------------------------------------------
 
 def child_notice_produce(spec: dict) -> None:
-    """Bursts (as fast as possible) then paced phases, each started by a line on stdin."""
+    """Bursts (as fast as possible) then paced phases, each started by a line on stdin:
+    ``phase count rate rows pace``: ``count`` 1-token records, ``rows`` per forward pass (one
+    ``capture_forward`` call = one ring entry), at ``rate`` records/s (0 = back to back)."""
     from hscapture import Producer
 
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"],
@@ -392,28 +394,31 @@ def child_notice_produce(spec: dict) -> None:
     if not p.wait_for_consumers(1, timeout_s=60):
         emit(event="error", message="no consumer attached within 60 s")
         return
-    t = torch.randn(1, spec["hidden"]).to(torch.bfloat16)
-    ids = np.array([7], dtype=np.int32)
+    top = max(spec["rows"])
+    block = torch.randn(top, spec["hidden"]).to(torch.bfloat16)    # one row per request
+    ids = torch.full((top,), 7, dtype=torch.int32)
     n = 0
     for line in sys.stdin:
         cmd = line.split()
         if not cmd or cmd[0] == "stop":
             break
-        phase, count, rate = cmd[0], int(cmd[1]), float(cmd[2])
+        phase, count, rate, k, pace = cmd[0], int(cmd[1]), float(cmd[2]), int(cmd[3]), cmd[4]
         before = p.stats()
         ok: list[bool] = []
-        gap = 1.0 / rate if rate > 0 else 0.0
+        gap = k / rate if rate > 0 else 0.0
         t0 = time.time_ns()
         nxt = time.perf_counter()
-        for _ in range(count):
-            n += 1
-            ok += capture_forward(p, [Row(f"n{n}", [t], ids,
-                                          extra={"t": time.time_ns(), "ph": phase})],
-                                  layers=[0])
+        for f in range(0, count, k):
             if gap:
                 nxt += gap
-                while time.perf_counter() < nxt:
-                    pass         # spin: sleep() granularity would distort the pacing
+                _wait_until(nxt, pace)
+            now = time.time_ns()
+            rows = []
+            for j in range(min(k, count - f)):
+                n += 1
+                rows.append(Row(f"n{n}", [block[j:j + 1]], ids[j:j + 1],
+                                extra={"t": now, "ph": phase}))
+            ok += capture_forward(p, rows, layers=[0])
         t1 = time.time_ns()
         p.flush(timeout_s=120)
         emit(event="phase_done", phase=phase, t_start_ns=t0, t_issued_ns=t1,
@@ -421,28 +426,48 @@ def child_notice_produce(spec: dict) -> None:
     p.close()
 
 
+def _wait_until(t: float, pace: str) -> None:
+    """Wait for ``perf_counter() >= t``. ``spin``: a pure-Python spin (the thread never
+    releases the GIL, like a scheduler thread that is never idle); ``sleep``: sleep (GIL
+    released, as a scheduler thread waiting for its GPU does) until 100 us before, then spin."""
+    if pace == "sleep":
+        left = t - time.perf_counter() - 100e-6
+        if left > 0:
+            time.sleep(left)
+    while time.perf_counter() < t:
+        pass
+
+
 def section_notices(a: argparse.Namespace) -> dict:
     from hscapture import Subscriber
 
     ep, pid = unique_producer("notices")
-    spec = {"endpoint": ep, "producer_id": pid, "hidden": a.notice_hidden,
-            "ring_bytes": 256 * MB}
     rates = [float(x) for x in a.paced_rates.split(",") if x]
-    phases = [(f"burst{i}", a.notices, 0.0) for i in range(-1, a.reps)] + \
-        [(f"paced{int(r)}-{i}", max(1000, int(r * a.paced_seconds)), r)
-         for i in range(a.reps) for r in rates]
+    paces = [x for x in a.paces.split(",") if x]
+    k, kp = a.notice_rows, a.paced_rows
+    spec = {"endpoint": ep, "producer_id": pid, "hidden": a.notice_hidden,
+            "ring_bytes": 256 * MB, "rows": [k, kp, 1]}
+    # (name, records, rate, rows per forward, pace); bursts of k rows and of 1 row alternate
+    phases = [(f"burst{i}", a.notices, 0.0, k, "spin") for i in range(-1, 0)]
+    for i in range(a.reps):
+        phases += [(f"burst{i}", a.notices, 0.0, k, "spin")]
+        if k != 1:
+            phases += [(f"burst1row{i}", max(1000, a.notices // 4), 0.0, 1, "spin")]
+    phases += [(f"paced{int(r)}{pace}-{i}", max(1000, int(r * a.paced_seconds)), r, kp, pace)
+               for i in range(a.reps) for r in rates for pace in paces]
     print(f"[notices] {a.reps} bursts (+1 warm-up) of {a.notices} records of 1 x "
-          f"{a.notice_hidden} bf16, then {a.reps} x paced at {rates}/s for {a.paced_seconds:g} s "
-          f"each, rates alternating; producer "
-          f"and subscriber in separate processes", flush=True)
+          f"{a.notice_hidden} bf16, {k} per forward (one ring entry each), alternating with "
+          f"bursts of 1 per forward; then {a.reps} x paced at {rates}/s ({kp} per forward, "
+          f"producer waiting by {paces}) for {a.paced_seconds:g} s each, rates alternating; "
+          f"producer and subscriber in separate processes", flush=True)
     proc = _spawn("_notice_produce", spec)
     per_phase: dict[str, dict] = {}
     try:
         read_event(proc, "ready", timeout=120)
         with Subscriber(ep) as sub:
             sub.wait_ready(timeout=60)
-            for phase, count, rate in phases:
-                proc.stdin.write(f"{phase} {count} {rate}\n")
+            for phase, count, rate, rows, pace in phases:
+                proc.stdin.write(f"{phase} {count} {rate} {rows} {pace}\n")
                 proc.stdin.flush()
                 lat: list[float] = []
                 last = None
@@ -462,7 +487,8 @@ def section_notices(a: argparse.Namespace) -> dict:
                 secs = (last - done["t_start_ns"]) / 1e9 if last else float("nan")
                 per_phase[phase] = {
                     "count": count, "received": len(lat), "committed": done["committed"],
-                    "rate_target": rate, "end_to_end_per_s": len(lat) / secs if last else 0.0,
+                    "rate_target": rate, "rows_per_forward": rows, "pace": pace,
+                    "end_to_end_per_s": len(lat) / secs if last else 0.0,
                     "producer_issue_per_s": count / ((done["t_issued_ns"] - done["t_start_ns"])
                                                      / 1e9),
                     "latency_us": _lat(lat), "_lat": lat}
@@ -478,45 +504,65 @@ def section_notices(a: argparse.Namespace) -> dict:
     finally:
         stop_child(proc)
     bursts = [per_phase[f"burst{i}"]["end_to_end_per_s"] for i in range(a.reps)]
-    goals = [_stats.goal_record("samples/s end to end (bursts)", bursts, GOAL_NOTICES, ">=")]
+    goals = [_stats.goal_record(f"samples/s end to end (bursts, {k} records per forward)",
+                                bursts, GOAL_NOTICES, ">=")]
+    _received_all(goals[0], [per_phase[f"burst{i}"] for i in range(a.reps)])
+    one_row = [per_phase[f"burst1row{i}"]["end_to_end_per_s"] for i in range(a.reps)
+               if f"burst1row{i}" in per_phase]
     paced = {}
     for r in rates:
-        phs = [per_phase[f"paced{int(r)}-{i}"] for i in range(a.reps)]
-        paced[f"{r:g}"] = {"p50_us": _stats.summarize([p["latency_us"]["p50"] for p in phs]),
-                           "p99_us": _stats.summarize([p["latency_us"]["p99"] for p in phs]),
-                           "received": sum(p["received"] for p in phs),
-                           "count": sum(p["count"] for p in phs)}
-        g = _stats.goal_record(f"latency p99 at {r:,.0f}/s (one p99 per repetition)",
-                               [p["latency_us"]["p99"] for p in phs], GOAL_LATENCY_P99_US,
-                               "<=", " us")
-        if paced[f"{r:g}"]["received"] < paced[f"{r:g}"]["count"]:
-            g["met"] = False
-            g["why_not"] = f"received {paced[f'{r:g}']['received']}/{paced[f'{r:g}']['count']}"
-        goals.append(g)
+        for pace in paces:
+            phs = [per_phase[f"paced{int(r)}{pace}-{i}"] for i in range(a.reps)]
+            key = f"{r:g}/{pace}"
+            paced[key] = {"p50_us": _stats.summarize([p["latency_us"]["p50"] for p in phs]),
+                          "p99_us": _stats.summarize([p["latency_us"]["p99"] for p in phs]),
+                          "received": sum(p["received"] for p in phs),
+                          "count": sum(p["count"] for p in phs)}
+            g = _stats.goal_record(f"latency p99 at {r:,.0f}/s, producer thread waiting by "
+                                   f"{pace} (one p99 per repetition)",
+                                   [p["latency_us"]["p99"] for p in phs], GOAL_LATENCY_P99_US,
+                                   "<=", " us")
+            _received_all(g, phs)
+            goals.append(g)
     for g in goals:
         print("[notices] " + _stats.format_goal(g), flush=True)
-    lats = {k: v.pop("_lat") for k, v in per_phase.items()}
+    lats = {k_: v.pop("_lat") for k_, v in per_phase.items()}
     tr = {"burst": _stats.timed_region(
-              ["producer process: capture_forward of --notices 1-token records, back to back "
-               "(full_policy=wait), from its first capture", "subscriber process (this one): "
+              [f"producer process: capture_forward of --notices 1-token records, "
+               f"--notice-rows ({k}) per call (one ring entry per call), back to back "
+               f"(full_policy=wait), from its first capture", "subscriber process (this one): "
                "Subscriber.poll() with every check on (the Subscriber has no switch to turn "
                "them off) + release, until the last record of the burst"],
               ["process start", "the warm-up burst (burst-1)"], "time.time_ns (wall clock, "
                                                                 "shared by processes)"),
           "latency": _stats.timed_region(
-              ["from time.time_ns() taken right before capture() in the producer (stored in "
-               "the record's extra; CPU records are copied inside capture(), so this is at "
-               "most capture()'s own duration before copy-done) to Subscriber.poll() "
-               "returning the sample in the subscriber process"], ["release()"],
+              ["from time.time_ns() taken right before capture_forward() in the producer "
+               "(stored in every record's extra; CPU records are copied inside capture_batch(), "
+               "so this is at most capture_batch()'s own duration before copy-done) to "
+               "Subscriber.poll() returning the sample in the subscriber process"],
+              ["release()", "the producer's wait between captures (sleep: time.sleep until "
+               "100 us before the next capture, then a spin; spin: a pure-Python spin that "
+               "never releases the GIL)"],
               "time.time_ns (wall clock, shared by processes)")}
     return {"timed_regions": tr, "goals": goals,
-            "results": {"records": {"tokens": 1, "hidden": a.notice_hidden, "dtype": "bfloat16"},
-                        "bursts_per_s": _stats.summarize(bursts), "paced": paced,
-                        "phases": per_phase,
-                        "subscriber": {k: (len(v) if isinstance(v, (dict, list)) else v)
-                                       for k, v in sst.items() if k != "producers"},
-                        "latency_samples_us_every_50th": {k: v[::50] for k, v in lats.items()}},
+            "results": {"records": {"tokens": 1, "hidden": a.notice_hidden, "dtype": "bfloat16",
+                                    "rows_per_forward_burst": k, "rows_per_forward_paced": kp},
+                        "bursts_per_s": _stats.summarize(bursts),
+                        "bursts_one_row_per_entry_per_s":
+                            _stats.summarize(one_row) if one_row else None,
+                        "paced": paced, "phases": per_phase,
+                        "subscriber": {k_: (len(v) if isinstance(v, (dict, list)) else v)
+                                       for k_, v in sst.items() if k_ != "producers"},
+                        "latency_samples_us_every_50th": {k_: v[::50] for k_, v in lats.items()}},
             "_lats": lats}
+
+
+def _received_all(goal: dict, phases: list[dict]) -> None:
+    """A goal is never met by a run that lost records."""
+    got, want = sum(p["received"] for p in phases), sum(p["count"] for p in phases)
+    if got < want:
+        goal["met"] = False
+        goal["why_not"] = f"received {got}/{want}"
 
 
 def _lat(xs: list[float]) -> dict:
@@ -615,6 +661,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--paced-rates", default="5000,50000", help="paced records/s, comma list")
     g.add_argument("--paced-seconds", type=float, default=1.0, help="duration of each paced phase")
     g.add_argument("--notice-hidden", type=int, default=64)
+    g.add_argument("--notice-rows", type=int, default=64,
+                   help="records per forward pass (one ring entry) in the bursts; bursts of 1 "
+                        "per forward alternate with them (reported, no goal)")
+    g.add_argument("--paced-rows", type=int, default=1,
+                   help="records per forward pass in the paced phases (1: every record is "
+                        "its own entry)")
+    g.add_argument("--paces", default="sleep,spin",
+                   help="how the producer thread waits between paced captures: sleep (GIL "
+                        "released), spin (GIL held), comma list")
     g = ap.add_argument_group("e2e")
     g.add_argument("--e2e-gb", type=float, default=2.0)
     g.add_argument("--disk-dir", default=None, help="passed to bench_e2e.py --disk-dir")

@@ -1,0 +1,363 @@
+"""From validated ring entries to delivered samples, and to failure reports.
+
+:class:`Delivery` is the :class:`~hscapture._source.EntrySink` of every source: batch rows
+become samples (whole ones at once, chunked ones through :class:`~hscapture._assembly.
+Assembler`), drops, aborts and unheard entries fail their samples at once, and every failure
+goes to the :class:`~hscapture._ledger.Ledger`. It also decides which ring records a sample
+keeps referenced, and gives them back when the sample is released.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import notice as nt
+from ._assembly import Assembler, Chunk, Partial
+from ._ledger import Ledger, LostRange
+from ._source import Source
+from .errors import SampleMismatchError
+from .sample import Sample, layer_name
+
+__all__ = ["Delivery"]
+
+_TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
+
+Holds = list[tuple[Source, int]]
+
+
+class Delivery:
+    """Samples out of entries; the rows that cannot become samples are reported by rid.
+
+    Guarantees:
+    - A sample is queued in :attr:`ready` only when token positions ``0..N-1`` are each
+      present exactly once, every chunk agrees on layers, kinds, dtype and hidden size, and
+      the token count matches :meth:`Subscriber.expect <hscapture.Subscriber.expect>` when
+      declared; otherwise the rid is rejected, never delivered.
+    - A failed ``(epoch, rid)`` is failed once: its partial is dropped (its ring records
+      released) and later chunks of it are discarded, counted.
+    - Samples own their tensors unless ``zero_copy``; a borrowed sample keeps its record
+      referenced until released. Non-final chunks are always copied out on arrival; with
+      ``durable`` their records stay referenced until the sample is acknowledged
+      (``release()``), for at most ``partial_hold_s`` and a quarter of the ring.
+    - Partial samples hold at most ``max_partial_bytes``: past it the oldest fail as
+      incomplete; a partial without a new chunk for ``incomplete_timeout_s`` fails too.
+    """
+
+    def __init__(self, ledger: Ledger, *, zero_copy: bool, durable: bool,
+                 rid_filter: Callable[[str], bool] | None,
+                 skip_rid: Callable[[str], bool] | None, max_partial_bytes: int,
+                 partial_hold_s: float, incomplete_timeout_s: float) -> None:
+        self.ledger = ledger
+        self.zero_copy = zero_copy
+        self.durable = durable
+        self.rid_filter = rid_filter
+        self.skip_rid = skip_rid
+        self.partial_hold_s = partial_hold_s
+        self.incomplete_timeout_s = incomplete_timeout_s
+        self.asm = Assembler(max_partial_bytes)
+        self.ready: collections.deque[Sample] = collections.deque()
+        self.expected: dict[str, int] = {}
+        self.closed = False
+        #: called with a source after a released sample gave some of its records back
+        self.on_released: Callable[[Source], None] = lambda src: None
+
+    # -- entries -------------------------------------------------------------------------
+
+    def on_entry(self, src: Source, record: Any, entry: Any) -> None:
+        counts = self.ledger.counts
+        kind = entry.kind
+        if kind == "batch":
+            counts["entries"] += 1
+            meta = entry.meta
+            schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
+                      meta["hidden"])
+            # per entry, not per row: the tensor names and the torch dtype
+            names = (tuple(layer_name(l, k) for l, k in zip(schema[0], schema[1])),
+                     _TORCH_DTYPES[schema[2]])
+            for rv in entry.row_views(record.payload):
+                self._on_row(src, record, meta, schema, names, rv)
+        elif kind == "drop":
+            for row in entry.rows:
+                counts["dropped_rows"] += 1
+                self.fail((src.epoch, row["rid"]), f"dropped by producer: "
+                          f"{entry.meta['reason']}", "dropped")
+        elif kind == "abort":
+            key = (src.epoch, entry.meta["rid"])
+            if entry.meta["restart"]:
+                counts["restarted"] += 1
+                self.pop_partial(key)
+            else:
+                self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete")
+        elif kind == "unheard":
+            for row in entry.rows:
+                if not src.seqs.seen(row["seq"]):
+                    self.fail((src.epoch, row["rid"]), "committed before any subscriber "
+                              "attached (start the subscriber first, or use "
+                              "Producer(wait_for_subscribers=1))", "dropped")
+            if entry.meta["overflow"]:
+                self.ledger.lost.append(LostRange(
+                    src.producer or "?", src.epoch, -1, entry.meta["overflow"],
+                    "committed before any subscriber attached (not named)"))
+
+    def _on_row(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
+                names: tuple, rv: Any) -> None:
+        counts = self.ledger.counts
+        rid = rv.rid
+        key = (src.epoch, rid)
+        if self.rid_filter is not None and not self.rid_filter(rid):
+            counts["filtered"] += 1
+            return
+        if self.skip_rid is not None and self.skip_rid(rid):
+            counts["already_written"] += 1
+            return
+        if self.ledger.has_failed(key):
+            counts["discarded_chunks"] += 1
+            return
+        p = self.asm.get(key)
+        if p is None and rv.token_start == 0 and rv.last:
+            self._whole(src, record, meta, schema, names, rv)
+            return
+        if p is None:
+            if rv.cached_prefix and rv.token_start == rv.cached_prefix:
+                self.fail(key, f"prefix cache hit: positions [0, {rv.cached_prefix}) were "
+                               f"not computed (disable the radix cache or bust it per "
+                               f"request)", "incomplete")
+                return
+            p = self.asm.open(key, schema, {"producer": src.producer, "epoch": src.epoch,
+                                            "convention": meta["convention"],
+                                            "model": meta["model"], "dp_rank": meta["dp_rank"],
+                                            "extra": rv.extra, "cached_prefix": rv.cached_prefix})
+        if p.schema != schema:
+            self.reject(key, "chunks disagree on layers, kinds, dtype or hidden size")
+            return
+        start, end = rv.token_start, rv.token_start + rv.token_count
+        if any(c.start < end and start < c.start + c.count for c in p.chunks):
+            self.reject(key, f"token positions [{start}, {end}) were delivered twice")
+            return
+        dtype = names[1]
+        tensors = [_torch_view(rv.layer(i), dtype).clone() for i in range(len(schema[0]))]
+        self.asm.add(p, Chunk(start, rv.token_count, tensors, rv.token_ids.copy(),
+                              dict(rv.fields), rv.seq))
+        if self.durable and (not p.holds or p.holds[-1][1] != record.position):
+            # durable: keep the chunk's record until the sample is acknowledged, so a crash
+            # mid-sample loses nothing (bounded by partial_hold_s and by a quarter of the ring)
+            src.borrowed.add(record.position)
+            p.holds.append((src, record.position))
+            self._bound_partial_holds(src)
+        if rv.last:
+            p.total = end
+        if p.total is not None:
+            covered, gaps = p.covered()
+            if covered > p.total:
+                self.reject(key, f"chunks reach token {covered}, past the last chunk's end "
+                                 f"{p.total}")
+            elif not gaps and covered == p.total:
+                holds = list(p.holds)
+                p.holds.clear()          # handed to the sample (durable) or released below
+                self.pop_partial(key)
+                self._assemble(src, p, holds)
+        for victim in self.asm.over_budget():
+            self.fail(victim.key, f"partial samples exceeded max_partial_bytes="
+                                  f"{self.asm.max_bytes}; missing {victim.describe_gaps()}",
+                      "incomplete")
+
+    # -- samples ---------------------------------------------------------------------------
+
+    def _whole(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
+               names: tuple, rv: Any) -> None:
+        """A sample that came in one row: a borrowed view, or a copy."""
+        total = rv.token_count
+        if self.expected and not self._check_expected(src, rv.rid, total):
+            return
+        layer_names, dtype = names
+        borrow = self.zero_copy
+        ids = _torch_view(rv.token_ids, None)
+        if borrow:
+            tensors = {n: _torch_view(rv.layer(i), dtype) for i, n in enumerate(layer_names)}
+        else:
+            tensors = {n: _torch_view(rv.layer(i), dtype).clone()
+                       for i, n in enumerate(layer_names)}
+            ids = ids.clone()
+        fields = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
+                  rv.fields.items()} if rv.fields else {}
+        sample = Sample(rid=rv.rid, producer_id=src.producer or "", epoch=src.epoch,
+                        num_tokens=total, token_ids=ids, tensors=tensors,
+                        layers=list(schema[0]), layer_kinds=list(schema[1]), dtype=schema[2],
+                        hidden=schema[3],
+                        meta={"convention": meta["convention"], "model": meta["model"],
+                              "cached_prefix": rv.cached_prefix, "dp_rank": meta["dp_rank"],
+                              "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
+                        fields=fields, borrowed=borrow)
+        if borrow or self.durable:
+            # zero-copy: the views need the record; durable: release() is the acknowledgement
+            # (an unreleased sample is delivered again after a restart)
+            src.borrowed.add(record.position)
+            sample._release = self._releaser([(src, record.position)])
+        self._deliver(sample)
+
+    def _assemble(self, src: Source, p: Partial, holds: Holds) -> None:
+        chunks = sorted(p.chunks, key=lambda c: c.start)
+        rid = p.key[1]
+        total = p.total or 0
+        release: Callable[[], None] | None = self._releaser(holds)
+        if not self._check_expected(src, rid, total):
+            release()
+            return
+        if not self.durable:   # nothing to acknowledge: give the ring back now
+            release()
+            release = None
+        layers, kinds, dtype, hidden = p.schema
+        names = [layer_name(l, k) for l, k in zip(layers, kinds)]
+        tensors = {n: torch.cat([c.tensors[i] for c in chunks]) for i, n in enumerate(names)}
+        ids = torch.from_numpy(np.concatenate([c.token_ids for c in chunks]))
+        fields = {}
+        for name in chunks[0].fields:
+            if all(name in c.fields for c in chunks):
+                fields[name] = torch.frombuffer(bytearray(b"".join(c.fields[name]
+                                                                   for c in chunks)),
+                                                dtype=torch.uint8)
+        meta = dict(p.meta)
+        meta.update(chunks=len(chunks), seqs=[c.seq for c in chunks])
+        meta.pop("producer", None)
+        meta.pop("epoch", None)
+        sample = Sample(rid=rid, producer_id=src.producer or "", epoch=src.epoch,
+                        num_tokens=total, token_ids=ids, tensors=tensors, layers=list(layers),
+                        layer_kinds=list(kinds), dtype=dtype, hidden=hidden, meta=meta,
+                        fields=fields, _release=release)
+        self._deliver(sample)
+
+    def _check_expected(self, src: Source, rid: str, total: int) -> bool:
+        expected = self.expected.pop(rid, None)
+        if expected is not None and expected != total:
+            self.reject((src.epoch, rid), f"expected {expected} tokens, found {total}")
+            return False
+        return True
+
+    def _deliver(self, sample: Sample) -> None:
+        counts = self.ledger.counts
+        counts["samples"] += 1
+        counts["sample_bytes"] += sample.nbytes
+        self.ready.append(sample)
+
+    def _releaser(self, holds: Holds) -> Callable[[], None]:
+        def release() -> None:
+            for src, position in holds:
+                src.borrowed.discard(position)
+            if not self.closed:
+                for src in {id(s): s for s, _ in holds}.values():
+                    src.release()
+                    self.on_released(src)
+        return release
+
+    def take(self, rid: str) -> Sample | None:
+        """Remove and return the ready sample of ``rid``, if there is one."""
+        for i, sample in enumerate(self.ready):
+            if sample.rid == rid:
+                del self.ready[i]
+                return sample
+        return None
+
+    # -- partials and failures -----------------------------------------------------------
+
+    def _bound_partial_holds(self, src: Source) -> None:
+        """Partials never pin more than a quarter of a ring: past that, the oldest ones stop
+        holding (their chunks are copies already; only a crash could then cost them)."""
+        consumer = src.consumer
+        if consumer is None:
+            return
+        limit = consumer.capacity // 4
+        held = sorted((p.holds[0][1], id(p), p) for p in self.asm.partials.values()
+                      if p.holds and p.holds[0][0] is src)
+        for first, _, p in held:
+            if consumer.position - first <= limit:
+                break
+            self.ledger.counts["partials_unpinned"] += 1
+            self._unhold(p)
+
+    def pop_partial(self, key: tuple[int, str]) -> Partial | None:
+        """Forget the partial sample ``key`` and release the records it held."""
+        p = self.asm.pop(key)
+        if p is not None:
+            self._unhold(p)
+        return p
+
+    def _unhold(self, p: Partial) -> None:
+        for src, position in p.holds:
+            src.borrowed.discard(position)
+            if not self.closed:
+                src.release()
+        p.holds.clear()
+
+    def fail(self, key: tuple[int, str], reason: str, kind: str) -> None:
+        """Sample ``key`` = (epoch, rid) cannot be delivered: report it as ``kind``."""
+        self.pop_partial(key)
+        self.ledger.record_failure(key, reason, kind)
+        self.expected.pop(key[1], None)
+
+    def reject(self, key: tuple[int, str], why: str) -> None:
+        message = str(SampleMismatchError(f"sample {key[1]!r} rejected: {why}"))
+        self.ledger.error(message, "mismatches")
+        self.fail(key, message, "rejected")
+
+    def partials_of(self, epoch: int) -> list[Partial]:
+        return self.asm.of_epoch(epoch)
+
+    def housekeeping(self, now: float) -> None:
+        """Stop holding the ring for partials idle past ``partial_hold_s``; fail those idle
+        past ``incomplete_timeout_s``."""
+        for p in self.asm.stale(now - self.partial_hold_s):
+            if p.holds:   # its chunks are copies: stop holding the ring for it
+                self.ledger.counts["partials_unpinned"] += 1
+                self._unhold(p)
+        for p in self.asm.stale(now - self.incomplete_timeout_s):
+            self.fail(p.key, f"no chunk for {self.incomplete_timeout_s:g}s; still missing "
+                             f"{p.describe_gaps()}", "incomplete")
+
+    def in_flight(self) -> dict[str, str]:
+        """Samples started but not complete (rid -> the positions still missing)."""
+        return {p.key[1]: p.describe_gaps() for p in self.asm.partials.values()}
+
+    def progress(self, rid: str) -> str:
+        parts = [f"[{c.start}, {c.start + c.count})" for k, p in self.asm.partials.items()
+                 if k[1] == rid for c in p.chunks]
+        return ", ".join(parts) or "none"
+
+
+def _torch_view(arr: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
+    """A torch tensor over a (read-only) numpy view of the ring, reinterpreted as ``dtype``.
+    torch warns that it cannot protect read-only memory; that is the documented contract of
+    a borrowed sample (the mapping itself is read-only), so the warning is silenced, for
+    this call only, as long as torch would issue it at all (see :func:`_numpy_warning_gone`:
+    torch warns once per process, and a ``catch_warnings`` per view cost more than the rest
+    of a 1-token sample's delivery)."""
+    if _numpy_warning_gone():
+        t = torch.from_numpy(arr)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(arr)
+    return t.view(dtype) if dtype is not None and t.dtype != dtype else t
+
+
+_WARNING_GONE: list[bool] = []
+
+
+def _numpy_warning_gone() -> bool:
+    """True once ``torch.from_numpy`` of a read-only array can no longer warn in this
+    process. Probed once, on a read-only array of our own, with the warning swallowed: if a
+    second call stays silent, torch has used up its warn-once and every later call is silent
+    too; if torch warns every time, this stays False and each call silences its own."""
+    if not _WARNING_GONE:
+        probe = np.frombuffer(bytes(8), dtype=np.uint8)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.from_numpy(probe)
+            first = len(seen)
+            torch.from_numpy(probe)
+            _WARNING_GONE.append(len(seen) == first)
+    return _WARNING_GONE[0]

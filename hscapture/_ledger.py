@@ -1,0 +1,110 @@
+"""A subscriber's account of what it did NOT deliver, and its counters.
+
+Everything a :class:`~hscapture.Subscriber` reports lives here: failed samples by rid
+(``dropped``, ``incomplete``, ``rejected``), sequence ranges whose rids can never be known
+(:class:`LostRange`), producer-id conflicts, error messages and counters. Nothing here reads a
+ring or a socket; the modules above record into one :class:`Ledger` and the subscriber hands
+its dicts out as they are.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+
+from .errors import IncompleteSampleError, SampleDroppedError, SampleMismatchError
+
+log = logging.getLogger("hscapture")
+
+__all__ = ["LostRange", "Ledger", "MAX_ERRORS", "MAX_FAILED"]
+
+#: error messages kept (the counters keep counting past it)
+MAX_ERRORS = 200
+#: (epoch, rid) of failed samples remembered, so that their late chunks are discarded
+MAX_FAILED = 1 << 16
+
+
+@dataclass(frozen=True)
+class LostRange:
+    """Sequence numbers ``[first, first + count)`` of one producer incarnation whose events
+    the subscriber can never learn (their rids are unknown): the producer could not record
+    them (ring and backlog full), died before committing them, or the subscription expired."""
+
+    producer: str
+    epoch: int
+    first: int
+    count: int
+    reason: str
+
+
+class Ledger:
+    """The reports and counters of one subscriber.
+
+    Guarantees:
+    - A failed rid is recorded under exactly the kind it failed with (``dropped`` /
+      ``incomplete`` / ``rejected``) with its reason, and stays there; :meth:`raise_if_failed`
+      raises the matching typed error for it.
+    - The failed ``(epoch, rid)`` keys are remembered (the newest :data:`MAX_FAILED`), so
+      chunks of a failed sample arriving later are recognised (:meth:`has_failed`).
+    - Memory is bounded where input could grow it without limit: at most :data:`MAX_ERRORS`
+      messages (counters keep counting); lost ranges are merged per report, never per number.
+    """
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.errors: collections.deque[str] = collections.deque(maxlen=MAX_ERRORS)
+        self.dropped: dict[str, str] = {}
+        self.incomplete: dict[str, str] = {}
+        self.rejected: dict[str, str] = {}
+        self.lost: list[LostRange] = []
+        self.conflicts: dict[str, str] = {}
+        self._failed: collections.OrderedDict[tuple[int, str], None] = \
+            collections.OrderedDict()
+
+    def error(self, message: str, counter: str) -> None:
+        """Count ``counter``, keep ``message``; the first of each counter is logged."""
+        self.counts[counter] += 1
+        self.errors.append(message)
+        if self.counts[counter] == 1:
+            log.warning("hscapture subscriber: %s (further %s are counted)", message, counter)
+
+    def record_failure(self, key: tuple[int, str], reason: str, kind: str) -> None:
+        """Sample ``key`` = (epoch, rid) failed: ``kind`` is ``dropped``, ``rejected`` or
+        anything else (``incomplete``)."""
+        self._failed[key] = None
+        self._failed.move_to_end(key)
+        while len(self._failed) > MAX_FAILED:
+            self._failed.popitem(last=False)
+        rid = key[1]
+        target = {"dropped": self.dropped, "rejected": self.rejected}.get(kind, self.incomplete)
+        target[rid] = reason
+        self.counts[f"{kind}_samples"] += 1
+
+    def has_failed(self, key: tuple[int, str]) -> bool:
+        return key in self._failed
+
+    def retract_lost(self, epoch: int, first: int, count: int) -> None:
+        """Take ``[first, first + count)`` of ``epoch`` out of :attr:`lost` (the list object
+        stays the same: the subscriber hands it out)."""
+        end = first + count
+        kept: list[LostRange] = []
+        for x in self.lost:
+            if x.epoch != epoch or x.first < 0 or x.first + x.count <= first or x.first >= end:
+                kept.append(x)
+                continue
+            if x.first < first:
+                kept.append(LostRange(x.producer, x.epoch, x.first, first - x.first, x.reason))
+            if x.first + x.count > end:
+                kept.append(LostRange(x.producer, x.epoch, end, x.first + x.count - end,
+                                      x.reason))
+        self.lost[:] = kept
+
+    def raise_if_failed(self, rid: str) -> None:
+        """Raise the typed error of ``rid`` if it is known to have failed."""
+        if rid in self.dropped:
+            raise SampleDroppedError(f"sample {rid!r} was dropped: {self.dropped[rid]}")
+        if rid in self.rejected:
+            raise SampleMismatchError(self.rejected[rid])
+        if rid in self.incomplete:
+            raise IncompleteSampleError(f"sample {rid!r} is incomplete: {self.incomplete[rid]}")

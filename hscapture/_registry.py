@@ -1,0 +1,281 @@
+"""Which producer incarnations a subscriber reads, and how each one begins and ends.
+
+:class:`SourceRegistry` routes every decoded notice to its :class:`~hscapture._source.Source`
+(attaching to a new incarnation's ring on its first notice), settles producer-id conflicts,
+retires incarnations that stopped or restarted, and pumps every attached ring into the
+:class:`~hscapture._delivery.Delivery`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+from ._delivery import Delivery
+from ._ledger import Ledger, LostRange
+from ._source import Source
+from .errors import RingError, SubscriptionNotFoundError
+
+log = logging.getLogger("hscapture")
+
+__all__ = ["SourceRegistry"]
+
+
+class SourceRegistry:
+    """Producer incarnations by epoch, and the live epoch of each producer id.
+
+    Guarantees:
+    - Records of different incarnations are never mixed: each epoch has its own consumer,
+      sequence accounting and partial samples.
+    - Two live incarnations with one producer id are never merged: the one whose ring place
+      came first keeps it, the other is refused (``ledger.conflicts``) and its place given
+      back; a restarted producer retires the older incarnation.
+    - A retired incarnation is read to its end first; then every number it never recorded is
+      reported as a :class:`~hscapture._ledger.LostRange` and every open partial of it fails
+      as incomplete. Its ring is detached once no sample references it (a durable place of a
+      dead producer is ended and the segment removed if unused).
+    - Notices of retired, refused or never-attached incarnations are counted and ignored.
+    """
+
+    def __init__(self, ledger: Ledger, delivery: Delivery, *, name: str,
+                 notice_grace_s: float, producer_timeout_s: float) -> None:
+        self.ledger = ledger
+        self.delivery = delivery
+        self.name = name
+        self.notice_grace_s = notice_grace_s
+        self.producer_timeout_s = producer_timeout_s
+        self.sources: dict[int, Source] = {}          # by epoch, attached or draining
+        self.current: dict[str, int] = {}             # producer id -> live epoch
+        self.retired: set[int] = set()
+        self.refused: dict[int, str] = {}             # epoch -> why (conflicts)
+        self._attach_order = itertools.count()
+        delivery.on_released = self.maybe_finish
+
+    # -- notices -------------------------------------------------------------------------
+
+    def route(self, msg: dict[str, Any]) -> None:
+        """One decoded notice: to its source (attaching on a new incarnation's first one)."""
+        self.ledger.counts["notices"] += 1
+        src = self._source_for(msg)
+        if src is None:
+            return
+        src.last_seen = time.monotonic()
+        kind = msg["kind"]
+        if kind == "entry":
+            src.take_entry_notice(msg)
+        elif kind == "heartbeat":
+            src.take_heartbeat(msg)
+        elif kind == "bye":
+            src.ended = True
+
+    def _source_for(self, msg: dict[str, Any]) -> Source | None:
+        producer, epoch = msg["producer"], msg["epoch"]
+        src = self.sources.get(epoch)
+        if src is not None:
+            if src.producer is None:
+                src.producer = producer
+            if src.producer != producer:
+                self.ledger.error(f"{msg['kind']} notice names producer {producer!r} for epoch "
+                                  f"{epoch:#x} of producer {src.producer!r}", "forged_notices")
+                return None
+            if self.current.get(producer) != epoch and not src.retired:
+                if not self._claim_current(producer, epoch, msg):
+                    return None
+            return src
+        if epoch in self.retired:
+            self.ledger.counts["stale_notices"] += 1
+            return None
+        if epoch in self.refused:
+            self.ledger.counts["refused_notices"] += 1
+            return None
+        if "segment" not in msg:
+            self.ledger.counts["before_attach"] += 1  # an incarnation we never attached to
+            return None
+        if not self._claim_current(producer, epoch, msg):
+            return None
+        return self.attach(producer, epoch, msg["segment"])
+
+    def _claim_current(self, producer: str, epoch: int, msg: dict[str, Any]) -> bool:
+        """Make ``epoch`` the live incarnation of ``producer``, unless another live one has it."""
+        old_epoch = self.current.get(producer)
+        old = self.sources.get(old_epoch) if old_epoch is not None else None
+        if old is not None and old_epoch != epoch:
+            alive = old.consumer is not None and old.consumer.producer_alive() and \
+                time.monotonic() - old.last_seen < self.producer_timeout_s and not old.ended
+            mine = self.sources.get(epoch)
+            if alive and mine is not None and mine.consumer is not None and \
+                    mine.order < old.order:
+                # ``epoch`` held our place first (e.g. a durable place resumed before its
+                # producer id was known): the newcomer is the one refused, and the place
+                # this subscriber just took in its ring is given back.
+                self._refuse(producer, old, epoch, msg)
+                self.current[producer] = epoch
+                return True
+            if alive:
+                why = (f"two live producers use the producer id {producer!r}: epoch "
+                       f"{old_epoch:#x} (segment {old.segment}) and epoch {epoch:#x} (segment "
+                       f"{msg.get('segment', '?')}, pid {msg.get('pid', '?')}); producer ids "
+                       f"must be unique per subscriber: the second one is refused")
+                self.refused[epoch] = why
+                self.ledger.conflicts[f"{producer}@{epoch:016x}"] = why
+                log.error("hscapture subscriber: %s", why)
+                return False
+            self.retire(old, f"producer restarted (epoch {old_epoch:#x} -> {epoch:#x})")
+        self.current[producer] = epoch
+        return True
+
+    def _refuse(self, producer: str, newer: Source, epoch: int, msg: dict[str, Any]) -> None:
+        """Refuse the later-attached of two live incarnations with one producer id."""
+        why = (f"two live producers use the producer id {producer!r}: epoch {epoch:#x} "
+               f"(segment {msg.get('segment', '?')}) and epoch {newer.epoch:#x} (segment "
+               f"{newer.segment}); producer ids must be unique per subscriber: the second one "
+               f"is refused")
+        self.refused[newer.epoch] = why
+        self.ledger.conflicts[f"{producer}@{newer.epoch:016x}"] = why
+        log.error("hscapture subscriber: %s", why)
+        for p in self.delivery.partials_of(newer.epoch):
+            self.delivery.fail(p.key, why, "incomplete")
+        newer.detach(unsubscribe=bool(self.name) and not newer.resumed)
+        self.sources.pop(newer.epoch, None)
+
+    # -- attach and retire ---------------------------------------------------------------
+
+    def attach(self, producer: str | None, epoch: int, segment: str, *,
+               resume_only: bool = False) -> Source | None:
+        """Take our place in ``segment``'s ring (durable under ``name``); None if we cannot
+        (counted) or, with ``resume_only``, if this name has no place there."""
+        from . import _ring
+
+        try:
+            consumer = _ring.Consumer(segment, epoch, self.name, resume_only=resume_only)
+        except SubscriptionNotFoundError:
+            return None
+        except RingError as exc:
+            self.ledger.error(f"cannot attach to segment {segment!r} of producer {producer!r}: "
+                              f"{type(exc).__name__}: {exc}", "attach_errors")
+            if producer is not None and self.current.get(producer) == epoch:
+                del self.current[producer]
+            return None
+        src = Source(consumer.epoch, producer, segment, consumer, self.ledger,
+                     notice_grace_s=self.notice_grace_s, order=next(self._attach_order),
+                     resumed=bool(getattr(consumer, "resumed", False)))
+        self.sources[src.epoch] = src
+        self.ledger.counts["attached"] += 1
+        if getattr(consumer, "expired", False):
+            lost = consumer.lost_to - consumer.lost_from
+            self.ledger.error(f"durable subscription {self.name!r} on {segment} expired while "
+                              f"away: ring bytes [{consumer.lost_from}, {consumer.lost_to}) were "
+                              f"never read", "expired_subscriptions")
+            self.ledger.lost.append(LostRange(producer or "?", src.epoch, -1, lost,
+                                              "subscription expired while away (ring bytes "
+                                              "lost)"))
+        elif getattr(consumer, "resumed", False):
+            self.ledger.counts["resumed"] += 1
+            log.info("hscapture subscriber: resumed %r at ring position %d", segment,
+                     consumer.position)
+        return src
+
+    def resume_durable(self) -> None:
+        """Take over this name's places in every ring (live or dead producers) at once."""
+        from .ring import durable_segments
+
+        for segment in durable_segments(self.name):
+            self.attach(None, 0, segment, resume_only=True)
+
+    def retire(self, src: Source, reason: str) -> None:
+        """The incarnation is over: read what is left, report what never arrived."""
+        if src.retired:
+            return
+        self.pump(src, final=True)
+        src.retired = True
+        producer = src.producer or "?"
+        hb_next = max((src.hb or {}).get("next_seq", 0), src.seqs.high)
+        for a, b in src.seqs.missing_below(hb_next):
+            src.report_lost(a, b - a, f"{reason}: never recorded in the ring")
+        for p in self.delivery.partials_of(src.epoch):
+            self.delivery.fail(p.key, f"{reason}; missing {p.describe_gaps()}", "incomplete")
+        self.retired.add(src.epoch)
+        if self.current.get(producer) == src.epoch:
+            del self.current[producer]
+        self.maybe_finish(src)
+
+    def maybe_finish(self, src: Source) -> None:
+        """Detach from a retired incarnation once no borrowed sample needs its ring; a durable
+        subscription of a dead producer is then ended and the segment removed if unused."""
+        if not src.retired or len(src.borrowed) or src.consumer is None:
+            return
+        dead = not src.consumer.producer_alive()
+        src.detach(unsubscribe=bool(self.name) and dead)
+        if dead:
+            from .ring import cleanup_stale
+            try:
+                cleanup_stale(src.segment)
+            except Exception:
+                pass
+        self.sources.pop(src.epoch, None)
+
+    # -- the rings -------------------------------------------------------------------------
+
+    def pump(self, src: Source, final: bool = False, budget: int | None = None) -> None:
+        """Dispatch what ``src``'s ring holds now (at most about ``budget`` rows); a corrupt
+        ring retires it."""
+        anonymous = src.producer is None
+        corrupt = src.pump(self.delivery, final, budget)
+        if anonymous and src.producer is not None:   # a resumed place learned its producer
+            self.current.setdefault(src.producer, src.epoch)
+        if corrupt is not None and not src.retired and not final:
+            self.retire(src, f"ring corrupt: {corrupt}")
+
+    def pump_all(self, budget: int | None = None) -> None:
+        """Pump every attached ring (each up to ``budget`` rows, None: all it holds)."""
+        for src in list(self.sources.values()):
+            if src.consumer is not None:
+                self.pump(src, budget=budget)
+
+    @property
+    def unread(self) -> bool:
+        """A budgeted pump left entries in some ring: the next pump must not wait."""
+        return any(src.unread and src.consumer is not None for src in self.sources.values())
+
+    def housekeeping(self, now: float) -> None:
+        """Report numbers heartbeats say can no longer arrive; retire incarnations whose
+        producer said bye or died (after the grace periods)."""
+        for src in list(self.sources.values()):
+            if src.retired:
+                continue
+            src.heartbeat_losses()
+            alive = src.consumer is not None and src.consumer.producer_alive()
+            quiet = now - src.last_seen
+            if (src.ended and quiet > self.notice_grace_s) or \
+                    (not alive and quiet > min(self.producer_timeout_s, 1.0)):
+                self.retire(src, "producer stopped before the sample completed")
+
+    def close(self, unsubscribe: bool) -> None:
+        """Detach from every ring (``unsubscribe``: give durable places up for good)."""
+        for src in list(self.sources.values()):
+            src.detach(unsubscribe=unsubscribe and bool(self.name))
+
+    # -- reports ---------------------------------------------------------------------------
+
+    def unresolved(self) -> list[dict[str, Any]]:
+        return [u for src in self.sources.values() for u in src.unresolved()]
+
+    def describe(self) -> dict[str, Any]:
+        """Per incarnation: segment, attached, live, and the last heartbeat's counters."""
+        return {
+            src.key: {
+                "segment": src.segment, "attached": src.consumer is not None,
+                "live": self.current.get(src.producer or "") == src.epoch,
+                **({k: src.hb[k] for k in ("dropped", "committed", "unrecorded", "backlog")}
+                   if src.hb else {})}
+            for src in self.sources.values()}
+
+    def held_fraction(self) -> float:
+        out = 0.0
+        for src in self.sources.values():
+            c = src.consumer
+            if c is not None and c.capacity:
+                out = max(out, (c.position - c.released) / c.capacity)
+        return out

@@ -1,0 +1,275 @@
+"""One producer incarnation as a subscriber reads it: its ring consumer, the sequence numbers
+seen, the notices waiting for their entries, and the ring positions still referenced.
+
+The ring is the log (docs/PROTOCOL.md): :meth:`Source.pump` reads entries in ring order,
+validates each one and cross-checks it against its notice, then hands it to an
+:class:`EntrySink` (the delivery layer). What to do with the rows is not decided here.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import time
+from typing import Any, Protocol
+
+from . import record as rec
+from ._ledger import Ledger, LostRange
+from ._sequence import SequenceTracker
+from .errors import NoticeError, RingError
+
+log = logging.getLogger("hscapture")
+
+__all__ = ["Source", "EntrySink", "PositionHolds", "MAX_NOTICES"]
+
+#: notices kept waiting for their entries, per incarnation (beyond: the entry does not wait)
+MAX_NOTICES = 100_000
+
+
+class PositionHolds:
+    """Ring positions still referenced (borrowed samples, unacknowledged samples, held
+    partials), with multiplicity; :meth:`oldest` bounds what may be released."""
+
+    def __init__(self) -> None:
+        self._live: collections.Counter[int] = collections.Counter()
+        self._heap: list[int] = []
+
+    def add(self, position: int) -> None:
+        if not self._live[position]:
+            heapq.heappush(self._heap, position)
+        self._live[position] += 1
+
+    def discard(self, position: int) -> None:
+        self._live[position] -= 1
+        if self._live[position] <= 0:
+            del self._live[position]
+
+    def oldest(self) -> int | None:
+        while self._heap and self._heap[0] not in self._live:
+            heapq.heappop(self._heap)
+        return self._heap[0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+class EntrySink(Protocol):
+    """Where a :class:`Source` hands validated entries (``hscapture._delivery.Delivery``)."""
+
+    def on_entry(self, src: "Source", record: Any, entry: Any) -> None: ...
+
+    def reject(self, key: tuple[int, str], why: str) -> None: ...
+
+
+class Source:
+    """One producer incarnation (epoch) and our ring consumer on its segment.
+
+    Guarantees:
+    - :meth:`pump` dispatches entries in ring order, each one validated by
+      ``record.read_entry`` first (a corrupt one is counted, released and skipped).
+    - An entry whose notice has arrived is dispatched only if the two agree (offset, record
+      sequence, length, epoch, meta bytes, producer, seq, n, kind); otherwise every row of it
+      is rejected through the sink. An entry waits for its notice at most ``notice_grace_s``
+      and never when the notice cannot come any more (see :meth:`notice_lost`).
+    - Every sequence number is dispatched at most once (a duplicate entry is counted and
+      skipped). Numbers reported lost on a heartbeat's word that the ring then delivers are
+      dispatched and taken out of the report (the ring wins).
+    - :meth:`release` never gives back ring space at or after the oldest referenced record:
+      the record waiting for its notice, or any position in :attr:`borrowed`.
+    - The cost of any notice or heartbeat is independent of the numbers it names.
+    """
+
+    def __init__(self, epoch: int, producer: str | None, segment: str, consumer: Any,
+                 ledger: Ledger, *, notice_grace_s: float, order: int = 0,
+                 resumed: bool = False) -> None:
+        self.epoch = epoch
+        self.producer = producer
+        self.segment = segment
+        self.consumer = consumer
+        self.ledger = ledger
+        self.notice_grace_s = notice_grace_s
+        self.seqs = SequenceTracker()
+        self.lost_seqs = SequenceTracker()          # reported lost
+        self.notices: dict[int, dict[str, Any]] = {}
+        self.held: Any = None                       # a record waiting for its notice
+        self.held_since = 0.0
+        self.hb: dict[str, Any] | None = None       # the last heartbeat
+        self.max_notice_seq = -1
+        self.last_seen = time.monotonic()
+        self.ended = False                          # bye received
+        self.retired = False
+        self.borrowed = PositionHolds()
+        self.pid = 0
+        self.attach_head = 0      # producer head when we attached: older notices are gone
+        self.order = order        # attach order: the earlier of two conflicting wins
+        self.resumed = resumed    # took over an existing durable place
+        self.unread = False       # the last budgeted pump stopped with entries maybe left
+
+    @property
+    def key(self) -> str:
+        """``producer@epoch`` as the reports name an incarnation."""
+        return f"{self.producer}@{self.epoch:016x}"
+
+    # -- notices -------------------------------------------------------------------------
+
+    def take_entry_notice(self, msg: dict[str, Any]) -> None:
+        """Keep an ``entry`` notice until its entry is read (late ones are counted)."""
+        seq = msg["seq"]
+        if self.seqs.seen(seq):
+            self.ledger.counts["late_notices"] += 1
+            return
+        self.max_notice_seq = max(self.max_notice_seq, seq)
+        if len(self.notices) < MAX_NOTICES:
+            self.notices[seq] = msg
+
+    def take_heartbeat(self, msg: dict[str, Any]) -> None:
+        """Keep a heartbeat, unless it names a ring head the ring itself has not reached."""
+        if self.consumer is not None and msg["head"] > self.consumer.head:
+            # the ring's head only grows: a heartbeat ahead of it was not the producer's
+            self.ledger.error(f"heartbeat of {msg['producer']!r} names ring head {msg['head']}, "
+                              f"past the ring's own head {self.consumer.head}", "forged_notices")
+            return
+        self.hb = msg
+
+    # -- the ring --------------------------------------------------------------------------
+
+    def pump(self, sink: EntrySink, final: bool = False, budget: int | None = None
+             ) -> str | None:
+        """Read and dispatch every entry available now (``final``: without waiting for any
+        notice), or, with ``budget``, stop after the entry that brings the rows dispatched
+        in this call to ``budget`` (:attr:`unread` then says entries may be waiting; the
+        ring keeps them). Returns the error text if the ring is corrupt (the caller retires
+        us)."""
+        consumer = self.consumer
+        self.unread = False
+        if consumer is None:
+            return None
+        counts = self.ledger.counts
+        spent = 0
+        while True:
+            if budget is not None and spent >= budget:
+                self.unread = True
+                return None
+            record = self.held
+            if record is None:
+                try:
+                    record = consumer.poll()
+                except RingError as exc:
+                    self.ledger.error(f"ring of {self.producer!r} is corrupt: {exc}",
+                                      "ring_errors")
+                    return str(exc)
+                if record is None:
+                    return None
+            try:
+                entry = rec.read_entry(record.payload, payload_len=record.payload_len,
+                                       epoch=self.epoch, producer=self.producer, tag=record.tag)
+            except NoticeError as exc:
+                self.held = None
+                self.ledger.error(f"ring entry at {record.position} of {self.producer!r}: {exc}",
+                                  "corrupt_records")
+                self.release()
+                continue
+            if self.producer is None:
+                self.producer = entry.meta["producer"]
+            notice = self.notices.pop(entry.seq, None) if entry.kind != "unheard" else None
+            if notice is None and entry.kind != "unheard" and not final and \
+                    not self.notice_lost(entry.seq, record):
+                return None   # its notice is on the way: wait (bounded by notice_grace_s)
+            self.held = None
+            if notice is None and entry.kind != "unheard":
+                counts["recovered_from_ring"] += 1
+            if notice is not None:
+                why = rec.notice_mismatches(notice, entry, offset=record.position,
+                                            record_seq=record.seq, length=record.payload_len)
+                if why:
+                    self.seqs.add(entry.seq, entry.n)
+                    for row in entry.rows:
+                        sink.reject((self.epoch, row["rid"]),
+                                    f"notice and ring entry disagree: {'; '.join(why)}")
+                    self.release()
+                    continue
+            if entry.n:
+                reported = self.lost_seqs.count(entry.seq, entry.n)
+                if self.seqs.add(entry.seq, entry.n) - reported == entry.n:
+                    counts["duplicate_entries"] += 1
+                    self.release()
+                    continue
+                if reported:   # the ring has what a heartbeat called lost: the ring wins
+                    self.retract(entry.seq, entry.n)
+            sink.on_entry(self, record, entry)
+            self.release()
+            spent += entry.n or 1
+
+    def notice_lost(self, seq: int, record: Any) -> bool:
+        """True when the notice of entry ``seq`` will not come (so the entry is used as is);
+        False holds ``record`` to wait for it."""
+        hb = self.hb or {}
+        if seq < self.max_notice_seq or seq < hb.get("next_seq", 0) or self.ended or \
+                record.position < self.attach_head or not self.consumer.producer_alive():
+            return True   # (an entry from before we (re)attached: its notice went out then)
+        now = time.monotonic()
+        if self.held is None:
+            self.held, self.held_since = record, now
+            return False
+        return now - self.held_since > self.notice_grace_s
+
+    def release(self) -> None:
+        """Give the ring back up to the oldest record still referenced."""
+        consumer = self.consumer
+        if consumer is None:
+            return
+        limit = consumer.position if self.held is None else self.held.position
+        oldest = self.borrowed.oldest()
+        if oldest is not None:
+            limit = min(limit, oldest)
+        if limit > consumer.released:
+            consumer.release(limit)
+
+    def detach(self, unsubscribe: bool = False) -> None:
+        """Close our consumer (``unsubscribe``: give a durable place up for good)."""
+        if self.consumer is None:
+            return
+        try:
+            if unsubscribe:
+                self.consumer.unsubscribe()
+            else:
+                self.consumer.close()
+        except Exception:
+            pass
+        self.consumer = None
+
+    # -- numbers that can never arrive ---------------------------------------------------
+
+    def heartbeat_losses(self) -> None:
+        """Once we have read up to the last heartbeat's head, every number below its
+        ``recorded_through`` that we never saw is lost (reported once, by range)."""
+        hb = self.hb
+        if hb is not None and self.consumer is not None and \
+                self.consumer.position >= hb["head"] and self.held is None:
+            for a, b in self.seqs.missing_below(hb["recorded_through"]):
+                self.report_lost(a, b - a, "not recorded: the ring and the producer's "
+                                           "backlog were full")
+
+    def report_lost(self, first: int, count: int, reason: str) -> None:
+        self.ledger.lost.append(LostRange(self.producer or "?", self.epoch, first, count,
+                                          reason))
+        self.seqs.add(first, count)       # reported once
+        self.lost_seqs.add(first, count)  # ... unless the ring later shows them (retract)
+        log.warning("hscapture subscriber: %d events of producer %r (seq %d..%d) are lost: %s",
+                    count, self.producer, first, first + count - 1, reason)
+
+    def retract(self, first: int, count: int) -> None:
+        """Numbers reported lost (on a heartbeat's word) turned up in the ring: the report was
+        wrong (a forged or stale heartbeat), so take them out of the lost report."""
+        self.ledger.error(f"entries {first}..{first + count - 1} of producer {self.producer!r} "
+                          f"were reported lost on a heartbeat's word but are in the ring: the "
+                          f"heartbeat was forged or stale; the report is corrected",
+                          "retracted_losses")
+        self.lost_seqs.remove(first, count)
+        self.ledger.retract_lost(self.epoch, first, count)
+
+    def unresolved(self) -> list[dict[str, Any]]:
+        """The numbers not seen yet below the highest one seen, as ranges."""
+        return [{"producer": self.producer, "epoch": self.epoch, "first": a, "count": b - a}
+                for a, b in self.seqs.missing()]

@@ -1,0 +1,79 @@
+"""The subscriber stack imports only downward (docs/ARCHITECTURE.md, "Module map").
+
+Every import inside the package is read from the source (module level and inside functions,
+relative and absolute), so a lazy import that climbs a layer is caught too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "hscapture"
+
+#: the subscriber stack, top first; a module may import only modules of a LOWER rank
+#: (same rank: siblings that must not import each other)
+LAYERS: list[list[str]] = [
+    ["stream"],
+    ["subscriber"],
+    ["_registry", "_wire"],
+    ["_delivery"],
+    ["_source"],
+    ["_ledger"],
+]
+#: what the stack stands on; none of these may import any module of the stack
+FOUNDATIONS = {"_assembly", "_sequence", "record", "notice", "sample", "endpoint", "errors",
+               "ring", "_ring"}
+
+
+def _imports(path: Path) -> set[str]:
+    """Names of hscapture's own top-level modules that ``path`` imports."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:
+                if node.module:
+                    out.add(node.module.split(".")[0])
+                else:
+                    out.update(a.name for a in node.names)
+            elif node.level == 0 and (node.module or "").startswith("hscapture."):
+                out.add(node.module.split(".")[1])
+            elif node.level == 0 and node.module == "hscapture":
+                out.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names
+                       if a.name.startswith("hscapture."))
+    return out
+
+
+def _rank() -> dict[str, int]:
+    return {m: len(LAYERS) - i for i, layer in enumerate(LAYERS) for m in layer}
+
+
+def test_every_subscriber_module_imports_only_modules_below_it():
+    rank = _rank()
+    wrong = []
+    for name, r in rank.items():
+        for dep in sorted(_imports(PKG / f"{name}.py")):
+            if dep in rank and rank[dep] >= r:
+                wrong.append(f"{name} imports {dep} (not below it)")
+            elif dep not in rank and dep not in FOUNDATIONS:
+                wrong.append(f"{name} imports {dep}, which is neither below it in the stack "
+                             f"nor a foundation")
+    assert not wrong, wrong
+
+
+def test_no_foundation_module_imports_the_subscriber_stack():
+    rank = _rank()
+    wrong = [f"{name} imports {dep}" for name in sorted(FOUNDATIONS)
+             if (PKG / f"{name}.py").exists()
+             for dep in sorted(_imports(PKG / f"{name}.py")) if dep in rank]
+    assert not wrong, wrong
+
+
+def test_the_layer_reader_sees_relative_absolute_and_lazy_imports(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from . import record as rec\nfrom ._source import Source\n"
+                 "import hscapture.notice\nfrom hscapture import sample\n"
+                 "def lazy():\n    from .subscriber import Subscriber\n")
+    assert _imports(f) == {"record", "_source", "notice", "sample", "subscriber"}
