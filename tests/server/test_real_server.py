@@ -211,22 +211,31 @@ def run() -> Run:
         t.join(120)
         answer(rid, box)
 
-    def abort_mid_prefill(rid: str) -> None:
-        """Send a long prompt next to long plain ones (so its prefill takes many forwards),
-        abort it as soon as its first chunk reached this subscriber."""
+    def abort_mid_prefill(rid: str, latest_s: float) -> None:
+        """Send a long prompt next to long plain ones (so its prefill takes many forwards) and
+        abort it as soon as its first chunk reached this subscriber, or after ``latest_s``
+        at the latest (whichever comes first; the abort lands mid-prefill, or later)."""
         box: dict[str, Any] = {}
         noise = [generate_into({}, prompt(6 * chunk, 8 * chunk), None, 1) for _ in range(3)]
         t = generate_into(box, r.aborted[rid], rid, 64)
-        deadline = time.monotonic() + 60
-        while rid not in sub.in_flight() and rid not in r.samples and t.is_alive() \
-                and time.monotonic() < deadline:
-            got = sub.poll(timeout=0.002)
+        t0 = time.monotonic()
+        why = "request ended"
+        while t.is_alive():
+            if rid in sub.in_flight() or rid in r.samples:
+                why = "first chunk seen"
+                break
+            if time.monotonic() - t0 > latest_s:
+                why = f"{latest_s:g} s passed"
+                break
+            got = sub.poll(timeout=0.001)
             if got is not None:
                 r.samples.setdefault(got.rid, []).append(got)
         _post("/abort_request", {"rid": rid})
+        waited = time.monotonic() - t0
         for th in [t, *noise]:
             th.join(120)
         answer(rid, box)
+        r.abort_answers[rid] += f" (abort sent after {waited * 1e3:.0f} ms: {why})"
 
     try:
         with cf.ThreadPoolExecutor(16) as ex:
@@ -246,8 +255,8 @@ def run() -> Run:
         stop.set()
         collector.join()
     # the collector has stopped: this thread owns the Subscriber again
-    for rid in r.aborted:
-        abort_mid_prefill(rid)
+    for rid, latest in zip(r.aborted, (0.02, 0.05, 0.1, 0.2)):
+        abort_mid_prefill(rid, latest)
     deadline = time.monotonic() + 60
     while not _settled(sub, r) and time.monotonic() < deadline:
         s = sub.poll(timeout=0.2)
