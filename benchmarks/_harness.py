@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+    sys.path.append(ROOT)   # an installed hscapture wins over the uncompiled checkout
 
 
 # -- the capture entry point ------------------------------------------------------------------

@@ -58,7 +58,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))   # an installed hscapture wins over the uncompiled checkout
 sys.path.insert(0, str(HERE))
 
 import _stats  # noqa: E402
