@@ -222,8 +222,8 @@ def decode(entry: Any, stored_name: str, get: Callable[[str], torch.Tensor], whe
             raise CodecError(f"{where}: shuffle {entry.get('shuffle')} != element size {itemsize}")
         try:
             raw = shuffle_decompress(payload.numpy(), itemsize, n * itemsize)
-        except CodecError as e:
-            raise CodecError(f"{where}: {e}") from None
+        except CodecError as e:   # the same type (e.g. CodecUnavailableError), placed
+            raise type(e)(f"{where}: {e}") from None
         out = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
         return out.view(dtype).reshape(shape)
     if codec == "fp8":
