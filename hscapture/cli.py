@@ -234,7 +234,7 @@ def _list_rids(label: str, rids: dict[str, str], limit: int = 20) -> None:
                    "(needs the 'compress' extra), fp8 = lossy FP8 e4m3 with per-token scales. "
                    "Every hscapture reader and export decodes it.")
 @click.option("--compress-level", "compression_level", type=click.IntRange(min=-7, max=22),
-              default=None, help="zstd level (default 3).")
+              default=None, help="zstd level (default 1: as small as 3 on shuffled bf16, faster).")
 @click.option("--unsubscribe", is_flag=True,
               help="Do not drain: end this output directory's durable subscription on the "
                    "endpoints (the producers stop keeping records for it), then exit.")

@@ -43,7 +43,9 @@ __all__ = ["CODECS", "DEFAULT_ZSTD_LEVEL", "FP8_MAX", "Compression", "CodecError
 CODECS = ("zstd", "fp8")
 #: lossy codecs (a reader's values differ from what was captured)
 LOSSY = frozenset({"fp8"})
-DEFAULT_ZSTD_LEVEL = 3
+#: zstd level 1: on byte-shuffled bf16 activations it compressed as well as level 3 or better
+#: and wrote about 1.4x faster (benchmarks/bench_compact.py, random-weight Llama, CPU)
+DEFAULT_ZSTD_LEVEL = 1
 #: the largest finite float8_e4m3fn value
 FP8_MAX = 448.0
 #: tensor-name prefix of the per-token fp8 scales of a layer (``scale.{layer name}``)
@@ -155,19 +157,28 @@ def shuffle_decompress(frame: bytes | memoryview | np.ndarray, itemsize: int, nb
 def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(q float8_e4m3fn [T, H], scale float32 [T])`` of a 2-D float tensor, or None when it
     holds inf/NaN (it cannot be scaled; store it as is)."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=1) if xf.shape[1] else torch.zeros(xf.shape[0])
+    # abs and max are exact in the source dtype: no float32 copy is needed for the scales
+    amax = x.abs().amax(dim=1).float() if x.shape[1] else torch.zeros(x.shape[0])
     if not bool(torch.isfinite(amax).all()):
         return None
     scale = amax / FP8_MAX
     div = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = (xf / div[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    # one float32 temporary; |x / s| <= 448 up to rounding, which the clamp absorbs
+    q = torch.div(x, div[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, scale
 
 
+_FP8_LUT: np.ndarray | None = None
+
+
 def fp8_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``q * scale`` per row, in ``dtype``."""
-    return (q.float() * scale.float()[:, None]).to(dtype)
+    """``q * scale`` per row, in ``dtype`` (float8 → float32 through a 256-entry table: the
+    same values as ``q.float()``, about 2x faster on CPU)."""
+    global _FP8_LUT
+    if _FP8_LUT is None:
+        _FP8_LUT = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    vals = torch.from_numpy(_FP8_LUT[q.contiguous().view(torch.uint8).numpy()])
+    return vals.mul_(scale.float()[:, None]).to(dtype)
 
 
 def encode(comp: Compression, name: str, t: torch.Tensor, st_dtype: str

@@ -372,7 +372,8 @@ class ShardWriter:
             one float32 scale per token row). Applies to hidden-state tensors only; token ids
             and fields stay exact. Recorded per shard and per tensor (module docstring);
             every hscapture reader decodes it. ``max_shard_bytes`` counts stored bytes.
-        compression_level: zstd level (default 3); only with ``"zstd"``.
+        compression_level: zstd level (default 1, :data:`hscapture.codec.DEFAULT_ZSTD_LEVEL`);
+            only with ``"zstd"``.
 
     Raises :class:`~hscapture.codec.CodecUnavailableError` (a :class:`ShardError`) at once
     when ``compression="zstd"`` and the ``zstandard`` package is missing.

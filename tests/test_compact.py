@@ -651,3 +651,12 @@ def test_the_export_takes_the_layer_count_from_the_shards_num_layers_key(tmp_pat
         rewrite_meta(p, lambda m: m.update(num_layers="12"))    # says 12, the index says 8
     with pytest.raises(Exception, match="residual layer 11"):
         export(tmp_path, tmp_path / "sp", "speculators", progress=False)
+
+
+def test_fp8_dequantization_table_gives_torchs_own_float8_values_for_every_code():
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(2, 128)
+    scale = torch.tensor([1.0, 0.5])
+    want = codes.float() * scale[:, None]
+    got = codec.fp8_dequantize(codes, scale, torch.float32)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
