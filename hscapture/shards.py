@@ -36,13 +36,45 @@ Shards
   unaligned to the element size (safetensors readers copy such tensors).
 * ``__metadata__`` (string → string) MUST contain ``format`` = ``hscapture.shard``,
   ``format_version`` = ``1``, ``num_samples``, ``dtype`` (torch name, e.g. ``bfloat16``),
-  ``hidden``, ``layers`` / ``layer_kinds`` / ``layer_names`` (JSON lists), ``convention`` and
-  ``model`` (empty string when unknown), ``producers`` (JSON object producer_id → sorted list
-  of epochs seen), ``created`` (UTC ISO-8601) and ``writer``; it MAY contain any further keys the
-  user passed as ``metadata``. All samples of one shard share dtype, hidden, layers, layer
+  ``hidden``, ``layers`` / ``layer_kinds`` / ``layer_names`` (JSON lists, one entry per
+  captured layer), ``convention`` and ``model`` (empty string when unknown), ``producers``
+  (JSON object producer_id → sorted list of epochs seen), ``created`` (UTC ISO-8601) and
+  ``writer``; it MAY contain any further keys the user passed as ``metadata`` (keys starting
+  with ``codec:`` are reserved). All samples of one shard share dtype, hidden, layers, layer
   kinds, convention and model: a writer starts a new shard when any of them changes.
+* The final norm (kind ``final_norm``) has no layer id of its own: its ``layers`` entry is
+  JSON ``null``, and when the capture knew the decoder layer it follows, ``__metadata__`` holds
+  ``final_norm_after_layer`` (that layer's 0-based id, the model's last) and ``num_layers``
+  (one more). Shards written before these keys list the final norm with that layer's id
+  instead (e.g. ``[1, 3, 7]`` for kinds ``[residual, residual, final_norm]``); readers MUST
+  accept both and MUST NOT read that id as a residual layer. (``index.jsonl`` lines and
+  :class:`~hscapture.sample.Sample` keep the id, as the producer recorded it.)
 * A shard is written as ``.tmp`` and renamed into place only once complete and fsync'd; a file
   named ``*.safetensors`` is therefore always complete.
+
+Compressed shards (``ShardWriter(compression=...)``, off by default)
+--------------------------------------------------------------------
+A compressed shard is still a plain safetensors file. Only hidden-state tensors are encoded;
+``token_ids`` and ``field.*`` tensors are stored as above.
+
+* ``__metadata__`` has ``codec`` (``zstd`` or ``fp8``) and ``codec_params`` (JSON: the zstd
+  ``level``, ``lossless``, ...). A reader that does not know the codec MUST refuse the shard.
+* Per sample, ``__metadata__["codec:{rid}"]`` is a JSON object: stored tensor name → record
+  ``{"codec", "dtype", "shape", ...}`` with the **logical** (captured) safetensors dtype and
+  shape. A tensor without a record is stored as is; readers decode by the record alone, never
+  by guessing from a stored dtype.
+* ``zstd`` (lossless): tensor ``{rid}/{name}`` is ``U8 [n]``: one zstd frame (with its content
+  size) of the tensor's bytes split into byte planes (``"shuffle": itemsize``: plane ``b`` holds
+  byte ``b`` of every little-endian element, planes in order). Decoding gives the captured
+  bytes exactly.
+* ``fp8`` (lossy): tensor ``{rid}/{name}`` is ``F8_E4M3 [T, H]`` and ``{rid}/scale.{name}``
+  (named by the record's ``"scale"``) is ``F32 [T]``; the value is ``q * scale[t]`` per row
+  (``scale = amax(|row|) / 448``, 0 for an all-zero row), cast to the logical dtype. A tensor
+  holding inf or NaN is stored as is (no record). Tensor names starting with ``scale.`` are
+  reserved.
+* Index lines of compressed samples add ``codec`` and ``stored_nbytes`` (hidden-state bytes as
+  stored, scales included); ``nbytes`` stays the logical size. ``max_shard_bytes`` counts
+  stored bytes. Journal sample lines carry the records as ``codecs``.
 
 index.jsonl
 -----------
