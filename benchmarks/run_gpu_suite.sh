@@ -49,5 +49,7 @@ step bench_hook     75 $PY $B/bench_hook.py --device cuda --out "$OUT/bench_hook
 step gpu_overhead  150 $PY $B/bench_gpu.py overhead --iters 2 --out-dir "$OUT"
 step bench_e2e     120 $PY $B/bench_e2e.py --device cuda --gb 1 --old-gb 0.25 --ring-mb 1024 \
   --disk-dir "$DISK" --out "$OUT/bench_e2e.json"
+step bench_compact  150 $PY $B/bench_compact.py --samples 32 --tokens 1024 --hidden 2048 --layers 16 \
+  --dir /dev/shm --out "$OUT/bench_compact.json"
 echo "suite done in ${SECONDS}s; results in $OUT"
 if [ ${#FAILED[@]} -gt 0 ]; then echo "FAILED: ${FAILED[*]}"; exit 1; fi

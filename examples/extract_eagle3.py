@@ -387,6 +387,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="... or every SECONDS, whichever comes first (default: %(default)s)")
     ap.add_argument("--shard-size", type=_size, default="2G",
                     help="maximum size of one shard file, e.g. 512M or 2G (default: 2G)")
+    ap.add_argument("--compress", choices=("zstd", "fp8"), default=None,
+                    help="compact storage of the hidden states (default: none): zstd = "
+                         "lossless (pip install 'hscapture[compress]'), fp8 = lossy FP8 e4m3 "
+                         "with per-token scales; every hscapture reader and export decodes it")
     args = ap.parse_args(argv)
     if (args.concurrency < 1 or args.timeout <= 0 or args.max_new_tokens < 0
             or args.sample_timeout <= 0 or args.flush_every < 1 or args.flush_interval <= 0):
@@ -436,7 +440,8 @@ def _main(argv: list[str] | None, stop: StopOnSignal) -> int:
     if chat is not None:
         metadata["loss_mask_from"] = f"chat template of {args.chat_template}: assistant tokens"
     try:
-        writer = ShardWriter(args.out, max_shard_bytes=args.shard_size, metadata=metadata)
+        writer = ShardWriter(args.out, max_shard_bytes=args.shard_size, metadata=metadata,
+                             compression=args.compress)
     except ShardError as exc:
         say(f"error: {exc}")
         return EXIT_ERROR

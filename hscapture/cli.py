@@ -229,6 +229,12 @@ def _list_rids(label: str, rids: dict[str, str], limit: int = 20) -> None:
               help="Make written samples durable (and free their ring space) this often.")
 @click.option("--meta", "metadata", multiple=True, callback=_parse_meta, metavar="KEY=VALUE",
               help="Added to every shard's metadata (repeatable).")
+@click.option("--compress", "compression", type=click.Choice(["zstd", "fp8"]), default=None,
+              help="Compact storage of the hidden states (default: none): zstd = lossless "
+                   "(needs the 'compress' extra), fp8 = lossy FP8 e4m3 with per-token scales. "
+                   "Every hscapture reader and export decodes it.")
+@click.option("--compress-level", "compression_level", type=click.IntRange(min=-7, max=22),
+              default=None, help="zstd level (default 1: as small as 3 on shuffled bf16, faster).")
 @click.option("--unsubscribe", is_flag=True,
               help="Do not drain: end this output directory's durable subscription on the "
                    "endpoints (the producers stop keeping records for it), then exit.")
@@ -237,7 +243,8 @@ def _list_rids(label: str, rids: dict[str, str], limit: int = 20) -> None:
 @click.pass_context
 def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples: int | None,
           idle_timeout: float | None, connect_timeout: float, shard_size: int,
-          flush_every: int, metadata: dict[str, str], unsubscribe: bool, quiet: bool,
+          flush_every: int, metadata: dict[str, str], compression: str | None,
+          compression_level: int | None, unsubscribe: bool, quiet: bool,
           as_json: bool) -> None:
     """Subscribe to producers and write every complete sample into safetensors shards.
 
@@ -261,12 +268,22 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         return
     from .errors import SampleTimeoutError
 
+    if compression_level is not None and compression != "zstd":
+        raise click.UsageError("--compress-level applies to --compress zstd only")
+    if compression == "zstd":
+        from .codec import resolve
+
+        try:
+            resolve("zstd", compression_level)   # a missing zstandard fails now, not later
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--compress-level") from None
     _say_what_we_wait_for(endpoints, connect_timeout, logging.DEBUG if quiet else logging.INFO)
     try:
         res = drain_mod.drain(list(endpoints), out_dir, max_samples=samples,
                               idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
                               max_shard_bytes=shard_size, flush_bytes=flush_every,
-                              metadata=metadata, progress=not quiet)
+                              metadata=metadata, progress=not quiet, compression=compression,
+                              compression_level=compression_level)
     except SampleTimeoutError as exc:
         raise Failure(f"{exc}; is the producer running, and is the endpoint right? "
                       f"(`hscapture endpoints --live` lists running producers)") from None
@@ -328,13 +345,35 @@ def inspect(out_dir: str, as_json: bool) -> None:
     else:
         click.echo(f"{out_dir}: {report['samples']} samples, {report['tokens']} tokens, "
                    f"{report['shards']} shard(s), {format_size(report['bytes'])}")
+        stored, logical = report.get("stored_bytes", 0), report.get("logical_bytes", 0)
+        if stored != logical and logical:
+            click.echo(f"  stored: {format_size(stored)} of {format_size(logical)} logical "
+                       f"({stored / logical:.2f} of the uncompressed size)")
         for sch in report["schemas"]:
             click.echo(f"  model: {sch['model'] or '(unknown)'}")
             click.echo(f"  convention: {sch['convention'] or '(none)'}")
             click.echo(f"  dtype: {sch['dtype']}, hidden size: {sch['hidden']}")
             names = sch["layer_names"] or [str(x) for x in sch["layers"]]
             kinds = sch["layer_kinds"] or ["?"] * len(names)
-            click.echo("  layers: " + ", ".join(f"{n} ({k})" for n, k in zip(names, kinds)))
+            after = sch.get("final_norm_after_layer")
+
+            def what(k: str) -> str:
+                if k == "final_norm":
+                    return "after the final norm" + ("" if after is None else
+                                                     f", applied to layer_{after}'s output")
+                return k
+            click.echo("  layers: " + ", ".join(f"{n} ({what(k)})" for n, k in zip(names, kinds)))
+            if sch.get("num_layers") is not None:
+                click.echo(f"  decoder layers: {sch['num_layers']}")
+            codec = sch.get("codec") or {"name": "none", "lossless": True, "params": {}}
+            if codec["name"] == "none":
+                click.echo("  compression: none")
+            else:
+                lv = codec["params"].get("level")
+                click.echo(f"  compression: {codec['name']}"
+                           + (f" (level {lv})" if lv is not None else "")
+                           + (", lossless" if codec["lossless"] else
+                              ", LOSSY: readers return dequantized values"))
             if len(report["schemas"]) > 1:
                 click.echo(f"  ({sch['shards']} shard(s), {sch['samples']} samples)")
         for f in report["in_progress"]:

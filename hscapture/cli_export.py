@@ -33,9 +33,12 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
               show_default=True,
               help="require: fail if a sample has no stored loss_mask; all: such samples "
                    "train on every token (recorded in the export's manifest).")
-@click.option("--num-layers", type=int, default=None,
-              help="The model's number of decoder layers (default: from the captured "
-                   "final_norm's layer id).")
+@click.option("--num-layers", type=click.IntRange(min=1), default=None,
+              help="The model's number of decoder layers (default: what the shards record, "
+                   "from the layer the captured final_norm follows).")
+@click.option("--gzip", "gz", is_flag=True,
+              help="SpecForge: write data_{i}.ckpt.gz (gzip level 6, as SpecForge reads "
+                   "them) instead of data_{i}.ckpt.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT instead of "
                                                  "resuming it.")
 @click.option("--no-fsync", is_flag=True, help="Do not fsync each file (scratch data).")
@@ -43,8 +46,8 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_mask: str,
-           num_layers: int | None, overwrite: bool, no_fsync: bool, workers: int | None,
-           quiet: bool, as_json: bool) -> None:
+           num_layers: int | None, gz: bool, overwrite: bool, no_fsync: bool,
+           workers: int | None, quiet: bool, as_json: bool) -> None:
     """Export the samples of SHARD_DIR to OUT in SpecForge's or speculators' layout.
 
     Resumable: rerunning skips complete files and rewrites partial ones. Refuses (exit 2)
@@ -55,7 +58,7 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
     try:
         r = run_export(shard_dir, out, fmt, layers=layers, loss_mask=loss_mask,
                        num_layers=num_layers, progress=not quiet, overwrite=overwrite,
-                       fsync=not no_fsync, workers=workers)
+                       fsync=not no_fsync, workers=workers, gzip=gz)
     except ExportError as e:
         click.echo(f"error: {e}", err=True)
         raise SystemExit(2) from None
@@ -71,6 +74,8 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
                f"{r.bytes_written / 1e9:.3f} GB in {r.seconds:.1f} s "
                f"({r.gb_per_s:.2f} GB/s) -> {r.out_dir}")
     click.echo(f"loss mask: {lm['stored']} stored, {lm['all_ones']} all-ones ({lm['mode']})")
+    if not r.manifest.get("values_exact", True):
+        click.echo("note: " + r.manifest["conventions"]["values"])
     hint = r.manifest.get("trainer_settings", {})
     if hint:
         click.echo("trainer settings: " + ", ".join(f"{k}={v}" for k, v in hint.items()))

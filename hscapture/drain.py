@@ -84,16 +84,20 @@ def drain(
     stop_event: threading.Event | None = None,
     on_sample: Callable[[Sample], None] | None = None,
     unsubscribe_at_end: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> DrainResult:
     """Drain samples into ``out_dir`` until ``max_samples``, idle timeout, or a stop request.
 
     SIGINT/SIGTERM (in the main thread) or ``stop_event`` stop it cleanly: the open shard is
     finished, never lost. Raises :class:`ShardError` for an unwritable directory or a full disk
     (after finishing every sample written before), :class:`SampleTimeoutError` when no producer
-    shows up within ``connect_timeout_s``.
+    shows up within ``connect_timeout_s``. ``compression`` / ``compression_level``: see
+    :class:`~hscapture.shards.ShardWriter` (``None``, ``"zstd"``, ``"fp8"``).
     """
     writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata,
-                         write_threads=write_threads)
+                         write_threads=write_threads, compression=compression,
+                         compression_level=compression_level)
     dir_id = _dir_identity(out_dir)
     stop = stop_event or threading.Event()
     restore = _install_signal_handlers(stop)

@@ -9,7 +9,9 @@ speculators 0.9.0; see docs/training.md):
     load with ``mmap=True``: ``input_ids`` int64 ``[L]``, ``loss_mask`` int64 ``[L]``,
     ``hidden_state`` ``[1, L, H]`` = the final layer **after** the final norm (hscapture kind
     ``final_norm``), ``aux_hidden_state`` ``[1, L, K*H]`` = the aux layers concatenated in
-    ascending layer order, in the captured dtype.
+    ascending layer order, in the captured dtype. With ``gzip=True`` the files are
+    ``data_{i}.ckpt.gz``: the same ``torch.save`` bytes through gzip level 6 (what SpecForge's
+    loaders ``gzip.open`` and ``torch.load`` for a ``.gz`` name).
 ``speculators``
     An Arrow dataset (``datasets``' ``save_to_disk``, torch format) with ``input_ids`` int64,
     ``loss_mask`` int64 and ``seq_len`` per row, ``token_freq.pt`` (token id -> count over
@@ -40,10 +42,16 @@ Guarantees:
 * Refuses, before writing anything, when the captured layers cannot produce what the target
   needs (e.g. speculators needs the pre-norm final layer, SpecForge the post-norm one),
   saying what is missing and how to capture it.
+* Compressed shards are read through :mod:`hscapture.reader`, which decodes them: an export of
+  zstd shards is byte-identical to the export of the same samples stored uncompressed; an
+  export of fp8 shards holds the dequantized values in the captured dtype, and its manifest
+  says so (``source_compression``, ``conventions.values``).
 """
 
 from __future__ import annotations
 
+import gzip as _gzip
+import io
 import json
 import os
 import shutil
@@ -123,27 +131,39 @@ class _Plan:
     loss_mask_mode: str
     rids: list[str]
     no_mask: list[int]          # positions without a stored loss_mask
+    gzip: bool = False          # SpecForge data_{i}.ckpt.gz
 
     def names(self) -> list[str]:
         return self.aux_names + [self.target_name]
 
     def key(self) -> dict[str, Any]:
-        return {"format": self.fmt, "aux_layers": self.aux, "target": self.target_name,
-                "hidden": self.hidden, "dtype": self.dtype, "loss_mask_mode": self.loss_mask_mode}
+        k = {"format": self.fmt, "aux_layers": self.aux, "target": self.target_name,
+             "hidden": self.hidden, "dtype": self.dtype, "loss_mask_mode": self.loss_mask_mode}
+        if self.gzip:   # only when set: manifests written before the option still resume
+            k["gzip"] = True
+        return k
 
 
 # -- planning -------------------------------------------------------------------------------
 
 
 def _num_layers(ss: ShardSet, given: int | None) -> int | None:
+    """The model's decoder layer count: ``given``, else what the shards record (their
+    ``num_layers`` metadata; shards written before that key: one more than the final norm's
+    recorded id), else a sample's ``meta.extra.num_hidden_layers``."""
+    from .shards import shard_num_layers
+
     if given is not None:
         return int(given)
     found: set[int] = set()
+    per_shard: dict[str, int | None] = {}
     for i in range(len(ss)):
         e = ss.entry(i)
-        for l, k in zip(e.get("layers", []), e.get("layer_kinds", [])):
-            if k == "final_norm" and int(l) >= 0:
-                found.add(int(l) + 1)
+        sh = e["shard"]
+        if sh not in per_shard:
+            per_shard[sh] = shard_num_layers(ss.shard_metadata(sh))
+        if per_shard[sh] is not None:
+            found.add(int(per_shard[sh]))   # type: ignore[arg-type]
         ex = (e.get("meta") or {}).get("extra") if isinstance(e.get("meta"), dict) else None
         if isinstance(ex, dict) and isinstance(ex.get("num_hidden_layers"), int):
             found.add(int(ex["num_hidden_layers"]))
@@ -154,9 +174,12 @@ def _num_layers(ss: ShardSet, given: int | None) -> int | None:
 
 
 def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: str,
-               num_layers: int | None) -> _Plan:
+               num_layers: int | None, gzip: bool = False) -> _Plan:
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if gzip and fmt != "specforge":
+        raise ExportError(f"gzip applies to SpecForge's .ckpt files only; {fmt} reads "
+                          f"uncompressed safetensors")
     if loss_mask not in ("require", "all"):
         raise ExportError(f"loss_mask must be 'require' or 'all', got {loss_mask!r}")
     n = len(ss)
@@ -237,15 +260,38 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
             f"the extraction client's loss_mask) or pass loss_mask='all' (--loss-mask all) to "
             f"train on every token of those samples")
     return _Plan(fmt, aux, [layer_name(l, "residual") for l in aux], target, N,
-                 hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask)
+                 hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask, bool(gzip))
 
 
 # -- files ----------------------------------------------------------------------------------
 
 
-def _specforge_rel(i: int) -> str:
+def _specforge_rel(i: int, gz: bool = False) -> str:
     g = SPECFORGE_GROUP * (i // SPECFORGE_GROUP)
-    return f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
+    return f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt" + (".gz" if gz else "")
+
+
+#: gzip level of SpecForge's .ckpt.gz files
+GZIP_LEVEL = 6
+
+
+def _save_specforge(d: dict[str, torch.Tensor], f: Any, gz: bool) -> None:
+    """``torch.save`` (zip format) into ``f``; with ``gz`` through gzip level 6, with no name
+    and mtime 0 in the gzip header (the same samples give the same bytes)."""
+    if not gz:
+        torch.save(d, f)
+        return
+    with _gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=f,
+                        mtime=0) as z:
+        torch.save(d, z)
+
+
+def _load_specforge(path: str) -> dict[str, torch.Tensor]:
+    """What SpecForge's loaders read: ``.gz`` decompressed whole, else memory-mapped."""
+    if path.endswith(".gz"):
+        with _gzip.open(path, "rb") as f:
+            return torch.load(io.BytesIO(f.read()), weights_only=True)
+    return torch.load(path, mmap=True, weights_only=True)
 
 
 def _speculators_rel(i: int) -> str:
@@ -318,7 +364,7 @@ def _build_speculators(s: StoredSample, plan: _Plan) -> list[tuple[str, torch.Te
 def _check_specforge(path: str, s: StoredSample, plan: _Plan) -> bool:
     """True if ``path`` is a complete, matching SpecForge record of ``s``."""
     try:
-        d = torch.load(path, mmap=True, weights_only=True)
+        d = _load_specforge(path)
     except Exception:
         return False
     T, H, K = s.num_tokens, plan.hidden, len(plan.aux_names)
@@ -392,11 +438,21 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
                    for sh in {ss.entry(i)["shard"] for i in range(len(ss))}})
     models = sorted({ss.shard_metadata(sh).get("model", "")
                      for sh in {ss.entry(i)["shard"] for i in range(len(ss))}})
+    codecs = sorted({ss.shard_metadata(sh).get("codec") or "none"
+                     for sh in {ss.entry(i)["shard"] for i in range(len(ss))}})
+    conventions = {"hscapture": CONVENTIONS["hscapture"], plan.fmt: CONVENTIONS[plan.fmt]}
+    if "fp8" in codecs:
+        conventions["values"] = (
+            "dequantized FP8: some source shards were written with compression='fp8' (float8 "
+            "e4m3, one float32 scale per token row = amax/448); their hidden states are q * "
+            f"scale in {plan.dtype}, not the captured values (per element |error| <= 2^-4 |x| "
+            "+ 2^-10 scale)")
     if plan.fmt == "specforge":
         trainer_aux = list(plan.aux)
         target = {"name": "hidden_state", "hscapture": plan.target_name,
                   "what": "last decoder layer after the final norm"}
-        files = "rows_{g}-{g+2000}/data_{i}.ckpt"
+        files = ("rows_{g}-{g+2000}/data_{i}.ckpt.gz (torch.save bytes through gzip level 6)"
+                 if plan.gzip else "rows_{g}-{g+2000}/data_{i}.ckpt")
         hint = {"model.aux_hidden_state_layer_ids": trainer_aux,
                 "data.hidden_states_path": os.path.abspath(out)}
     else:
@@ -416,7 +472,9 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
         "source": os.path.abspath(ss.directory),
         "model": models,
         "source_convention": conv,
-        "conventions": {"hscapture": CONVENTIONS["hscapture"], plan.fmt: CONVENTIONS[plan.fmt]},
+        "source_compression": codecs,
+        "values_exact": "fp8" not in codecs,
+        "conventions": conventions,
         "layers": {"aux_hscapture": plan.aux, f"aux_{plan.fmt}_ids": trainer_aux,
                    "target": target, "num_layers": plan.num_layers},
         "trainer_settings": hint,
@@ -437,7 +495,7 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
 def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *,
            layers: Sequence[int] | None = None, loss_mask: str = "require",
            num_layers: int | None = None, progress: bool = True, overwrite: bool = False,
-           fsync: bool = True, workers: int | None = None) -> ExportResult:
+           fsync: bool = True, workers: int | None = None, gzip: bool = False) -> ExportResult:
     """Export every sample of ``shard_dir`` to ``out_dir`` in trainer layout ``fmt``.
 
     Args:
@@ -447,13 +505,16 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
             ascending order whatever order is given.
         loss_mask: ``"require"`` (a sample without a stored ``loss_mask`` fails the export)
             or ``"all"`` (such samples train on every token; counted in the manifest).
-        num_layers: the model's number of decoder layers; default: from the ``final_norm``
-            layer id (``num_layers - 1``) the capture recorded. Needed for speculators.
+        num_layers: the model's number of decoder layers; default: what the shards record
+            (their ``num_layers`` metadata, from the decoder layer the captured ``final_norm``
+            follows). Needed for speculators.
         progress: show a tqdm progress bar on stderr.
         overwrite: remove an earlier export's files from ``out_dir`` first (only the names
             an export writes) instead of resuming it.
         fsync: fsync each file before renaming it into place.
         workers: threads reading and writing samples (default ``min(4, cpus)``).
+        gzip: SpecForge only: write ``data_{i}.ckpt.gz`` (the same bytes through gzip level
+            6, as SpecForge reads them) instead of ``data_{i}.ckpt``.
 
     Returns an :class:`ExportResult`; raises :class:`ExportError` (nothing written) when the
     shards cannot produce the target, and :class:`ExportError` for a failed write (a rerun
@@ -463,7 +524,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     src = os.fspath(shard_dir)
     out = os.fspath(out_dir)
     ss = ShardSet(src)
-    plan = _make_plan(ss, fmt, layers, loss_mask, num_layers)
+    plan = _make_plan(ss, fmt, layers, loss_mask, num_layers, gzip)
     if os.path.realpath(out) == os.path.realpath(src):
         raise ExportError(f"out_dir {out} is the shard directory itself")
     os.makedirs(out, exist_ok=True)
@@ -491,7 +552,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     manifest = _manifest(plan, ss, out, "in_progress", counts)
     _write_manifest(out, manifest, fsync)
 
-    rel = _specforge_rel if fmt == "specforge" else _speculators_rel
+    rel = (lambda i: _specforge_rel(i, plan.gzip)) if fmt == "specforge" else _speculators_rel
     check = _check_specforge if fmt == "specforge" else _check_speculators
     names = plan.names()
     dirs = {os.path.dirname(os.path.join(out, rel(i))) for i in range(len(plan.rids))}
@@ -509,7 +570,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
         s = ss.load(i, names=names)
         if fmt == "specforge":
             d = _build_specforge(s, plan)
-            n = _write_atomic(path, lambda f: torch.save(d, f), fsync)
+            n = _write_atomic(path, lambda f: _save_specforge(d, f, plan.gzip), fsync)
         else:
             items = _build_speculators(s, plan)
             n = _write_atomic(path, lambda f: _write_safetensors(f, items), fsync)

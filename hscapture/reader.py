@@ -24,6 +24,11 @@ Guarantees:
   to ``DataLoader`` workers.
 * A sample is returned only if every tensor its index line names is in its shard
   (:class:`~hscapture.errors.ShardError` otherwise, naming rid, shard and tensor).
+* Compressed shards (``ShardWriter(compression="zstd"|"fp8")``) are decoded transparently from
+  their per-tensor codec records: tensors come back in the captured dtype and shape (zstd:
+  bit-exact; fp8: dequantized, see :mod:`hscapture.codec`). Decoded tensors are process
+  memory, not memory-mapped. A codec this version does not know raises
+  :class:`~hscapture.errors.ShardError` naming it.
 * Samples written by an active :class:`~hscapture.shards.ShardWriter` after the set was opened
   are not seen; open a new set (or call :meth:`ShardSet.reload`) to see them.
 """
@@ -36,6 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .codec import CODECS, decode
 from .errors import ShardError
 from .sample import layer_name
 
@@ -113,6 +119,15 @@ class _Handle:
     """One shard file opened with safe_open, plus what its header says."""
 
     __slots__ = ("path", "f", "meta", "_field_map")
+
+    def codecs(self, rid: str) -> dict[str, dict]:
+        """The per-tensor codec records of ``rid`` (``{}``: stored uncompressed)."""
+        from .shards import _codec_records
+
+        recs, bad = _codec_records(self.meta, rid)
+        if bad:
+            raise ShardError(f"{self.path}: {bad}")
+        return recs
 
     def __init__(self, path: str) -> None:
         from safetensors import safe_open
@@ -274,18 +289,26 @@ class ShardSet(Sequence):
                                f"{all_names}")
         f = h.f
         prefix = rid + "/"
+        codec = h.meta.get("codec")
+        if codec and codec not in CODECS:
+            raise ShardError(f"{h.path}: codec {codec!r} is not supported by this version of "
+                             f"hscapture (known: {', '.join(CODECS)})")
+        recs = h.codecs(rid) if codec and want else {}
         try:
-            tensors = {n: f.get_tensor(prefix + n) for n in want}
+            tensors = {}
+            for n in want:
+                rec = recs.get(n)
+                tensors[n] = f.get_tensor(prefix + n) if rec is None else \
+                    decode(rec, n, lambda m: f.get_tensor(prefix + m), f"rid {rid!r} {n} in {h.path}")
             token_ids = f.get_tensor(prefix + "token_ids")
             fnames = ent.get("fields")
             if fnames is None:
                 fnames = h.field_names(rid)
             flds = {n: f.get_tensor(prefix + "field." + n) for n in fnames} if fields else {}
+        except ShardError:
+            raise
         except Exception as e:  # safetensors raises SafetensorError for a missing name
             raise ShardError(f"rid {rid!r}: cannot read its tensors from {h.path}: {e}") from e
-        if h.meta.get("codec"):
-            raise ShardError(f"{h.path}: codec {h.meta['codec']!r} is not supported by this "
-                             f"version of hscapture")
         meta = ent.get("meta") if isinstance(ent.get("meta"), dict) else {}
         return StoredSample(
             rid=rid, token_ids=token_ids, tensors=tensors, fields=flds, meta=meta,

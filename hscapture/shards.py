@@ -36,13 +36,45 @@ Shards
   unaligned to the element size (safetensors readers copy such tensors).
 * ``__metadata__`` (string → string) MUST contain ``format`` = ``hscapture.shard``,
   ``format_version`` = ``1``, ``num_samples``, ``dtype`` (torch name, e.g. ``bfloat16``),
-  ``hidden``, ``layers`` / ``layer_kinds`` / ``layer_names`` (JSON lists), ``convention`` and
-  ``model`` (empty string when unknown), ``producers`` (JSON object producer_id → sorted list
-  of epochs seen), ``created`` (UTC ISO-8601) and ``writer``; it MAY contain any further keys the
-  user passed as ``metadata``. All samples of one shard share dtype, hidden, layers, layer
+  ``hidden``, ``layers`` / ``layer_kinds`` / ``layer_names`` (JSON lists, one entry per
+  captured layer), ``convention`` and ``model`` (empty string when unknown), ``producers``
+  (JSON object producer_id → sorted list of epochs seen), ``created`` (UTC ISO-8601) and
+  ``writer``; it MAY contain any further keys the user passed as ``metadata`` (keys starting
+  with ``codec:`` are reserved). All samples of one shard share dtype, hidden, layers, layer
   kinds, convention and model: a writer starts a new shard when any of them changes.
+* The final norm (kind ``final_norm``) has no layer id of its own: its ``layers`` entry is
+  JSON ``null``, and when the capture knew the decoder layer it follows, ``__metadata__`` holds
+  ``final_norm_after_layer`` (that layer's 0-based id, the model's last) and ``num_layers``
+  (one more). Shards written before these keys list the final norm with that layer's id
+  instead (e.g. ``[1, 3, 7]`` for kinds ``[residual, residual, final_norm]``); readers MUST
+  accept both and MUST NOT read that id as a residual layer. (``index.jsonl`` lines and
+  :class:`~hscapture.sample.Sample` keep the id, as the producer recorded it.)
 * A shard is written as ``.tmp`` and renamed into place only once complete and fsync'd; a file
   named ``*.safetensors`` is therefore always complete.
+
+Compressed shards (``ShardWriter(compression=...)``, off by default)
+--------------------------------------------------------------------
+A compressed shard is still a plain safetensors file. Only hidden-state tensors are encoded;
+``token_ids`` and ``field.*`` tensors are stored as above.
+
+* ``__metadata__`` has ``codec`` (``zstd`` or ``fp8``) and ``codec_params`` (JSON: the zstd
+  ``level``, ``lossless``, ...). A reader that does not know the codec MUST refuse the shard.
+* Per sample, ``__metadata__["codec:{rid}"]`` is a JSON object: stored tensor name → record
+  ``{"codec", "dtype", "shape", ...}`` with the **logical** (captured) safetensors dtype and
+  shape. A tensor without a record is stored as is; readers decode by the record alone, never
+  by guessing from a stored dtype.
+* ``zstd`` (lossless): tensor ``{rid}/{name}`` is ``U8 [n]``: one zstd frame (with its content
+  size) of the tensor's bytes split into byte planes (``"shuffle": itemsize``: plane ``b`` holds
+  byte ``b`` of every little-endian element, planes in order). Decoding gives the captured
+  bytes exactly.
+* ``fp8`` (lossy): tensor ``{rid}/{name}`` is ``F8_E4M3 [T, H]`` and ``{rid}/scale.{name}``
+  (named by the record's ``"scale"``) is ``F32 [T]``; the value is ``q * scale[t]`` per row
+  (``scale = amax(|row|) / 448``, 0 for an all-zero row), cast to the logical dtype. A tensor
+  holding inf or NaN is stored as is (no record). Tensor names starting with ``scale.`` are
+  reserved.
+* Index lines of compressed samples add ``codec`` and ``stored_nbytes`` (hidden-state bytes as
+  stored, scales included); ``nbytes`` stays the logical size. ``max_shard_bytes`` counts
+  stored bytes. Journal sample lines carry the records as ``codecs``.
 
 index.jsonl
 -----------
@@ -234,9 +266,12 @@ class _Entry:
     tensors: list  # [name, st_dtype, shape, [begin, end]] (offsets relative to data start)
     end: int
     index: dict
+    codecs: dict | None = None   # stored name -> codec record (compressed shards only)
 
     def journal_line(self) -> str:
         d = {"kind": "sample", **self.index, "tensors": self.tensors, "end": self.end}
+        if self.codecs:
+            d["codecs"] = self.codecs
         return _jdump(d) + "\n"
 
 
@@ -261,6 +296,7 @@ class _Shard:
 
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+from .codec import SCALE_PREFIX  # noqa: E402  (tensor-name prefix of fp8 scales)
 _FIELD_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
 FIELD_PREFIX = "field."
 
@@ -286,13 +322,16 @@ def _header_meta(schema: tuple, user_meta: dict[str, str], created: str, produce
 
     dtype, hidden, layers, kinds, conv, model = schema
     meta = dict(user_meta)
+    # The final norm has no layer id of its own: its entry in ``layers`` is null, and the
+    # decoder layer it follows is a key of its own (an id there read like residual layer N-1).
+    after = [int(l) for l, k in zip(layers, kinds) if k == "final_norm" and int(l) >= 0]
     meta.update({
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
         "num_samples": str(num_samples),
         "dtype": dtype,
         "hidden": str(hidden),
-        "layers": _jdump(list(layers)),
+        "layers": _jdump([None if k == "final_norm" else int(l) for l, k in zip(layers, kinds)]),
         "layer_kinds": _jdump(list(kinds)),
         "layer_names": _jdump([layer_name(l, k) for l, k in zip(layers, kinds)]),
         "convention": conv,
@@ -301,6 +340,9 @@ def _header_meta(schema: tuple, user_meta: dict[str, str], created: str, produce
         "created": created,
         "writer": "hscapture.shards/1",
     })
+    if len(after) == 1:
+        meta["final_norm_after_layer"] = str(after[0])
+        meta["num_layers"] = str(after[0] + 1)
     return meta
 
 
@@ -312,6 +354,9 @@ def _build_header(schema: tuple, user_meta: dict[str, str], created: str, entrie
         producers.setdefault(str(e.index["producer_id"]), set()).add(int(e.index["epoch"]))
     header: dict[str, Any] = {"__metadata__": _header_meta(schema, user_meta, created, producers,
                                                             len(entries))}
+    for e in entries:
+        if e.codecs:
+            header["__metadata__"][CODEC_KEY_PREFIX + e.rid] = _jdump(e.codecs)
     for e in entries:
         for name, st, shape, offs in e.tensors:
             header[f"{e.rid}/{name}"] = {"dtype": st, "shape": list(shape), "data_offsets": list(offs)}
@@ -328,7 +373,10 @@ def _encode_header(header: dict, reserve: int) -> bytes:
 
 
 _META_KEYS = {"format", "format_version", "num_samples", "dtype", "hidden", "layers",
-              "layer_kinds", "layer_names", "convention", "model", "producers", "created", "writer"}
+              "layer_kinds", "layer_names", "convention", "model", "producers", "created", "writer",
+              "final_norm_after_layer", "num_layers", "codec", "codec_params"}
+#: ``__metadata__`` key prefix of a sample's per-tensor codec records (``codec:{rid}``)
+CODEC_KEY_PREFIX = "codec:"
 _DEFAULTABLE = {"convention", "model"}
 
 
@@ -351,11 +399,25 @@ class ShardWriter:
         header_reserve: bytes reserved at the start of each shard for its header (default
             ``max_shard_bytes/1024`` clamped to 64 KiB..16 MiB); a shard is closed early when
             its header would no longer fit.
+        compression: ``None`` (default: tensors stored as they are), ``"zstd"`` (lossless,
+            byte-shuffled zstd; needs the ``compress`` extra) or ``"fp8"`` (lossy FP8 e4m3 with
+            one float32 scale per token row). Applies to hidden-state tensors only; token ids
+            and fields stay exact. Recorded per shard and per tensor (module docstring);
+            every hscapture reader decodes it. ``max_shard_bytes`` counts stored bytes.
+        compression_level: zstd level (default 1, :data:`hscapture.codec.DEFAULT_ZSTD_LEVEL`);
+            only with ``"zstd"``.
+
+    Raises :class:`~hscapture.codec.CodecUnavailableError` (a :class:`ShardError`) at once
+    when ``compression="zstd"`` and the ``zstandard`` package is missing.
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                  metadata: dict[str, str] | None = None, fsync: bool = True,
-                 header_reserve: int | None = None, write_threads: int = 1) -> None:
+                 header_reserve: int | None = None, write_threads: int = 1,
+                 compression: str | None = None, compression_level: int | None = None) -> None:
+        from . import codec as _codec
+
+        self.compression = _codec.resolve(compression, compression_level)
         self.out_dir = os.path.abspath(os.fspath(out_dir))
         # write_threads > 1 splits large samples across threads (disjoint byte ranges, pwritev
         # releases the GIL). Off by default: Linux serializes writes to one file on its inode
@@ -376,11 +438,14 @@ class ShardWriter:
                 raise ValueError(f"metadata must map str to str, got {k!r}: {v!r}")
             if k in _DEFAULTABLE:
                 self._defaults[k] = v
-            elif k in _META_KEYS:
+            elif k in _META_KEYS or k.startswith(CODEC_KEY_PREFIX):
                 raise ValueError(f"metadata key {k!r} is reserved by the shard format "
-                                 f"(reserved: {sorted(_META_KEYS - _DEFAULTABLE)})")
+                                 f"(reserved: {sorted(_META_KEYS - _DEFAULTABLE)} and keys "
+                                 f"starting with {CODEC_KEY_PREFIX!r})")
             else:
                 self._meta[k] = v
+        if self.compression is not None:
+            self._meta.update(self.compression.shard_metadata())
         self._closed = True
         self._shard: _Shard | None = None
         self._unreported: list[str] = []
@@ -451,12 +516,14 @@ class ShardWriter:
             raise DuplicateRidError(f"rid {rid!r} is already in {self.out_dir}", rid)
         schema = _schema(sample, self._defaults)
         try:
-            items = self._validate(sample)
+            items, codecs = self._validate(sample)
         except SampleRefusedError:
             raise
         except ShardError as exc:   # a defect of this sample alone
             raise SampleRefusedError(str(exc), rid) from None
         nbytes = sum(len(v) for _, _, _, v in items)
+        stored = nbytes - sum(len(v) for n, _, _, v in items
+                              if n == "token_ids" or n.startswith(FIELD_PREFIX))
         index = {
             "v": FORMAT_VERSION, "rid": rid, "shard": None,
             "num_tokens": int(sample.num_tokens), "nbytes": int(sample.nbytes),
@@ -466,12 +533,19 @@ class ShardWriter:
             "fields": sorted(sample.fields or {}),
             "meta": json.loads(_jdump(sample.meta or {})),
         }
+        if self.compression is not None:
+            index["codec"] = self.compression.name
+            index["stored_nbytes"] = int(stored)
+        # a compressed sample's per-tensor records: one more __metadata__ entry in the header
+        codec_len = (len(_jdump(CODEC_KEY_PREFIX + rid).encode("utf-8"))
+                     + len(_jdump(_jdump(codecs)).encode("utf-8")) + 2) if codecs else 0
         sh = self._shard
         rid_jlen = len(_jdump(rid).encode("utf-8"))
         pid, epoch = index["producer_id"], index["epoch"]
         # Roll over: size limit, schema change, or header would not fit.
         if sh is not None and sh.entries:
             tensors, jlen = _layout(rid_jlen, items, sh.data_len)
+            jlen += codec_len
             if (sh.data_len + nbytes > self.max_shard_bytes or sh.schema != schema
                     or not self._header_fits(sh, jlen, pid, epoch)):
                 self._finalize_current()
@@ -489,6 +563,7 @@ class ShardWriter:
             sh.schema = schema
             sh.meta_len = self._meta_len(sh, sh.producers)
             tensors, jlen = _layout(rid_jlen, items, sh.data_len)
+            jlen += codec_len
             if not self._header_fits(sh, jlen, pid, epoch):
                 raise ShardError(f"the header entries of rid {rid!r} do not fit in the "
                                  f"{sh.reserve}-byte header reserve")
@@ -499,7 +574,7 @@ class ShardWriter:
             self._fail_write(e, rid, sh, begin)
         index["shard"] = sh.name
         end = begin + nbytes
-        sh.entries.append(_Entry(rid, tensors, end, index))
+        sh.entries.append(_Entry(rid, tensors, end, index, codecs or None))
         sh.rids.add(rid)
         sh.data_len = end
         sh.tensors_json_len += jlen
@@ -555,7 +630,8 @@ class ShardWriter:
 
     # -- writing ------------------------------------------------------------------------
 
-    def _validate(self, s: Sample) -> list:
+    def _validate(self, s: Sample) -> tuple[list, dict[str, dict]]:
+        """``([(stored name, st dtype, shape, bytes view), ...] in data order, codec records)``."""
         T, H = int(s.num_tokens), int(s.hidden)
         if len(s.layers) != len(s.layer_kinds):
             raise ShardError(f"rid {s.rid!r}: {len(s.layers)} layers but {len(s.layer_kinds)} kinds")
@@ -566,7 +642,8 @@ class ShardWriter:
         items = []
         want_dtype = getattr(torch, str(s.dtype), None)
         for i, (name, t) in enumerate(s.tensors.items()):
-            if "/" in name or name == "token_ids" or not name or name.startswith(FIELD_PREFIX):
+            if "/" in name or name == "token_ids" or not name or name.startswith(FIELD_PREFIX) \
+                    or name.startswith(SCALE_PREFIX):
                 raise ShardError(f"rid {s.rid!r}: invalid tensor name {name!r}")
             if tuple(t.shape) != (T, H):
                 raise ShardError(f"rid {s.rid!r}: tensor {name!r} has shape {list(t.shape)}, "
@@ -589,9 +666,30 @@ class ShardWriter:
             if ft.dtype == torch.bool:
                 ft = ft.to(torch.uint8)
             items.append((-1, len(items), FIELD_PREFIX + fname, ft))
-        items.sort(key=lambda x: (x[0], x[1]))
-        return [(name, _DTYPES[t.dtype], [int(d) for d in t.shape], _byte_view(t))
-                for _, _, name, t in items]
+        codecs: dict[str, dict] = {}
+        if self.compression is not None:
+            from .codec import encode
+
+            coded = []
+            for neg, i, name, t in items:
+                enc = None
+                if name != "token_ids" and not name.startswith(FIELD_PREFIX):
+                    enc = encode(self.compression, name, t, _DTYPES[t.dtype])
+                if enc is None:
+                    coded.append((neg, i, name, _DTYPES[t.dtype], [int(d) for d in t.shape], t))
+                    continue
+                parts, record = enc
+                codecs[name] = record
+                for k, (sname, st, shape, data) in enumerate(parts):
+                    size = data.element_size() if isinstance(data, torch.Tensor) else 1
+                    coded.append((-size, i + k / 4, sname, st, shape, data))
+        else:
+            coded = [(neg, i, name, _DTYPES[t.dtype], [int(d) for d in t.shape], t)
+                     for neg, i, name, t in items]
+        coded.sort(key=lambda x: (x[0], x[1]))
+        return [(name, st, shape, _byte_view(t) if isinstance(t, torch.Tensor)
+                 else memoryview(t).cast("B"))
+                for _, _, name, st, shape, t in coded], codecs
 
     def _write_parallel(self, fd: int, views: list, offset: int, nbytes: int) -> None:
         """Write ``views`` contiguously at ``offset``; split across threads when large.
@@ -855,9 +953,9 @@ def _read_journal(path: str) -> tuple[dict | None, list[_Entry]]:
         if d.get("kind") == "shard":
             header = d
         elif d.get("kind") == "sample":
-            tensors, end = d.pop("tensors"), d.pop("end")
+            tensors, end, codecs = d.pop("tensors"), d.pop("end"), d.pop("codecs", None)
             d.pop("kind")
-            entries.append(_Entry(d["rid"], tensors, int(end), d))
+            entries.append(_Entry(d["rid"], tensors, int(end), d, codecs))
     return header, entries
 
 
@@ -1047,32 +1145,103 @@ def _schema_of(meta: dict[str, str]) -> dict[str, Any]:
         hidden: int | None = int(meta["hidden"])
     except (KeyError, ValueError):
         hidden = None
-    return {"layers": lst("layers"), "layer_kinds": lst("layer_kinds"),
+    from .codec import describe
+
+    layers, kinds = lst("layers"), lst("layer_kinds")
+    after = _final_norm_after(meta, layers, kinds)
+    # old shards recorded the final norm with the id of the layer it follows: show it as null
+    layers = [None if k == "final_norm" else l for l, k in zip(layers, kinds)] + layers[len(kinds):]
+    return {"layers": layers, "layer_kinds": kinds,
             "layer_names": lst("layer_names"), "dtype": meta.get("dtype", ""),
             "hidden": hidden, "model": meta.get("model", ""),
-            "convention": meta.get("convention", "")}
+            "convention": meta.get("convention", ""),
+            "final_norm_after_layer": after, "num_layers": None if after is None else after + 1,
+            "codec": describe(meta)}
+
+
+def _final_norm_after(meta: dict[str, str], layers: list, kinds: list) -> int | None:
+    """The decoder layer a shard's final norm follows: its ``final_norm_after_layer`` key, or
+    (shards written before that key existed) the id the final norm was recorded with."""
+    try:
+        return int(meta["final_norm_after_layer"])
+    except (KeyError, ValueError):
+        pass
+    ids = [l for l, k in zip(layers, kinds) if k == "final_norm" and isinstance(l, int) and l >= 0]
+    return ids[0] if len(ids) == 1 else None
+
+
+def shard_num_layers(meta: dict[str, str]) -> int | None:
+    """The model's number of decoder layers a shard's ``__metadata__`` records (its
+    ``num_layers`` key; for older shards, one more than the final norm's recorded id), or
+    None when it does not say (no final norm captured, or its layer unknown)."""
+    try:
+        return int(meta["num_layers"])
+    except (KeyError, ValueError):
+        pass
+    def lst(key: str) -> list:
+        try:
+            v = json.loads(meta.get(key, "[]"))
+            return v if isinstance(v, list) else []
+        except ValueError:
+            return []
+    after = _final_norm_after(meta, lst("layers"), lst("layer_kinds"))
+    return None if after is None else after + 1
+
+
+_ST_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4,
+            "I64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _nbytes(st: str, shape: Any) -> int:
+    n = _ST_SIZE.get(st, 0)
+    for x in shape:
+        n *= int(x)
+    return n
+
+
+def _codec_records(meta: dict[str, str], rid: str) -> tuple[dict[str, Any], str | None]:
+    """A sample's per-tensor codec records from its shard's ``__metadata__`` (``{}`` when it
+    is stored uncompressed), and a problem description if they do not parse."""
+    raw = meta.get(CODEC_KEY_PREFIX + rid)
+    if raw is None:
+        return {}, None
+    try:
+        rec = json.loads(raw)
+        if not isinstance(rec, dict) or not all(isinstance(v, dict) for v in rec.values()):
+            raise ValueError("not an object of objects")
+    except ValueError as e:
+        return {}, f"rid {rid!r}: codec record {CODEC_KEY_PREFIX}{rid} is malformed ({e})"
+    return rec, None
 
 
 def verify_dir(out_dir: str | os.PathLike) -> dict:
     """Check a shard directory; never raises for what it finds (it reports it).
 
-    Returns ``{"ok", "dir", "shards", "samples", "tokens", "bytes", "schemas", "problems",
-    "in_progress", "unrelated"}``: ``bytes`` is the total size of the finished shard files;
-    ``schemas`` lists each distinct schema (``layers``, ``layer_kinds``, ``layer_names``,
-    ``dtype``, ``hidden``, ``model``, ``convention``) with the ``shards`` and ``samples`` that
-    use it; ``unrelated`` names ``*.safetensors`` files that are not hscapture shards.
-    ``ok`` is False when there is any problem, including a directory holding no hscapture
-    shard at all (empty, or only unrelated files) and no live writer.
+    Returns ``{"ok", "dir", "shards", "samples", "tokens", "bytes", "stored_bytes",
+    "logical_bytes", "schemas", "problems", "in_progress", "unrelated"}``: ``bytes`` is the
+    total size of the finished shard files; ``stored_bytes`` the tensor data they hold as
+    stored, ``logical_bytes`` the same tensors decoded (equal unless compressed; fp8 scales
+    count as stored only); ``schemas`` lists each distinct schema (``layers`` (the final
+    norm's entry null), ``layer_kinds``, ``layer_names``, ``dtype``, ``hidden``, ``model``,
+    ``convention``, ``final_norm_after_layer``, ``num_layers``, ``codec``) with the ``shards``
+    and ``samples`` that use it; ``unrelated`` names ``*.safetensors`` files that are not
+    hscapture shards. ``ok`` is False when there is any problem, including a directory holding
+    no hscapture shard at all (empty, or only unrelated files) and no live writer. Compressed
+    tensors are checked against their codec records (stored dtype and shape, logical dtype and
+    shape, fp8 scales present), not decompressed.
     """
     from safetensors import safe_open
+
+    from .codec import CODECS
 
     d = os.fspath(out_dir)
     problems: list[str] = []
     in_progress: list[str] = []
     unrelated: list[str] = []
     report: dict[str, Any] = {"ok": False, "dir": d, "shards": 0, "samples": 0, "tokens": 0,
-                              "bytes": 0, "schemas": [], "problems": problems,
-                              "in_progress": in_progress, "unrelated": unrelated}
+                              "bytes": 0, "stored_bytes": 0, "logical_bytes": 0, "schemas": [],
+                              "problems": problems, "in_progress": in_progress,
+                              "unrelated": unrelated}
     try:
         files = sorted(os.listdir(d))
     except OSError as e:
@@ -1080,8 +1249,9 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
         return report
     live = _dir_locked(d)
     shards: dict[str, dict[str, dict[str, tuple]]] = {}  # shard → rid → name → (dtype, shape)
+    metas: dict[str, dict[str, str]] = {}
     schemas: dict[str, dict[str, Any]] = {}              # schema JSON → schema + counts
-    total_bytes = 0
+    total_bytes = stored_bytes = logical_bytes = 0
     for f in files:
         if f.endswith(TMP_SUFFIX) or f.endswith(JOURNAL_SUFFIX):
             (in_progress if live else problems).append(
@@ -1109,7 +1279,22 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
             problems.append(f"{f}: __metadata__ format is {meta.get('format')!r}, expected {FORMAT!r}")
         if meta.get("num_samples") not in (None, str(len(rids))):
             problems.append(f"{f}: metadata says {meta.get('num_samples')} samples, found {len(rids)}")
+        if meta.get("codec") and meta["codec"] not in CODECS:
+            problems.append(f"{f}: codec {meta['codec']!r} is not supported by this version of "
+                            f"hscapture (known: {', '.join(CODECS)})")
+        for rid, tens in rids.items():
+            recs, _ = _codec_records(meta, rid)
+            for name, (dt, shape) in tens.items():
+                nb = _nbytes(dt, shape)
+                stored_bytes += nb
+                rec = recs.get(name)
+                if rec is not None:
+                    logical_bytes += _nbytes(str(rec.get("dtype")), rec.get("shape") or ())
+                elif not name.startswith(SCALE_PREFIX) or not any(
+                        r.get("scale") == name for r in recs.values()):
+                    logical_bytes += nb
         shards[f] = rids
+        metas[f] = meta
         schema = _schema_of(meta)
         entry = schemas.setdefault(_jdump(schema), {**schema, "shards": 0, "samples": 0})
         entry["shards"] += 1
@@ -1150,6 +1335,11 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
             have = sorted(n[len(FIELD_PREFIX):] for n in tens if n.startswith(FIELD_PREFIX))
             if have != sorted(want_fields):
                 problems.append(f"rid {rid!r}: fields {have} in {shard} != index {want_fields}")
+        recs, bad = _codec_records(metas[shard], rid)
+        if bad:
+            problems.append(bad)
+        scales = {str(r.get("scale")) for r in recs.values() if r.get("codec") == "fp8"}
+        want_dt = ent.get("dtype")
         for name, (dt, shape) in tens.items():
             if name == "token_ids":
                 continue
@@ -1158,10 +1348,35 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
                     problems.append(f"rid {rid!r}: {name} is {dt} {list(shape)}, expected "
                                     f"U8 [{T}]")
                 continue
+            if name in scales:
+                if shape != (T,) or dt != "F32":
+                    problems.append(f"rid {rid!r}: fp8 scales {name} are {dt} {list(shape)}, "
+                                    f"expected F32 [{T}]")
+                continue
+            rec = recs.get(name)
+            if rec is not None:
+                codec = rec.get("codec")
+                stored_ok = {"zstd": dt == "U8" and len(shape) == 1,
+                             "fp8": dt == "F8_E4M3" and shape == (T, hidden)}.get(codec)
+                if stored_ok is None:
+                    problems.append(f"rid {rid!r}: {name} has codec {codec!r}, which this "
+                                    f"version of hscapture cannot read (known: {', '.join(CODECS)})")
+                    continue
+                if not stored_ok:
+                    problems.append(f"rid {rid!r}: {name} is stored as {dt} {list(shape)}, "
+                                    f"which codec {codec} does not write")
+                if codec == "fp8" and rec.get("scale") not in tens:
+                    problems.append(f"rid {rid!r}: {name}'s fp8 scales {rec.get('scale')!r} "
+                                    f"are missing")
+                dt, shape = str(rec.get("dtype")), tuple(rec.get("shape") or ())
             if shape != (T, hidden):
                 problems.append(f"rid {rid!r}: {name} shape {list(shape)} != [{T}, {hidden}]")
-            if ent.get("dtype") and _ST_TO_TORCH_NAME.get(dt, dt) != ent["dtype"] and dt != ent["dtype"]:
-                problems.append(f"rid {rid!r}: {name} dtype {dt} != index dtype {ent['dtype']}")
+            if want_dt and _ST_TO_TORCH_NAME.get(dt, dt) != want_dt and dt != want_dt:
+                problems.append(f"rid {rid!r}: {name} dtype {dt} != index dtype {want_dt}")
+        for name in recs:
+            if name not in tens:
+                problems.append(f"rid {rid!r}: codec record names {name!r}, which is not in "
+                                f"{shard}")
     where: dict[str, str] = {}
     for f, rids in shards.items():
         for rid in rids:
@@ -1171,5 +1386,6 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
             if seen.get(rid) != f and rid not in seen:
                 problems.append(f"rid {rid!r}: in {f} but not in {INDEX_NAME}")
     report.update(ok=not problems, shards=len(shards), samples=len(seen), tokens=tokens,
-                  bytes=total_bytes, schemas=list(schemas.values()))
+                  bytes=total_bytes, stored_bytes=stored_bytes, logical_bytes=logical_bytes,
+                  schemas=list(schemas.values()))
     return report

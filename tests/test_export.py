@@ -58,16 +58,19 @@ def aux_cat(s, layers=(1, 3, 5)) -> torch.Tensor:
     return torch.cat([s.tensors[f"layer_{l}"] for l in layers], dim=-1)
 
 
+@pytest.mark.parametrize("gz", [False, True], ids=["ckpt", "ckpt.gz"])
 def test_specforge_export_reads_back_through_specforge_loaders_field_by_field(
-        shard_dir, samples, tmp_path):
+        shard_dir, samples, tmp_path, gz):
     out = tmp_path / "sf"
-    r = export(shard_dir, out, "specforge", progress=False, fsync=False)
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False, gzip=gz)
     assert (r.samples, r.written, r.skipped) == (N, N, 0)
     files = list_local_files(str(out))
     assert len(files) == N
     assert all(os.path.relpath(f, out).startswith("rows_0-2000/data_") for f in files)
+    suffix = ".ckpt.gz" if gz else ".ckpt"
+    assert all(f.endswith(suffix) for f in files)
     for f in files:
-        i = int(os.path.basename(f)[len("data_"):-len(".ckpt")])
+        i = int(os.path.basename(f)[len("data_"):-len(suffix)])
         s = samples[i]
         raw = load_feature_file(f)
         assert set(raw) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
@@ -83,7 +86,7 @@ def test_specforge_export_reads_back_through_specforge_loaders_field_by_field(
     ds = OfflineEagle3Dataset(files, max_len=2048)
     for k in range(len(ds)):
         item = ds[k]
-        i = int(os.path.basename(files[k])[len("data_"):-len(".ckpt")])
+        i = int(os.path.basename(files[k])[len("data_"):-len(suffix)])
         s = samples[i]
         want_mask = s.fields["loss_mask"].to(torch.int64).clone()
         want_mask[-1] = 0                                   # SpecForge's own adjustment
@@ -192,22 +195,24 @@ def test_layers_are_hscapture_ids_written_ascending_and_must_be_captured(shard_d
         export(shard_dir, tmp_path / "y", "speculators", layers=[1, 7], progress=False)
 
 
+@pytest.mark.parametrize("gz", [False, True], ids=["ckpt", "ckpt.gz"])
 def test_rerun_skips_complete_files_rewrites_partial_ones_and_appends_new_samples(
-        shard_dir, samples, tmp_path):
+        shard_dir, samples, tmp_path, gz):
     out = tmp_path / "sf"
-    export(shard_dir, out, "specforge", progress=False, fsync=False)
-    f3, f8 = out / "rows_0-2000/data_3.ckpt", out / "rows_0-2000/data_8.ckpt"
+    ext = ".ckpt.gz" if gz else ".ckpt"
+    export(shard_dir, out, "specforge", progress=False, fsync=False, gzip=gz)
+    f3, f8 = out / f"rows_0-2000/data_3{ext}", out / f"rows_0-2000/data_8{ext}"
     data = f3.read_bytes()
     f3.write_bytes(data[: len(data) // 2])                # torn
     f8.unlink()                                           # never written
-    (out / "rows_0-2000/data_9.ckpt.hscapture-tmp").write_bytes(b"junk")
-    r = export(shard_dir, out, "specforge", progress=False, fsync=False)
+    (out / f"rows_0-2000/data_9{ext}.hscapture-tmp").write_bytes(b"junk")
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False, gzip=gz)
     assert (r.written, r.rewritten, r.skipped) == (2, 1, N - 2)
-    assert not (out / "rows_0-2000/data_9.ckpt.hscapture-tmp").exists()
+    assert not (out / f"rows_0-2000/data_9{ext}.hscapture-tmp").exists()
     assert torch.equal(load_feature_file(str(f3))["aux_hidden_state"][0], aux_cat(samples[3]))
     more = [make_sample(i) for i in range(N, N + 3)]
     write_shards(shard_dir, more)
-    r = export(shard_dir, out, "specforge", progress=False, fsync=False)
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False, gzip=gz)
     assert (r.samples, r.written, r.skipped) == (N + 3, 3, N)
     assert len(list_local_files(str(out))) == N + 3
     assert manifest(out)["rids"][-3:] == [s.rid for s in more]

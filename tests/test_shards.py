@@ -135,7 +135,8 @@ def test_metadata_present(tmp_path):
     with safe_open(str(tmp_path / "shard-00000.safetensors"), "pt") as f:
         meta = f.metadata()
     assert meta["format"] == "hscapture.shard" and meta["format_version"] == "1"
-    assert json.loads(meta["layers"]) == [3, -1]
+    assert json.loads(meta["layers"]) == [3, None]          # the final norm has no layer id
+    assert "final_norm_after_layer" not in meta and "num_layers" not in meta   # id -1: unknown
     assert json.loads(meta["layer_kinds"]) == ["residual", "final_norm"]
     assert json.loads(meta["layer_names"]) == ["layer_3", "final_norm"]
     assert meta["convention"] == "sglang-aux" and meta["model"] == "meta-llama/X"
