@@ -36,3 +36,15 @@ def _remove_segments_this_session_left_for_durable_subscribers():
                 cleanup_stale(name, force=True)
             except Exception:
                 pass
+
+
+@pytest.fixture
+def endpoint():
+    """An ipc endpoint in a private /tmp folder (short: ipc paths are limited to ~107 bytes),
+    removed with everything in it after the test."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="hsc-test-", dir="/tmp")
+    yield f"ipc://{d}/p.sock"
+    shutil.rmtree(d, ignore_errors=True)

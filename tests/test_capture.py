@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import msgpack
@@ -39,16 +38,6 @@ from hscapture.shards import read_index, verify_dir  # noqa: E402
 
 HIDDEN = 64
 LAYERS = [3, 7, 11]
-
-
-@pytest.fixture
-def endpoint(tmp_path):
-    sock_dir = Path("/tmp") / f"hsc-test-{uuid.uuid4().hex[:10]}"
-    sock_dir.mkdir(mode=0o700)
-    yield f"ipc://{sock_dir}/p.sock"
-    for f in sock_dir.iterdir():
-        f.unlink()
-    sock_dir.rmdir()
 
 
 def spec(endpoint, requests, **over):

@@ -16,7 +16,6 @@ import signal
 import struct
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -432,16 +431,6 @@ def test_verify_dir_catches_a_damaged_codec_record(tmp_path):
 
 
 # -- drain --compress -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def endpoint():
-    sock_dir = Path("/tmp") / f"hsc-test-{uuid.uuid4().hex[:10]}"
-    sock_dir.mkdir(mode=0o700)
-    yield f"ipc://{sock_dir}/p.sock"
-    for f in sock_dir.iterdir():
-        f.unlink()
-    sock_dir.rmdir()
 
 
 @pytest.mark.parametrize("comp", ["zstd", "fp8"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from fault_support import (  # noqa: E402
     check_exact,
     drain_report,
     durable_rids,
-    new_endpoint,
     reported_rids,
     requests,
     start_drain,
@@ -32,13 +30,6 @@ from fault_support import (  # noqa: E402
 )
 
 from hscapture import Subscriber  # noqa: E402
-
-
-@pytest.fixture
-def endpoint():
-    ep, d = new_endpoint()
-    yield ep
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: int,

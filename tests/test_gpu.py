@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,16 +37,6 @@ def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         bad = (a != b).nonzero()
         raise AssertionError(f"{what}: {bad.shape[0]} elements differ, first at "
                              f"{bad[0].tolist()}")
-
-
-@pytest.fixture
-def endpoint():
-    d = Path("/tmp") / f"hsc-gpu-{uuid.uuid4().hex[:10]}"
-    d.mkdir(mode=0o700)
-    yield f"ipc://{d}/p.sock"
-    for f in d.iterdir():
-        f.unlink()
-    d.rmdir()
 
 
 @pytest.fixture

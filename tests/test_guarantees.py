@@ -60,13 +60,6 @@ EXIT_OK, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 3, 130
 
 
 @pytest.fixture
-def endpoint():
-    ep, d = new_endpoint()
-    yield ep
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
 def procs():
     """Processes a test starts; all of them are gone after the test."""
     started: list = []

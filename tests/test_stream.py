@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,6 @@ from capture_support import assert_sample_exact, read_events, start_producer
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_from_stream.py"
 HIDDEN, LAYERS = 64, [2, 5, 7]
-
-
-@pytest.fixture
-def endpoint():
-    sock_dir = Path("/tmp") / f"hsc-test-{uuid.uuid4().hex[:10]}"
-    sock_dir.mkdir(mode=0o700)
-    yield f"ipc://{sock_dir}/p.sock"
-    for f in sock_dir.iterdir():
-        f.unlink()
-    sock_dir.rmdir()
 
 
 def spec(endpoint, requests, **over):

@@ -3,11 +3,8 @@ pump() still reads everything; nothing is lost or delivered twice either way."""
 
 from __future__ import annotations
 
-import shutil
 import time
-import uuid
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,14 +15,6 @@ from hscapture import notice as nt
 from hscapture.producer import Row
 
 ROWS = 300
-
-
-@pytest.fixture
-def endpoint():
-    d = Path("/tmp") / f"hsc-poll-{uuid.uuid4().hex[:10]}"
-    d.mkdir(mode=0o700)
-    yield f"ipc://{d}/p.sock"
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _burst(p: Producer, prefix: str) -> torch.Tensor:
