@@ -321,11 +321,7 @@ class Producer:
                 f"capture_rows: expected one source start per row and at least one row, "
                 f"found {len(rows)} rows and {len(src_starts)} starts")
         for s, m in zip(src_starts, rows):
-            n = m["token_count"]
-            if s < 0 or n <= 0 or s + n > t_src:
-                raise CaptureConfigError(
-                    f"row {m['rid']!r}: expected 1..{t_src} token rows inside the sources, "
-                    f"found [{s}, {s + n})")
+            _check_source_range(m["rid"], s, m["token_count"], t_src)
         return self._capture(rows if isinstance(rows, list) else list(rows),
                              src_starts if isinstance(src_starts, list) else list(src_starts),
                              blocks, layers, layer_kinds, token_ids, layer_map,
@@ -858,16 +854,21 @@ class Producer:
 # -- helpers -----------------------------------------------------------------------------
 
 
+def _check_source_range(rid: str, start: int, count: int, t_src: int) -> None:
+    """A row's token rows ``[start, start + count)`` lie inside the ``t_src`` source rows."""
+    if start < 0 or count <= 0 or start + count > t_src:
+        raise CaptureConfigError(
+            f"row {rid!r}: expected 1..{t_src} token rows inside the sources, found "
+            f"[{start}, {start + count})")
+
+
 def _check_rows(rows: list[Row], t_src: int) -> None:
     """Every row's rid, token range and fields, before a sequence number is taken."""
     if not rows:
         raise CaptureConfigError("capture_batch: expected at least one row, found none")
     for r in rows:
         nt.check_rid(r.rid)   # InvalidRidError
-        if r.token_count <= 0 or r.src_start < 0 or r.src_start + r.token_count > t_src:
-            raise CaptureConfigError(
-                f"row {r.rid!r}: expected 1..{t_src} token rows inside the sources, found "
-                f"[{r.src_start}, {r.src_start + r.token_count})")
+        _check_source_range(r.rid, r.src_start, r.token_count, t_src)
         if r.token_start < 0 or not 0 <= r.cached_prefix <= r.token_start + r.token_count:
             raise CaptureConfigError(
                 f"row {r.rid!r}: token_start={r.token_start}, cached_prefix="
