@@ -11,6 +11,7 @@
 
 #include <Python.h>
 
+#include "hscapture/cuda_copy.h"
 #include "hscapture/layout.h"
 #include "hscapture/ring.h"
 
@@ -143,6 +144,41 @@ nb::dict info_dict(const hsc::SegmentInfo& i) {
     d["consumers"] = consumers;
     return d;
 }
+
+
+// --- native CUDA copy path (csrc/cuda_copy.cpp) ------------------------------------------------
+// Copy lists arrive as flat buffers of uint64 (array('Q')), 6 values per copy, in Copy2D order:
+// no per-element Python conversion on the engine's hot path.
+struct U64Buffer {
+    Py_buffer view{};
+    bool held = false;
+    explicit U64Buffer(nb::handle obj) {
+        if (obj.is_none()) return;
+        if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+        held = true;
+        if (view.len % sizeof(hsc::cuda::Copy2D) != 0) {
+            PyBuffer_Release(&view);
+            held = false;
+            throw nb::value_error("copy list: expected a multiple of 6 uint64 values");
+        }
+    }
+    ~U64Buffer() { if (held) PyBuffer_Release(&view); }
+    const hsc::cuda::Copy2D* data() const { return held ? static_cast<const hsc::cuda::Copy2D*>(view.buf) : nullptr; }
+    size_t count() const { return held ? size_t(view.len) / sizeof(hsc::cuda::Copy2D) : 0; }
+};
+
+// A CUDA event of the native path; destroyed with the object (errors at teardown ignored).
+struct CudaEvent {
+    uint64_t event = 0, context = 0;
+    explicit CudaEvent(uint64_t context_ptr) {
+        std::string err;
+        if (hsc::cuda::event_create(context_ptr, &event, &context, &err) != 0)
+            throw std::runtime_error("hscapture: " + err);
+    }
+    ~CudaEvent() { if (event) hsc::cuda::event_destroy(event, context); }
+    CudaEvent(const CudaEvent&) = delete;
+    CudaEvent& operator=(const CudaEvent&) = delete;
+};
 
 }  // namespace
 
@@ -384,6 +420,38 @@ NB_MODULE(_ring, m) {
                    " position=" + std::to_string(c.position()) + (c.closed() ? " closed" : "") + ">";
         });
 
+
+    m.def("cuda_available", [] {
+        std::string why;
+        hsc::cuda::available(&why);
+        return why;
+    }, "'' when the native CUDA copy path can run (libcuda.so.1 and its functions), else why not.");
+    m.def("cuda_submit", [](uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context_ptr,
+                            nb::handle pre, nb::handle post) {
+        U64Buffer a(pre), b(post);
+        std::string err;
+        if (hsc::cuda::submit(caller, side, ready, done, context_ptr, a.data(), a.count(), b.data(), b.count(), &err) != 0)
+            return err.empty() ? std::string("CUDA copy submission failed") : err;
+        return std::string();
+    }, "caller"_a, "side"_a, "ready"_a, "done"_a, "context_ptr"_a, "pre"_a.none(), "post"_a.none(),
+       "Issue one capture's copies (see csrc/hscapture/cuda_copy.h); '' on success, else the error.");
+    nb::class_<CudaEvent>(m, "CudaEvent", "A CUDA event (no timing) of the native copy path.")
+        .def(nb::init<uint64_t>(), "context_ptr"_a)
+        .def_prop_ro("handle", [](const CudaEvent& e) { return e.event; })
+        .def("query", [](const CudaEvent& e) {
+            int rc = hsc::cuda::event_query(e.event, e.context);
+            if (rc < 0) throw std::runtime_error("hscapture: cuEventQuery failed: CUresult " + std::to_string(-rc));
+            return rc == 1;
+        }, "True once every operation recorded before it completed (never blocks).")
+        .def("synchronize", [](const CudaEvent& e) {
+            std::string err;
+            int rc;
+            {
+                nb::gil_scoped_release unlocked;   // the wait never holds the interpreter
+                rc = hsc::cuda::event_synchronize(e.event, e.context, &err);
+            }
+            if (rc != 0) throw std::runtime_error("hscapture: " + err);
+        }, "Block this thread (GIL released) until the event completed.");
     m.def("is_stale", &hsc::is_stale, "name"_a, "True if no live producer holds the segment's producer lock.");
     m.def("unlink", &hsc::unlink_segment, "name"_a, "shm_unlink the segment.");
     m.def("segment_info", [](const std::string& name) { return info_dict(hsc::segment_info(name)); }, "name"_a,

@@ -25,6 +25,7 @@ import torch
 import zmq
 
 from . import notice as nt
+from . import _cuda_copy
 from . import record as rec
 from ._control import ControlLog
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
@@ -111,6 +112,10 @@ class Producer:
     - Captures made before any subscriber attached are named to the first subscriber in an
       ``unheard`` entry (bounded; the rest counted); ``wait_for_subscribers`` holds the first
       captures back instead.
+    - An entry is announced at most ``commit_grace_s`` after its copy completed, at once
+      when a later capture, an abort or :meth:`flush` comes first: the capturing thread
+      publishes completed entries itself, so a busy engine thread rarely hands the GIL to
+      the publisher thread.
     - ``close()`` waits for every copy in flight and publishes everything before it unmaps
       the ring; a segment that a durable subscriber has not finished reading is left in
       ``/dev/shm`` for it (``hscapture cleanup`` removes it once read or unsubscribed).
@@ -136,6 +141,7 @@ class Producer:
         wait_for_subscribers: int = 0,
         wait_for_subscribers_s: float = 30.0,
         durable_expiry_s: float = 0.0,
+        commit_grace_s: float = 0.002,
     ) -> None:
         from . import _ring
 
@@ -153,6 +159,7 @@ class Producer:
         self.convention = convention
         self.dp_rank = int(dp_rank)
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.commit_grace_s = max(0.0, float(commit_grace_s))
         capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
         if control_reserve is None:
             control_reserve = min(4 << 20, capacity // 8) // 64 * 64
@@ -187,10 +194,13 @@ class Producer:
             raise
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
-        self._cond = threading.Condition()     # publisher progress (flush / close wait on it)
+        self._cond = threading.Condition()     # guards the queue; wakes the publisher thread
+        self._progress = threading.Condition()  # flush / close wait on it
+        self._pub_lock = threading.Lock()      # one publisher at a time; every socket send
         self._queue: collections.deque[_Pending | None] = collections.deque()
         self._queued = 0                       # entries put on the queue (under _cond)
-        self._published = 0                    # entries the publisher finished (under _cond)
+        self._published = 0                    # entries committed + announced (_progress)
+        self._flushing = 0                     # flush() calls waiting (under _cond)
         self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -199,6 +209,13 @@ class Producer:
         self._counters: collections.Counter[str] = collections.Counter()
         self._control = ControlLog()
         self._closed = False
+        self._native = None
+        if self._pinned is not None:
+            why = _cuda_copy.native_available()
+            if why:
+                log.info("hscapture: CUDA copies go through torch (native path: %s)", why)
+            else:
+                self._native = _cuda_copy.NativeCopier()
         self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
                     "capacity": self._ring.capacity, "time_ns": time.time_ns()})
         self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
@@ -347,6 +364,7 @@ class Producer:
                                             token_ids, layer_map, hidden, dtype, snapshot,
                                             may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
+                self._publish_ready(block=False)
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
             # publisher thread needs it for heartbeats, and only its commits (and the
@@ -389,8 +407,8 @@ class Producer:
         try:
             buf = self._ring.payload(position)
             rec.write_header(buf, plan)
-            done, keepalive = self._copy_into(buf, plan, starts, row_maps, blocks, token_ids,
-                                              snapshot)
+            done, keepalive = self._copy_into(buf, position, plan, starts, row_maps, blocks,
+                                              token_ids, snapshot)
         except Exception as exc:
             self._ring.abort(position)
             self._counters["errors"] += 1
@@ -424,6 +442,7 @@ class Producer:
             self._next_seq += 1
             self._counters["aborted"] += 1
             self._control_locked(meta)
+        self._publish_ready(block=False)
 
     def stats(self) -> dict[str, Any]:
         """Counters: captured rows/bytes, dropped, aborted, unrecorded, errors, the ring's own."""
@@ -453,10 +472,17 @@ class Producer:
         """Wait until every entry so far has been committed and announced."""
         with self._cond:
             target = self._queued
-            if not self._cond.wait_for(lambda: self._published >= target, timeout_s):
-                raise TimeoutError(
-                    f"Producer.flush: {target - self._published} entries still pending after "
-                    f"{timeout_s:g}s (a copy that never completes?)")
+            self._flushing += 1          # cuts the publisher's commit grace short
+            self._cond.notify_all()
+        try:
+            with self._progress:
+                if not self._progress.wait_for(lambda: self._published >= target, timeout_s):
+                    raise TimeoutError(
+                        f"Producer.flush: {target - self._published} entries still pending "
+                        f"after {timeout_s:g}s (a copy that never completes?)")
+        finally:
+            with self._cond:
+                self._flushing -= 1
 
     def close(self, timeout_s: float | None = None) -> None:
         """Publish everything pending (waiting for copies in flight), say ``bye``, unmap, and
@@ -606,7 +632,7 @@ class Producer:
             stream = self._streams[device] = torch.cuda.Stream(device=device)
         return stream
 
-    def _copy_into(self, buf: memoryview, plan: Any, starts: list[int],
+    def _copy_into(self, buf: memoryview, position: int, plan: Any, starts: list[int],
                    maps: list[dict[str, Any]], blocks: list[torch.Tensor], token_ids: Any,
                    snapshot: bool) -> tuple[Any, Any]:
         """Start copying the rows' token rows of every block, and their token ids, into the
@@ -618,6 +644,9 @@ class Producer:
         a view) and one device-to-host copy on the side stream; one pooled ``done`` event.
         Many scattered spans use one ``index_select`` per tensor with an index copied from
         pinned memory (stream-ordered, no synchronization). Nothing waits for the device.
+
+        With the ring page-locked and the CUDA driver at hand, all of that is instead one
+        native call (:mod:`hscapture._cuda_copy`: 2D copies per block and span, no kernel).
         """
         tokens = plan.tokens
         spans = _spans(starts, maps)
@@ -632,6 +661,14 @@ class Producer:
                 _gather_into(dst, src, spans)
             _gather_into(ids_dst, ids.reshape(-1).to("cpu").to(torch.int32), spans)
             return None, None
+        if self._native is not None and _cuda_copy.eligible(blocks, ids):
+            if not ids.is_cuda:
+                _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
+            got = self._native.submit(self._ring.payload_address(position), plan.block_offsets,
+                                      plan.ids_offset, tokens, spans, blocks, ids, snapshot)
+            self._counters["native_copies"] += 1
+            return got
+        self._counters["torch_copies"] += 1
         device = blocks[0].device
         caller = torch.cuda.current_stream(device)
         index = None
@@ -688,7 +725,34 @@ class Producer:
             self._queue.append(item)
             if item is not None:
                 self._queued += 1
-            self._cond.notify_all()
+            # The publisher thread sleeps only while the queue is empty (or in its commit
+            # grace, which close cuts short): wake it for the first entry and for close only,
+            # so a busy engine thread does not hand it the GIL once per capture.
+            if item is None or len(self._queue) == 1:
+                self._cond.notify_all()
+
+    def _publish_ready(self, block: bool) -> None:
+        """Commit and announce, in order, every entry at the queue's front whose copy has
+        completed. The capturing thread calls it after each capture without blocking (when
+        the publisher thread is at it, it returns at once), the publisher thread blocking."""
+        if not self._pub_lock.acquire(blocking=block):
+            return
+        n = 0
+        try:
+            while True:
+                with self._cond:
+                    item = self._queue[0] if self._queue else None
+                    if item is None or (item.done is not None and not _completed(item.done)):
+                        break
+                    self._queue.popleft()
+                self._safe(self._publish, item)
+                n += 1
+        finally:
+            self._pub_lock.release()
+        if n:
+            with self._progress:
+                self._published += n
+                self._progress.notify_all()
 
     def _send(self, msg: dict[str, Any]) -> None:
         msg.setdefault("v", nt.PROTOCOL_VERSION)
@@ -715,7 +779,8 @@ class Producer:
                   "unrecorded": self._control.unrecorded,
                   "backlog": self._control.backlog_rows, "recorded_through": recorded,
                   "errors": self._counters["errors"], "time_ns": time.time_ns()}
-        self._send(hb)
+        with self._pub_lock:
+            self._send(hb)
 
     def _write_unheard_locked(self, rows: list[dict[str, Any]], overflow: int) -> None:
         meta = rec.unheard_meta(self.producer_id, self.epoch, self._next_seq, self.dp_rank,
@@ -731,11 +796,14 @@ class Producer:
     def _publish_loop(self) -> None:
         """Commit entries in order once their copies completed, then announce them.
 
-        GIL economy (this thread shares the interpreter with the engine's scheduler thread):
-        every blocking call releases the GIL, and taking it back from a busy thread can cost
-        up to the interpreter's switch interval (5 ms). So entries whose copies are already
-        done (``Event.query()``, non-blocking) are committed in one burst, and the thread
-        blocks (``synchronize()``) only when the oldest copy is still running.
+        GIL economy (this thread shares the interpreter with the engine's scheduler thread,
+        and taking the GIL back from a busy thread can cost up to the interpreter's switch
+        interval, 5 ms): the capturing thread publishes whatever completed at each capture
+        (:meth:`_publish_ready`), so under load this thread mostly sleeps. It waits for the
+        oldest copy with the GIL released (``synchronize``), then gives the capturing thread
+        ``commit_grace_s`` to publish it inline before doing it itself; so an entry is
+        announced at most ``commit_grace_s`` after its copy completed, and at once when the
+        next capture comes first.
         """
         last_hb = 0.0
         while True:
@@ -747,25 +815,25 @@ class Producer:
                 if not self._queue:
                     self._cond.wait(self.heartbeat_interval_s)
                     continue
-                burst = []
-                while self._queue and (not burst or self._queue[0] is None or
-                                       self._queue[0].done is None or
-                                       self._queue[0].done.query()):
-                    burst.append(self._queue.popleft())
-                    if burst[-1] is None:
-                        break
-            stop = burst and burst[-1] is None
-            for item in burst:
-                if item is not None:
-                    self._safe(self._publish, item)
-            with self._cond:
-                self._published += len(burst) - (1 if stop else 0)
-                self._cond.notify_all()
-            if stop:
-                break
+                head = self._queue[0]
+                if head is None:
+                    self._queue.popleft()
+                    break
+            if head.done is not None and not _completed(head.done):
+                try:
+                    head.done.synchronize()  # waits for the side-stream copy only (GIL released)
+                except Exception:
+                    pass                     # _publish reports the failed copy
+            if self.commit_grace_s:
+                with self._cond:
+                    if self._queue and self._queue[0] is head and \
+                            self._queue[-1] is not None and not self._flushing:
+                        self._cond.wait(self.commit_grace_s)
+            self._publish_ready(block=True)
         self._safe(self._heartbeat)
-        self._safe(self._send, {"kind": "bye", "next_seq": self._announced,
-                                "time_ns": time.time_ns()})
+        with self._pub_lock:
+            self._safe(self._send, {"kind": "bye", "next_seq": self._announced,
+                                    "time_ns": time.time_ns()})
 
     def _publish(self, item: _Pending) -> None:
         try:
@@ -852,6 +920,14 @@ class Producer:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _completed(event: Any) -> bool:
+    """``event.query()``; True when the query itself fails (the publish reports the copy)."""
+    try:
+        return bool(event.query())
+    except Exception:
+        return True
 
 
 def _check_source_range(rid: str, start: int, count: int, t_src: int) -> None:

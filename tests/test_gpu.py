@@ -39,15 +39,32 @@ def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
                              f"{bad[0].tolist()}")
 
 
+@pytest.fixture(params=["native", "torch"])
+def copy_path(request, monkeypatch):
+    """Every capture test runs through both CUDA copy paths: the native one (one driver call
+    per capture, hscapture._cuda_copy) and the torch one (HSCAPTURE_COPY_PATH=torch)."""
+    if request.param == "torch":
+        monkeypatch.setenv("HSCAPTURE_COPY_PATH", "torch")
+    else:
+        monkeypatch.delenv("HSCAPTURE_COPY_PATH", raising=False)
+    return request.param
+
+
 @pytest.fixture
-def pair(endpoint):
-    """A Producer (pinned ring) and an attached Subscriber, in this process."""
+def pair(endpoint, copy_path):
+    """A Producer (pinned ring) and an attached Subscriber, in this process; at the end, the
+    copy path the test asked for is the one that ran (when it ran any CUDA copy)."""
     p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=512 << 20,
                  full_policy="wait", wait_timeout_s=30.0)
+    assert (p._native is not None) == (copy_path == "native"), \
+        f"copy path {copy_path!r} requested, native copier {p._native!r}"
     sub = Subscriber(endpoint)
     try:
         sub.wait_ready(timeout=20)
         yield p, sub
+        st = p.stats()
+        if copy_path == "torch":
+            assert not st.get("native_copies"), st
     finally:
         sub.close()
         p.close()
@@ -413,3 +430,69 @@ def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, patt
         assert torch.equal(s.token_ids.to(torch.int64), tok), rid
         s.release()
     assert p.stats().get("dropped", 0) == 0
+
+
+def test_the_native_path_takes_the_hooks_captures_and_ineligible_ones_fall_back(pair, copy_path):
+    """Dense-row sources (also a column slice of a wider tensor: a row pitch) and int64 or
+    int32 device ids go through the native path; column-strided sources go through torch;
+    both exact, including with snapshot and host ids."""
+    p, sub = pair
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(5)
+    wide = torch.randn(300, 1000, generator=g, device=dev).to(torch.bfloat16)
+    cases = {
+        "dense-i64": ([torch.randn(300, 384, generator=g, device=dev).to(torch.bfloat16)],
+                      torch.randint(0, 50_000, (300,), generator=g, device=dev), False),
+        "pitch-i32": ([wide[:, :384]], torch.randint(0, 50_000, (300,), generator=g,
+                                                     device=dev, dtype=torch.int32), True),
+        "host-ids": ([torch.randn(300, 384, generator=g, device=dev).to(torch.bfloat16)],
+                     _ids(300), True),
+        "col-strided": ([wide[:, ::2]], _ids(300), False),
+    }
+    for rid, (blocks, ids, snap) in cases.items():
+        want = [bits(b) for b in blocks], ids.to("cpu", torch.int64)
+        before = dict(p.stats())
+        maps = [{"rid": rid, "token_start": 0, "token_count": 300, "last": True,
+                 "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}]
+        assert p.capture_rows(maps, [0], blocks, layers=[4], token_ids=ids, snapshot=snap)
+        after = p.stats()
+        native = after.get("native_copies", 0) - before.get("native_copies", 0)
+        torch_ = after.get("torch_copies", 0) - before.get("torch_copies", 0)
+        expect_native = copy_path == "native" and rid != "col-strided"
+        assert (native, torch_) == ((1, 0) if expect_native else (0, 1)), (rid, native, torch_)
+        if snap:
+            blocks[0].fill_(float("nan"))
+            if ids.is_cuda:
+                ids.fill_(-1)
+        s = sub.get(rid, timeout=30)
+        assert torch.equal(bits(s.tensors["layer_4"]), want[0][0]), rid
+        assert torch.equal(s.token_ids.to(torch.int64), want[1]), rid
+        s.release()
+
+
+def test_the_capturing_thread_announces_completed_copies_and_flush_cuts_the_grace(endpoint):
+    """With a commit grace far longer than the test, an entry whose copy completed is
+    announced by the next capture (inline, no publisher-thread hand-off), and flush() does
+    not wait out the grace for the last one."""
+    p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=64 << 20,
+                 commit_grace_s=60.0)
+    sub = Subscriber(endpoint)
+    try:
+        sub.wait_ready(timeout=20)
+        src = torch.randn(64, 256, device="cuda").to(torch.bfloat16)
+        ids = torch.arange(64, device="cuda")
+        assert p.capture("first", [src], layers=[1], token_ids=ids)
+        torch.cuda.synchronize()                       # the first copy has completed
+        assert p.capture("second", [src], layers=[1], token_ids=ids)
+        t0 = time.monotonic()
+        s = sub.get("first", timeout=20)               # announced by the second capture
+        assert time.monotonic() - t0 < 20
+        assert_bits_equal(s.tensors["layer_1"], src, "first")
+        s.release()
+        t0 = time.monotonic()
+        p.flush(timeout_s=20)
+        assert time.monotonic() - t0 < 20, "flush waited out the commit grace"
+        sub.get("second", timeout=5).release()
+    finally:
+        sub.close()
+        p.close()

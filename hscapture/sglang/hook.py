@@ -76,6 +76,10 @@ _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill d
 #: how often the forward hook looks for requests that stopped between chunks (the scheduler's
 #: chunked-abort hook reports aborts at once; this catches requests released silently)
 _SWEEP_INTERVAL_S = 0.05
+#: how long the producer's publisher thread leaves a completed copy for the scheduler thread to
+#: publish at its next forward (no GIL hand-off) before publishing it itself: longer than the
+#: forward of a small model, so a busy server publishes inline (notices come at most this late)
+COMMIT_GRACE_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,7 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
         model=model,
         convention=config.convention,
         dp_rank=ranks.dp_rank,
+        commit_grace_s=COMMIT_GRACE_S,
     )
 
 
@@ -228,6 +233,7 @@ class SGLangCaptureHook:
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         self._mode, self._mode_checked, self._mode_stamp = "", 0, None
         self._swept = 0.0
+        self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
 
     # -- entry points --------------------------------------------------------------------
 
@@ -455,11 +461,8 @@ class SGLangCaptureHook:
             self._log_once("no_last", logging.WARNING,
                            "hscapture: no last_hidden_states in this forward; final_norm is "
                            "not captured (only the aux layers)")
-        cap_layers = list(layers)
-        kinds = ["residual"] * k
-        if last is not None:
-            cap_layers.append(_final_layer_id(worker))
-            kinds.append("final_norm")
+        shape = self._shape_of(layers, h, last is not None, worker)
+        cap_layers, kinds, layer_map = shape
         # Graph replays hand out views of reused buffers: ask the producer to snapshot them.
         snapshot = bool(getattr(result, "can_run_cuda_graph", True))
         # The rows, already in their wire form (record.ROW_KEYS order): no per-row object.
@@ -479,7 +482,6 @@ class SGLangCaptureHook:
         blocks = [hidden[:real_tokens]]
         if last is not None:
             blocks.append(last[:real_tokens])
-        layer_map = [[0, j * h] for j in range(k)] + ([[1, 0]] if last is not None else [])
         ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens, offsets)
         if self._mode == "nocapture":
             ok = True
@@ -507,6 +509,21 @@ class SGLangCaptureHook:
             self.counters["samples"] += completed
         while len(done) > _MAX_DONE:
             del done[next(iter(done))]
+
+    def _shape_of(self, layers: tuple[int, ...], h: int, final: bool, worker: Any
+                  ) -> tuple[list[int], list[str], list[list[int]]]:
+        """(captured layer ids, kinds, layer map) of a forward: the same for every forward of
+        one server, so built once per (layers, hidden, final_norm) and reused (never changed:
+        the producer copies what it keeps)."""
+        key = (layers, h, final)
+        got = self._shapes.get(key)
+        if got is None:
+            k = len(layers)
+            cap = list(layers) + ([_final_layer_id(worker)] if final else [])
+            kinds = ["residual"] * k + (["final_norm"] if final else [])
+            lmap = [[0, j * h] for j in range(k)] + ([[1, 0]] if final else [])
+            got = self._shapes[key] = (cap, kinds, lmap)
+        return got
 
     def _row(self, req: Any, prefix: int, ext: int, seen: set[str]
              ) -> tuple[dict[str, Any], tuple[str, int, Any, bool]] | None:

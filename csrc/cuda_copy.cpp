@@ -1,0 +1,223 @@
+// Native CUDA copy path (see hscapture/cuda_copy.h). The driver API is declared here, the few
+// types and functions used, with the ABI of cuda.h (CUDA_MEMCPY2D is the v2 struct, stable since
+// CUDA 3.2), so no CUDA toolkit is needed to build.
+#include "hscapture/cuda_copy.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace hsc::cuda {
+namespace {
+
+using CUresult = int;
+using CUdeviceptr = unsigned long long;
+using CUstream = void*;
+using CUevent = void*;
+using CUcontext = void*;
+
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_NOT_READY = 600;
+constexpr int CU_MEMORYTYPE_UNIFIED = 4;
+constexpr int CU_POINTER_ATTRIBUTE_CONTEXT = 1;
+constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
+
+struct Memcpy2D {  // CUDA_MEMCPY2D (v2)
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void* srcHost;
+    CUdeviceptr srcDevice;
+    void* srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void* dstHost;
+    CUdeviceptr dstDevice;
+    void* dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+};
+
+struct Driver {
+    CUresult (*memcpy2d_async)(const Memcpy2D*, CUstream) = nullptr;
+    CUresult (*event_record)(CUevent, CUstream) = nullptr;
+    CUresult (*stream_wait_event)(CUstream, CUevent, unsigned) = nullptr;
+    CUresult (*event_create)(CUevent*, unsigned) = nullptr;
+    CUresult (*event_destroy)(CUevent) = nullptr;
+    CUresult (*event_query)(CUevent) = nullptr;
+    CUresult (*event_synchronize)(CUevent) = nullptr;
+    CUresult (*pointer_attr)(void*, int, CUdeviceptr) = nullptr;
+    CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+    CUresult (*ctx_push)(CUcontext) = nullptr;
+    CUresult (*ctx_pop)(CUcontext*) = nullptr;
+    CUresult (*error_name)(CUresult, const char**) = nullptr;
+    std::string why;  // empty when every symbol resolved
+};
+
+template <typename F>
+bool resolve(void* lib, const char* name, F* out, std::string* why) {
+    *out = reinterpret_cast<F>(dlsym(lib, name));
+    if (!*out && why->empty()) *why = std::string("libcuda.so.1 has no ") + name;
+    return *out != nullptr;
+}
+
+const Driver& driver() {
+    static Driver d;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // The process's own driver if it is loaded (torch loaded it), else load it; never unloaded.
+        void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+        if (!lib) {
+            const char* e = dlerror();
+            d.why = std::string("cannot load libcuda.so.1: ") + (e ? e : "unknown error");
+            return;
+        }
+        resolve(lib, "cuMemcpy2DAsync_v2", &d.memcpy2d_async, &d.why);
+        resolve(lib, "cuEventRecord", &d.event_record, &d.why);
+        resolve(lib, "cuStreamWaitEvent", &d.stream_wait_event, &d.why);
+        resolve(lib, "cuEventCreate", &d.event_create, &d.why);
+        resolve(lib, "cuEventDestroy_v2", &d.event_destroy, &d.why);
+        resolve(lib, "cuEventQuery", &d.event_query, &d.why);
+        resolve(lib, "cuEventSynchronize", &d.event_synchronize, &d.why);
+        resolve(lib, "cuPointerGetAttribute", &d.pointer_attr, &d.why);
+        resolve(lib, "cuCtxGetCurrent", &d.ctx_get_current, &d.why);
+        resolve(lib, "cuCtxPushCurrent_v2", &d.ctx_push, &d.why);
+        resolve(lib, "cuCtxPopCurrent_v2", &d.ctx_pop, &d.why);
+        resolve(lib, "cuGetErrorName", &d.error_name, &d.why);
+    });
+    return d;
+}
+
+void describe(const Driver& d, CUresult rc, const char* call, std::string* err) {
+    const char* name = nullptr;
+    if (d.error_name) d.error_name(rc, &name);
+    if (err) *err = std::string(call) + " failed: " + (name ? name : "CUresult ") + " (" + std::to_string(rc) + ")";
+}
+
+// Makes `want` the current context of this thread for this scope (when it is not already).
+class ContextScope {
+public:
+    ContextScope(const Driver& d, CUcontext want) : d_(d) {
+        CUcontext cur = nullptr;
+        rc_ = d.ctx_get_current(&cur);
+        if (rc_ == CUDA_SUCCESS && cur != want) {
+            rc_ = d.ctx_push(want);
+            pushed_ = rc_ == CUDA_SUCCESS;
+        }
+    }
+    ~ContextScope() {
+        if (pushed_) {
+            CUcontext popped = nullptr;
+            d_.ctx_pop(&popped);
+        }
+    }
+    CUresult rc() const { return rc_; }
+
+private:
+    const Driver& d_;
+    CUresult rc_ = CUDA_SUCCESS;
+    bool pushed_ = false;
+};
+
+CUresult copy(const Driver& d, const Copy2D& c, CUstream stream) {
+    Memcpy2D m{};
+    m.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+    m.srcDevice = CUdeviceptr(c.src);
+    m.srcPitch = size_t(c.src_pitch);
+    m.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+    m.dstDevice = CUdeviceptr(c.dst);
+    m.dstPitch = size_t(c.dst_pitch);
+    m.WidthInBytes = size_t(c.width);
+    m.Height = size_t(c.height);
+    return d.memcpy2d_async(&m, stream);
+}
+
+}  // namespace
+
+bool available(std::string* why) {
+    const Driver& d = driver();
+    if (why) *why = d.why;
+    return d.why.empty();
+}
+
+int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context_ptr,
+           const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err) {
+    const Driver& d = driver();
+    if (!d.why.empty()) {
+        if (err) *err = d.why;
+        return -1;
+    }
+    CUcontext ctx = nullptr;
+    CUresult rc = d.pointer_attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(context_ptr));
+    if (rc != CUDA_SUCCESS) return describe(d, rc, "cuPointerGetAttribute (source context)", err), rc;
+    ContextScope scope(d, ctx);
+    if (scope.rc() != CUDA_SUCCESS) return describe(d, scope.rc(), "cuCtxPushCurrent", err), scope.rc();
+    auto cs = reinterpret_cast<CUstream>(caller);
+    auto ss = reinterpret_cast<CUstream>(side);
+    for (size_t i = 0; i < n_pre; ++i)
+        if ((rc = copy(d, pre[i], cs)) != CUDA_SUCCESS) return describe(d, rc, "cuMemcpy2DAsync (snapshot)", err), rc;
+    // The side stream waits for everything the caller's stream has enqueued so far (the forward
+    // pass and the snapshots above): stream order is the only ordering the copies rely on.
+    if ((rc = d.event_record(reinterpret_cast<CUevent>(ready), cs)) != CUDA_SUCCESS)
+        return describe(d, rc, "cuEventRecord (ready)", err), rc;
+    if ((rc = d.stream_wait_event(ss, reinterpret_cast<CUevent>(ready), 0)) != CUDA_SUCCESS)
+        return describe(d, rc, "cuStreamWaitEvent", err), rc;
+    for (size_t i = 0; i < n_post; ++i)
+        if ((rc = copy(d, post[i], ss)) != CUDA_SUCCESS) return describe(d, rc, "cuMemcpy2DAsync (to the ring)", err), rc;
+    if ((rc = d.event_record(reinterpret_cast<CUevent>(done), ss)) != CUDA_SUCCESS)
+        return describe(d, rc, "cuEventRecord (done)", err), rc;
+    return 0;
+}
+
+int event_create(uint64_t context_ptr, uint64_t* event, uint64_t* context, std::string* err) {
+    const Driver& d = driver();
+    if (!d.why.empty()) {
+        if (err) *err = d.why;
+        return -1;
+    }
+    CUcontext ctx = nullptr;
+    CUresult rc = d.pointer_attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(context_ptr));
+    if (rc != CUDA_SUCCESS) return describe(d, rc, "cuPointerGetAttribute (source context)", err), rc;
+    ContextScope scope(d, ctx);
+    if (scope.rc() != CUDA_SUCCESS) return describe(d, scope.rc(), "cuCtxPushCurrent", err), scope.rc();
+    CUevent ev = nullptr;
+    if ((rc = d.event_create(&ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+        return describe(d, rc, "cuEventCreate", err), rc;
+    *event = reinterpret_cast<uint64_t>(ev);
+    *context = reinterpret_cast<uint64_t>(ctx);
+    return 0;
+}
+
+int event_destroy(uint64_t event, uint64_t context) {
+    const Driver& d = driver();
+    if (!d.why.empty()) return -1;
+    ContextScope scope(d, reinterpret_cast<CUcontext>(context));
+    return scope.rc() != CUDA_SUCCESS ? scope.rc() : d.event_destroy(reinterpret_cast<CUevent>(event));
+}
+
+int event_query(uint64_t event, uint64_t context) {
+    const Driver& d = driver();
+    if (!d.why.empty()) return -1;
+    ContextScope scope(d, reinterpret_cast<CUcontext>(context));
+    if (scope.rc() != CUDA_SUCCESS) return -scope.rc();
+    CUresult rc = d.event_query(reinterpret_cast<CUevent>(event));
+    if (rc == CUDA_SUCCESS) return 1;
+    if (rc == CUDA_ERROR_NOT_READY) return 0;
+    return -rc;
+}
+
+int event_synchronize(uint64_t event, uint64_t context, std::string* err) {
+    const Driver& d = driver();
+    if (!d.why.empty()) {
+        if (err) *err = d.why;
+        return -1;
+    }
+    ContextScope scope(d, reinterpret_cast<CUcontext>(context));
+    if (scope.rc() != CUDA_SUCCESS) return describe(d, scope.rc(), "cuCtxPushCurrent", err), scope.rc();
+    CUresult rc = d.event_synchronize(reinterpret_cast<CUevent>(event));
+    if (rc != CUDA_SUCCESS) describe(d, rc, "cuEventSynchronize", err);
+    return rc;
+}
+
+}  // namespace hsc::cuda

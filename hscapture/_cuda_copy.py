@@ -1,0 +1,157 @@
+"""The native CUDA copy path of one capture: every copy of a forward pass in ONE native call.
+
+Why: on an engine's scheduler thread each torch call of a copy (stream switch, event record,
+tensor view, ``copy_``) costs 7-18 us of CPU, several per block and per span, once per forward
+on the critical path. Here the copies are described as flat ``uint64`` lists and issued by
+``hscapture._ring.cuda_submit`` with the CUDA driver (``csrc/cuda_copy.cpp``): 2D copies
+straight from the sources' rows into the page-locked ring, the token ids narrowed to int32 by
+a strided copy (their low 4 bytes), no kernel, no torch dispatch.
+
+Guarantees (the same as the torch path in :mod:`hscapture.producer`):
+
+- The copies into the ring run on a side stream that waits (an event, never a host sync) for
+  everything the caller's stream enqueued before the capture: they read what the forward
+  pass produced. ``done`` completes when every byte is in the ring.
+- Token ids are always taken on the caller's stream (engines reuse their id tensors right
+  after the forward); with ``snapshot`` the sources are too (CUDA-graph output buffers are
+  overwritten by the next replay): device-to-device copies into one staging allocation, in
+  stream order before anything the caller enqueues next.
+- Sources and staging stay referenced (``keepalive``) until ``done`` completed.
+
+:func:`eligible` says when this path applies; otherwise the producer uses its torch path.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from array import array
+from typing import Any
+
+import torch
+
+from .errors import CaptureConfigError
+
+log = logging.getLogger("hscapture")
+
+__all__ = ["NativeCopier", "native_available"]
+
+#: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
+COPY_PATH_ENV = "HSCAPTURE_COPY_PATH"
+_ALIGN = 256                     # staging regions start on 256-byte boundaries
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def native_available() -> str:
+    """'' when the native path can run in this process, else why not (one line)."""
+    if os.environ.get(COPY_PATH_ENV, "") == "torch":
+        return f"{COPY_PATH_ENV}=torch"
+    if _raw_stream is None:
+        return "this torch has no CUDA build (torch._C._cuda_getCurrentRawStream)"
+    from . import _ring
+
+    return _ring.cuda_available()
+
+
+def eligible(blocks: list[torch.Tensor], ids: Any) -> bool:
+    """CUDA blocks whose rows are dense (column stride 1) and CUDA int64/int32 token ids, or
+    token ids on the host."""
+    for b in blocks:
+        if not b.is_cuda or b.stride(1) != 1:
+            return False
+    if isinstance(ids, torch.Tensor) and ids.is_cuda:
+        return ids.dim() == 1 and ids.dtype in (torch.int64, torch.int32) and \
+            ids.device == blocks[0].device
+    return True
+
+
+class NativeCopier:
+    """Per producer: the side stream, the "forward done" event and the pool of completed
+    ``done`` events, per device. Used under the producer's capture lock (one capture at a
+    time); the pool is shared with the publisher (``deque`` append/pop are atomic)."""
+
+    def __init__(self) -> None:
+        from . import _ring
+
+        self._ring = _ring
+        self._side: dict[int, tuple[torch.cuda.Stream, int]] = {}
+        self._ready: dict[int, Any] = {}
+        self.pools: dict[int, collections.deque] = {}
+
+    def _stream(self, device: torch.device) -> tuple[torch.cuda.Stream, int]:
+        got = self._side.get(device.index)
+        if got is None:
+            s = torch.cuda.Stream(device=device)
+            got = self._side[device.index] = (s, int(s.cuda_stream))
+        return got
+
+    def submit(self, payload: int, block_offsets: list[int], ids_offset: int, tokens: int,
+               spans: list[tuple[int, int]], blocks: list[torch.Tensor], ids: Any,
+               snapshot: bool) -> tuple[Any, Any]:
+        """Issue the copies of one entry whose payload starts at address ``payload``; return
+        (done event, keepalive). Host token ids are written into the ring here, by the CPU.
+        Raises :class:`CaptureConfigError` (nothing more in flight) if the driver refuses."""
+        device = blocks[0].device
+        idx = device.index
+        caller = _raw_stream(idx)
+        side, side_h = self._stream(device)
+        ready = self._ready.get(idx)
+        anchor = blocks[0].data_ptr()      # names the CUDA context of the sources
+        if ready is None:
+            ready = self._ready[idx] = self._ring.CudaEvent(anchor)
+        pool = self.pools.get(idx)
+        if pool is None:
+            pool = self.pools[idx] = collections.deque()
+        try:
+            done = pool.pop()              # an event the publisher saw complete
+        except IndexError:
+            done = self._ring.CudaEvent(anchor)
+        pre = array("Q")
+        post = array("Q")
+        stage = None
+        cuda_ids = isinstance(ids, torch.Tensor) and ids.is_cuda
+        if snapshot or cuda_ids:
+            need = (sum(_up(tokens * b.shape[1] * b.element_size()) for b in blocks)
+                    if snapshot else 0) + _up(4 * tokens)
+            stage = torch.empty(need, dtype=torch.uint8, device=device)
+            at = stage.data_ptr()
+        for b, off in zip(blocks, block_offsets):
+            esz = b.element_size()
+            width = int(b.shape[1]) * esz
+            pitch = b.stride(0) * esz
+            base = b.data_ptr()
+            dst = payload + off
+            if snapshot:
+                r = at
+                for s, e in spans:           # the rows into staging, on the caller's stream
+                    pre.extend((r, width, base + s * pitch, pitch, width, e - s))
+                    r += (e - s) * width
+                post.extend((dst, width, at, width, width, tokens))
+                at += _up(tokens * width)
+            else:
+                for s, e in spans:           # straight from the sources, on the side stream
+                    post.extend((dst, width, base + s * pitch, pitch, width, e - s))
+                    dst += (e - s) * width
+        if cuda_ids:
+            esz = ids.element_size()
+            pitch = ids.stride(0) * esz
+            base = ids.data_ptr()
+            r = at
+            for s, e in spans:               # int64 -> int32: the low 4 bytes (little-endian)
+                pre.extend((r, 4, base + s * pitch, pitch, 4, e - s))
+                r += 4 * (e - s)
+            post.extend((payload + ids_offset, 4 * tokens, at, 4 * tokens, 4 * tokens, 1))
+        err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, anchor,
+                                     pre, post)
+        if err:
+            # Copies issued before the failing call may still run: wait for them before the
+            # caller gives the ring position back (it would otherwise be written later).
+            torch.cuda.synchronize(device)
+            raise CaptureConfigError(f"native CUDA copy: {err}")
+        return done, (blocks, stage, ids, pool)
+
+
+def _up(n: int) -> int:
+    return -(-int(n) // _ALIGN) * _ALIGN
