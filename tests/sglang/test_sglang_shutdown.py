@@ -74,6 +74,7 @@ CHILD = textwrap.dedent(r"""
                                  "pid": os.getpid()}), flush=True)
     how = os.environ["END"]
     if how == "exit":
+        sys.stdin.readline()                         # the parent has looked: exit now
         sys.exit(0)                                  # a normal exit (after ShutdownReq)
     while True:                                      # the scheduler's event loop
         time.sleep(0.01)
@@ -93,8 +94,8 @@ def _start(tmp_path: Path, sock_dir: Path, unique_id: str, end: str, durable: st
     env.update(SUPPORT_DIR=str(HERE), END=end, DURABLE=durable,
                HSCAPTURE_ENDPOINT=f"ipc://{sock_dir}/cap.sock",
                HSCAPTURE_PRODUCER_ID=unique_id, HSCAPTURE_RING_BYTES="16M")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     for line in proc.stdout:
         if line.startswith("READY "):
@@ -114,6 +115,9 @@ def _gone(info: dict, sock_dir: Path) -> dict[str, bool]:
 def _end(proc: subprocess.Popen, sig: int | None) -> int:
     if sig is not None:
         proc.send_signal(sig)
+    else:
+        proc.stdin.write("go\n")                     # END=exit: the child exits on its own
+        proc.stdin.flush()
     try:
         return proc.wait(timeout=60)
     finally:
