@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""CPU cost of one ``Producer.capture_rows`` call on the calling thread: native vs torch copy path.
+
+    python benchmarks/bench_capture_call.py [--rows 1,8,64] [--tokens 256] [--hidden 2048]
+                                            [--calls 200] [--reps 5] [--out FILE]
+
+The engine adapter's hot path (hscapture/sglang/hook.py) makes one such call per forward pass,
+on the scheduler's thread. Two producers on one GPU, one per copy path (the torch one made
+with ``HSCAPTURE_COPY_PATH=torch``), each with its own subscriber process taking and releasing
+every entry; per repetition each path runs ``--calls`` captures of the same batch (3 aux
+layers packed ``[T, 3H]`` + final norm ``[T, H]``, bf16, ``--rows`` rows of ``--tokens`` tokens
+in scattered spans: every other row of a batch twice as large, CUDA int64 token ids,
+``snapshot=True`` as with CUDA graphs), the two paths alternating (ABBA), after a warm-up.
+
+Timed: wall and thread CPU time around each ``capture_rows`` call (``time.perf_counter_ns`` /
+``time.thread_time_ns``), median per repetition, then median and spread over repetitions.
+Inside: the previous entry's inline commit + notice (its copy completed: the GPU is
+synchronized after every call), as in a busy server. Not timed: building the row maps (the
+hook's part), the device work (the copies run behind), the synchronize and the subscriber's
+releases between calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.append(str(HERE.parent))   # an installed hscapture wins over the uncompiled checkout
+sys.path.insert(0, str(HERE))
+
+import _stats  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="1,8,64")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default="bench-results/bench_capture_call.json")
+    args = ap.parse_args()
+
+    import torch
+
+    from hscapture import Producer, Subscriber
+
+    if not torch.cuda.is_available():
+        print("SKIP: needs a CUDA GPU")
+        return 0
+    h, k = args.hidden, 3
+    producers, subs = {}, {}
+    for path in ("native", "torch"):
+        if path == "torch":
+            os.environ["HSCAPTURE_COPY_PATH"] = "torch"
+        else:
+            os.environ.pop("HSCAPTURE_COPY_PATH", None)
+        ep = f"ipc:///tmp/hsc-bcc-{path}-{uuid.uuid4().hex[:6]}.sock"
+        producers[path] = Producer(ep, producer_id=f"bcc-{path}-{uuid.uuid4().hex[:6]}",
+                                   capacity=1 << 30)
+        subs[path] = Subscriber(ep)
+        subs[path].wait_ready(timeout=20)
+    os.environ.pop("HSCAPTURE_COPY_PATH", None)
+    assert producers["native"]._native is not None, "native copy path unavailable"
+    results, goals = {}, []
+    for nrows in [int(x) for x in args.rows.split(",")]:
+        T = 2 * nrows * args.tokens
+        aux = torch.randn(T, k * h, device="cuda").to(torch.bfloat16)
+        last = torch.randn(T, h, device="cuda").to(torch.bfloat16)
+        ids = torch.randint(0, 32000, (T,), device="cuda")
+        starts = [2 * i * args.tokens for i in range(nrows)]
+        n = [0]
+
+        def one(path: str) -> tuple[float, float]:
+            p = producers[path]
+            wall, cpu = [], []
+            for _ in range(args.calls):
+                n[0] += 1
+                maps = [{"rid": f"c{n[0]}-{i}", "token_start": 0, "token_count": args.tokens,
+                         "last": True, "cached_prefix": 0, "extra": {"attempt": 0},
+                         "fields": {}} for i in range(nrows)]
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                ok = p.capture_rows(maps, starts, [aux, last], layers=[1, 2, 3, 15],
+                                    layer_kinds=["residual"] * 3 + ["final_norm"],
+                                    token_ids=ids, layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]],
+                                    hidden=h, snapshot=True)
+                wall.append((time.perf_counter_ns() - t0) / 1e3)
+                cpu.append((time.thread_time_ns() - c0) / 1e3)
+                assert ok, "dropped"
+                torch.cuda.synchronize()     # complete: the next call publishes it inline
+                drain(path)
+            p.flush()
+            drain(path)
+            return statistics.median(wall), statistics.median(cpu)
+
+        def drain(path: str) -> None:
+            while True:
+                s = subs[path].poll(timeout=0.0)
+                if s is None:
+                    return
+                s.release()
+
+        runs = {"native": [], "torch": []}
+        for rep in range(-1, args.reps):
+            for path in (("native", "torch") if rep % 2 == 0 else ("torch", "native")):
+                r = one(path)
+                if rep >= 0:
+                    runs[path].append(r)
+        res = {}
+        for path, rs in runs.items():
+            res[path] = {"wall_us": _stats.summarize([w for w, _ in rs]),
+                         "cpu_us": _stats.summarize([c for _, c in rs])}
+        res["native_over_torch_wall"] = _stats.ratio_summary([w for w, _ in runs["native"]],
+                                                             [w for w, _ in runs["torch"]])
+        results[f"{nrows}x{args.tokens}"] = res
+        print(f"{nrows:3d} rows x {args.tokens} tok: native {_stats.fmt_spread(res['native']['wall_us'], 1)} us "
+              f"wall ({_stats.fmt_spread(res['native']['cpu_us'], 1)} cpu); torch "
+              f"{_stats.fmt_spread(res['torch']['wall_us'], 1)} us wall "
+              f"({_stats.fmt_spread(res['torch']['cpu_us'], 1)} cpu)", flush=True)
+    stats = {path: {k2: v for k2, v in p.stats().items() if k2.endswith("copies") or k2 == "dropped"}
+             for path, p in producers.items()}
+    for path in producers:
+        subs[path].close()
+        producers[path].close()
+    _stats.write_record(
+        args.out, benchmark="bench_capture_call",
+        timed_regions={m: _stats.timed_region(
+            ["one Producer.capture_rows call on the calling thread: checks, encode, reserve, "
+             "copy issue, inline publish of the previous entry"],
+            ["building the row maps", "the device copies themselves", "GPU synchronize + "
+             "flush + subscriber release between calls"], "perf_counter_ns + thread_time_ns")
+            for m in ("native", "torch")},
+        results=results, config=vars(args) | {"copy_counters": stats}, goals=goals)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
