@@ -11,14 +11,17 @@ explicit rid (``hscap-<id>``) and ``max_new_tokens: 0`` (prefill only), and writ
 captured sample into safetensors shards via the Subscriber and ShardWriter. A row's
 ``loss_mask`` (or one built from ``messages`` with ``--chat-template TOKENIZER``: 1 on assistant
 tokens) travels with its request as ``sampling_params.custom_params.hscapture_loss_mask`` and
-is stored with the sample as ``{rid}/field.loss_mask``.
+is stored with the sample as ``{rid}/field.loss_mask``. Each row's metadata (``row``: its line
+number; plus the row's own keys named by ``--meta-fields``, e.g. ``id,split``) travels as
+``custom_params.hscapture_meta`` and is stored as the sample's ``extra["meta"]``, which every
+reader and both exports carry (docs/training.md).
 
     python examples/extract_eagle3.py data.jsonl out/ --server http://127.0.0.1:30000
 
 What it guarantees:
 
 * **Verified.** A sample is written only if its token ids are exactly the request's and its
-  loss mask (when the row has one) arrived bit for bit; anything else (dropped by the
+  loss mask (when the row has one) and its metadata arrived bit for bit; anything else (dropped by the
   producer, incomplete, rejected, a failed request, no sample after the server answered) is
   listed by rid at the end and the exit code is 3.
 * **Durable as it goes.** The shard writer is flushed every ``--flush-every`` samples or
@@ -60,10 +63,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 EXIT_OK, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 3, 130
 MASK_PARAM = "hscapture_loss_mask"   # hscapture.sglang.config: f"{DEFAULT_PARAM}_loss_mask"
+META_PARAM = "hscapture_meta"        # hscapture.sglang.config.META_PARAM
+ROW_KEY = "row"                      # the meta key every request carries: the line number
 
 DATASET_FORMAT = """\
 input (DATASET): JSON lines, one prompt per line, either already tokenized:
@@ -76,6 +81,9 @@ assistant turns' tokens, including their end-of-turn token; 0 elsewhere):
 `id` is optional (the line number is used); ids must be unique. `loss_mask` is optional:
 one 0 or 1 per token (1 = trained on). A row with `input_ids` uses them as they are.
 Each line becomes the sample with rid RID_PREFIX + id (e.g. hscap-q17).
+Metadata: every sample's extra["meta"] holds "row" (the line's 0-based number) and, with
+--meta-fields id,split, those keys of the row (when it has them; each named key must be in
+some row). Values must be str, int, float, bool or null; at most 16 keys and 1 KiB of JSON.
 
 output (OUT): a shard directory (safetensors shards + index.jsonl; `hscapture inspect OUT`).
 Rerunning skips the ids already in OUT and requests only the others. Exit code 0: all written;
@@ -99,6 +107,8 @@ class Row:
     rid: str
     input_ids: list[int]
     loss_mask: bytes | None = None
+    #: ``custom_params.hscapture_meta`` (already checked by the meta rule)
+    meta: dict[str, Any] | None = None
 
 
 # -- the dataset ---------------------------------------------------------------------------
@@ -170,14 +180,21 @@ def _messages(value: Any, where: str) -> list[dict]:
 
 
 def read_dataset(path: Path, prefix: str, chat: Callable[[list[dict]], tuple[list[int], bytes]]
-                 | None = None) -> list[Row]:
+                 | None = None, meta_fields: Sequence[str] = ()) -> list[Row]:
     """Every row of ``path``, validated: unique ids, valid rids, non-empty integer token ids, a
-    loss mask of one 0/1 per token. Raises :class:`DatasetError` naming the first bad line."""
+    loss mask of one 0/1 per token, a meta (``row`` and the row's ``meta_fields``) that obeys
+    the meta rule. Raises :class:`DatasetError` naming the first bad line (or a meta field no
+    row has)."""
     from hscapture.errors import HSCaptureError
     from hscapture.notice import check_rid
+    from hscapture.sglang.config import check_meta
 
+    if ROW_KEY in meta_fields:
+        raise DatasetError(f"--meta-fields: {ROW_KEY!r} is always sent (the line number); "
+                           f"name the row's other keys")
     rows: list[Row] = []
     first_line: dict[str, int] = {}
+    found: set[str] = set()
     with open(path) as f:
         for lineno, line in enumerate(f):
             where = f"{path}:{lineno + 1}"
@@ -202,6 +219,12 @@ def read_dataset(path: Path, prefix: str, chat: Callable[[list[dict]], tuple[lis
             if rid in first_line:
                 raise DatasetError(f"{where}: id {key!r} repeats line {first_line[rid]}")
             first_line[rid] = lineno + 1
+            meta = {ROW_KEY: lineno, **{k: obj[k] for k in meta_fields if k in obj}}
+            found.update(k for k in meta_fields if k in obj)
+            try:
+                meta = check_meta(meta)
+            except HSCaptureError as exc:
+                raise DatasetError(f"{where}: --meta-fields: {exc}") from None
             mask = obj.get("loss_mask")
             if "input_ids" in obj:
                 ids = obj["input_ids"]
@@ -217,7 +240,7 @@ def read_dataset(path: Path, prefix: str, chat: Callable[[list[dict]], tuple[lis
                     raise DatasetError(f"{where}: a messages row gets its loss mask from the "
                                        f"chat template; drop its loss_mask or give input_ids")
                 ids, built = chat(_messages(obj["messages"], where))
-                rows.append(Row(rid, ids, built))
+                rows.append(Row(rid, ids, built, meta))
                 continue
             else:
                 raise DatasetError(f"{where}: expected input_ids or messages, found keys "
@@ -228,7 +251,11 @@ def read_dataset(path: Path, prefix: str, chat: Callable[[list[dict]], tuple[lis
                     raise DatasetError(f"{where}: loss_mask: expected {len(ids)} values of 0 or "
                                        f"1 (one per token), found {str(mask)[:80]}")
                 mask = bytes(mask)
-            rows.append(Row(rid, ids, mask))
+            rows.append(Row(rid, ids, mask, meta))
+    missing = [k for k in meta_fields if k not in found]
+    if missing:
+        raise DatasetError(f"{path}: --meta-fields {','.join(missing)}: expected in some row, "
+                           f"found in none (row keys are case-sensitive)")
     return rows
 
 
@@ -243,11 +270,16 @@ def post(url: str, body: dict, timeout: float) -> dict:
 
 
 def request_body(row: Row, max_new_tokens: int) -> dict:
-    """The ``/generate`` body of ``row``: explicit rid, prefill only, the loss mask (if any) in
-    ``custom_params`` where the hscapture SGLang hook reads it."""
+    """The ``/generate`` body of ``row``: explicit rid, prefill only, the loss mask (if any) and
+    the metadata (if any) in ``custom_params`` where the hscapture SGLang hook reads them."""
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    custom: dict[str, Any] = {}
     if row.loss_mask is not None:
-        params["custom_params"] = {MASK_PARAM: list(row.loss_mask)}
+        custom[MASK_PARAM] = list(row.loss_mask)
+    if row.meta:
+        custom[META_PARAM] = row.meta
+    if custom:
+        params["custom_params"] = custom
     return {"rid": row.rid, "input_ids": row.input_ids, "sampling_params": params}
 
 
@@ -372,6 +404,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="tokenize `messages` rows with this tokenizer's chat template (a "
                          "local directory, or a hub name already in the local cache; nothing "
                          "is downloaded) and set loss_mask = 1 on assistant tokens")
+    ap.add_argument("--meta-fields", default="", metavar="KEYS",
+                    help="comma-separated row keys (e.g. id,split) sent with each request as "
+                         "its metadata, besides the line number (stored as the sample's "
+                         "extra['meta'])")
     ap.add_argument("--concurrency", type=int, default=16,
                     help="requests in flight (default: %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=0,
@@ -396,6 +432,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             or args.sample_timeout <= 0 or args.flush_every < 1 or args.flush_interval <= 0):
         ap.error("--concurrency and --flush-every must be >= 1, --max-new-tokens >= 0, and "
                  "--timeout, --sample-timeout and --flush-interval > 0")
+    args.meta_fields = [k.strip() for k in args.meta_fields.split(",") if k.strip()]
     if args.endpoint is None:
         from hscapture.endpoint import default_endpoint
 
@@ -424,7 +461,7 @@ def _main(argv: list[str] | None, stop: StopOnSignal) -> int:
     args = parse_args(argv)
     try:
         chat = ChatTemplateMask(args.chat_template) if args.chat_template else None
-        rows = read_dataset(args.dataset, args.rid_prefix, chat)
+        rows = read_dataset(args.dataset, args.rid_prefix, chat, args.meta_fields)
         if stop.event.is_set():
             say(f"interrupted by {stop.signal} before anything was sent")
             return EXIT_INTERRUPTED
@@ -571,6 +608,15 @@ def _check(sample: Any, row: Row) -> str | None:
                     "turned off?)")
         if got.numpy().tobytes() != row.loss_mask:
             return "its loss_mask differs from the one sent"
+    if row.meta:
+        got_meta = sample.extra.get("meta")
+        if got_meta is None:
+            why = sample.extra.get("meta_error")
+            return (f"it arrived without its metadata: the server's hook refused it ({why})"
+                    if why else "it arrived without its metadata: the server's hscapture hook "
+                    "did not attach custom_params.hscapture_meta (an older hscapture?)")
+        if got_meta != row.meta:
+            return f"its metadata {got_meta} differs from the one sent {row.meta}"
     return None
 
 

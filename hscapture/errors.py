@@ -36,6 +36,7 @@ __all__ = [
     "ShardError",
     "EndpointError",
     "CaptureConfigError",
+    "InvalidMetaError",
     "UnsupportedEngineError",
 ]
 
@@ -154,6 +155,11 @@ class EndpointError(HSCaptureError):
 
 class CaptureConfigError(HSCaptureError):
     """Capture was configured inconsistently (layers, dtype, shapes, environment)."""
+
+
+class InvalidMetaError(HSCaptureError, ValueError):
+    """Per-sample metadata (``hscapture_meta``) breaks the meta rule
+    (``hscapture.sglang.config.check_meta``): not a small flat map of str to scalars."""
 
 
 class UnsupportedEngineError(HSCaptureError):

@@ -21,6 +21,14 @@ speculators 0.9.0; see docs/training.md):
     last slot = the final decoder layer's output **before** the final norm (hscapture residual
     layer ``N-1``), which speculators normalizes itself.
 
+Per-sample metadata (the sample's ``extra["meta"]``: a dataset row id, a split; see
+``hscapture.sglang.config.check_meta``) travels inside each format, where the trainer's own
+loader ignores it (read from specforge 0.2.0 and speculators 0.9.0: both read their inputs by
+name, never by listing them): SpecForge: key ``hscapture_meta`` (a plain dict) of
+``data_{i}.ckpt``, only in the files of samples that carry one; speculators: column
+``hscapture_meta`` of the Arrow dataset (row ``i``: the meta as compact JSON text, null for a
+sample without one), only when some sample carries one. The manifest counts them (``meta``).
+
 Layer ids. hscapture names residual layer ``L`` = output of decoder layer ``L`` (0-based,
 pre-norm, HF ``hidden_states[L+1]``). SGLang/SpecForge id ``j`` = output of decoder layer
 ``j`` (the same number); vLLM/speculators id ``j`` = output of decoder layer ``j-1`` (0 = the
@@ -68,7 +76,7 @@ from .reader import ShardSet, StoredSample
 from .sample import layer_name
 
 __all__ = ["export", "ExportResult", "ExportError", "FORMATS", "MANIFEST_NAME",
-           "SPECFORGE_GROUP"]
+           "SPECFORGE_GROUP", "META_KEY"]
 
 FORMATS = ("specforge", "speculators")
 MANIFEST_NAME = "hscapture_export.json"
@@ -132,6 +140,7 @@ class _Plan:
     rids: list[str]
     no_mask: list[int]          # positions without a stored loss_mask
     gzip: bool = False          # SpecForge data_{i}.ckpt.gz
+    with_meta: int = 0          # samples carrying per-sample metadata (extra["meta"])
 
     def names(self) -> list[str]:
         return self.aux_names + [self.target_name]
@@ -189,6 +198,7 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
     common: set[tuple[int, str]] | None = None
     no_mask: list[int] = []
     incomplete: list[str] = []
+    with_meta = 0
     for i in range(n):
         e = ss.entry(i)
         hiddens.add(int(e.get("hidden", 0)))
@@ -202,6 +212,9 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
             no_mask.append(i)
         if e.get("complete") is False:
             incomplete.append(e["rid"])
+        ex = (e.get("meta") or {}).get("extra") if isinstance(e.get("meta"), dict) else None
+        if isinstance(ex, dict) and isinstance(ex.get("meta"), dict) and ex["meta"]:
+            with_meta += 1
     if incomplete:
         raise ExportError(f"{len(incomplete)} sample(s) are marked incomplete (e.g. "
                           f"{incomplete[:3]}); a trainer must not see them")
@@ -260,7 +273,8 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
             f"the extraction client's loss_mask) or pass loss_mask='all' (--loss-mask all) to "
             f"train on every token of those samples")
     return _Plan(fmt, aux, [layer_name(l, "residual") for l in aux], target, N,
-                 hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask, bool(gzip))
+                 hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask, bool(gzip),
+                 with_meta)
 
 
 # -- files ----------------------------------------------------------------------------------
@@ -286,7 +300,7 @@ def _save_specforge(d: dict[str, torch.Tensor], f: Any, gz: bool) -> None:
         torch.save(d, z)
 
 
-def _load_specforge(path: str) -> dict[str, torch.Tensor]:
+def _load_specforge(path: str) -> dict[str, Any]:
     """What SpecForge's loaders read: ``.gz`` decompressed whole, else memory-mapped."""
     if path.endswith(".gz"):
         with _gzip.open(path, "rb") as f:
@@ -341,15 +355,31 @@ def _write_safetensors(f, tensors: list[tuple[str, torch.Tensor]]) -> None:
         f.write(_bytes_of(t))
 
 
-def _build_specforge(s: StoredSample, plan: _Plan) -> dict[str, torch.Tensor]:
+#: the key (SpecForge ``.ckpt`` dict) and the column (speculators Arrow dataset) that carry a
+#: sample's per-sample metadata (``extra["meta"]``)
+META_KEY = "hscapture_meta"
+_SPECFORGE_KEYS = frozenset({"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"})
+
+
+def _meta_of(s: StoredSample) -> dict[str, Any] | None:
+    """The sample's per-sample metadata (``extra["meta"]``), None when it has none."""
+    m = s.extra.get("meta")
+    return m if isinstance(m, dict) and m else None
+
+
+def _build_specforge(s: StoredSample, plan: _Plan) -> dict[str, Any]:
     T, H = s.num_tokens, plan.hidden
     aux = torch.empty(1, T, len(plan.aux_names) * H, dtype=s.tensors[plan.aux_names[0]].dtype)
     for k, name in enumerate(plan.aux_names):
         aux[0, :, k * H:(k + 1) * H].copy_(s.tensors[name])
     mask, _ = _mask(s)
-    return {"input_ids": s.token_ids.to(torch.int64), "loss_mask": mask,
-            "hidden_state": s.tensors[plan.target_name].clone().unsqueeze(0),
-            "aux_hidden_state": aux}
+    d: dict[str, Any] = {"input_ids": s.token_ids.to(torch.int64), "loss_mask": mask,
+                         "hidden_state": s.tensors[plan.target_name].clone().unsqueeze(0),
+                         "aux_hidden_state": aux}
+    meta = _meta_of(s)
+    if meta is not None:   # a plain dict: every SpecForge loader reads its keys by name
+        d[META_KEY] = dict(meta)
+    return d
 
 
 def _build_speculators(s: StoredSample, plan: _Plan) -> list[tuple[str, torch.Tensor]]:
@@ -369,8 +399,10 @@ def _check_specforge(path: str, s: StoredSample, plan: _Plan) -> bool:
         return False
     T, H, K = s.num_tokens, plan.hidden, len(plan.aux_names)
     dt = getattr(torch, plan.dtype)
+    meta = _meta_of(s)
+    keys = (_SPECFORGE_KEYS | {META_KEY}) if meta is not None else _SPECFORGE_KEYS
     try:
-        return (set(d) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+        return (set(d) == keys and (meta is None or d[META_KEY] == meta)
                 and d["input_ids"].dtype == torch.int64 and d["loss_mask"].dtype == torch.int64
                 and tuple(d["hidden_state"].shape) == (1, T, H)
                 and tuple(d["aux_hidden_state"].shape) == (1, T, K * H)
@@ -481,6 +513,11 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
         "hidden": plan.hidden,
         "dtype": plan.dtype,
         "loss_mask": counts,
+        "meta": {"samples": plan.with_meta, "where": (
+            f"'{META_KEY}' key of data_{{i}}.ckpt (a dict), only in samples that carry one"
+            if plan.fmt == "specforge" else
+            f"'{META_KEY}' column of the Arrow dataset (row i: JSON text, null for none)"
+            + ("" if plan.with_meta else "; not written: no sample carries one"))},
         "samples": len(plan.rids),
         "plan": plan.key(),
         "rids": plan.rids,
@@ -625,9 +662,13 @@ def _write_dataset(ss: ShardSet, plan: _Plan, out: str, fsync: bool) -> int:
     from datasets import Dataset
 
     ids_parts, mask_parts, lens = [], [], []
+    metas: list[str | None] = []
     freq: dict[int, int] = {}
     for i in range(len(plan.rids)):
         s = ss.load(i, names=[])
+        meta = _meta_of(s)
+        metas.append(None if meta is None else
+                     json.dumps(meta, separators=(",", ":"), ensure_ascii=False))
         ids = s.token_ids.to(torch.int64)
         mask, _ = _mask(s)
         ids_parts.append(ids.numpy())
@@ -638,11 +679,16 @@ def _write_dataset(ss: ShardSet, plan: _Plan, out: str, fsync: bool) -> int:
             freq[k] = freq.get(k, 0) + v
     offsets = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=offsets[1:])
-    table = pa.table({
+    columns = {
         "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids_parts))),
         "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(mask_parts))),
         "seq_len": pa.array(np.asarray(lens, dtype=np.int64)),
-    })
+    }
+    if any(m is not None for m in metas):
+        # one JSON string per row (null: no meta): values differ in type between rows, which
+        # a struct column could not hold; speculators reads only the columns it names
+        columns[META_KEY] = pa.array(metas, type=pa.string())
+    table = pa.table(columns)
     ds = Dataset(table)
     ds.set_format(type="torch")
     tmp = os.path.join(out, "dataset" + _TMP)

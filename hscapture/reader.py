@@ -79,7 +79,9 @@ class StoredSample:
 
     @property
     def extra(self) -> dict[str, Any]:
-        """Small per-sample user metadata (``meta["extra"]``: a dataset row id, a split)."""
+        """Small per-sample metadata (``meta["extra"]``): ``attempt``, and ``meta`` when the
+        client attached one (a dataset row id, a split: ``custom_params.hscapture_meta``);
+        ``{}`` if none."""
         ex = self.meta.get("extra") if isinstance(self.meta, dict) else None
         return ex if isinstance(ex, dict) else {}
 

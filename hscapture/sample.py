@@ -61,6 +61,14 @@ class Sample:
     borrowed: bool = field(default=False, compare=False)
 
     @property
+    def extra(self) -> dict[str, Any]:
+        """Small per-sample metadata from the producer (``meta["extra"]``): ``attempt``, and
+        ``meta`` when the client attached one (``custom_params.hscapture_meta``); ``{}`` if
+        none. The same map :attr:`hscapture.reader.StoredSample.extra` returns after a drain."""
+        ex = self.meta.get("extra") if isinstance(self.meta, dict) else None
+        return ex if isinstance(ex, dict) else {}
+
+    @property
     def nbytes(self) -> int:
         """Bytes of hidden-state payload (token ids excluded)."""
         return self.num_tokens * self.hidden * len(self.tensors) * \

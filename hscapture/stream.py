@@ -59,12 +59,16 @@ def _empty_report() -> dict[str, Any]:
 def sample_to_dict(sample: Sample) -> dict[str, Any]:
     """One sample as a dict of tensors: ``input_ids`` (int64 ``[T]``), every captured layer by
     its name (``layer_{L}``, ``final_norm``, ...; ``[T, H]``), every per-token field by its
-    name (``loss_mask`` when the sample has one: int64 ``[T]``, the dtype trainers use), and
-    ``rid`` (str). The tensors are the sample's own (not views of the ring)."""
+    name (``loss_mask`` when the sample has one: int64 ``[T]``, the dtype trainers use),
+    ``rid`` (str) and, when the client attached per-sample metadata, ``meta`` (its dict,
+    ``sample.extra["meta"]``). The tensors are the sample's own (not views of the ring)."""
     out: dict[str, Any] = {"rid": sample.rid, "input_ids": sample.token_ids.to(torch.int64)}
     out.update(sample.tensors)
     for name, value in sample.fields.items():
         out[name] = value.to(torch.int64) if name == "loss_mask" else value
+    meta = sample.extra.get("meta")
+    if isinstance(meta, dict):
+        out["meta"] = meta
     return out
 
 

@@ -5,8 +5,9 @@ It is not SGLang: it runs the demo's tiny random Llama on the CPU and captures t
 real path (``HiddenStateCapture`` → ``Producer`` → ring → notices). The SGLang hook itself is
 tested against SGLang's real classes in ``tests/sglang``. Captures only rids with the opt-in
 prefix, like the SGLang plugin, and honours ``sampling_params.custom_params.hscapture_loss_mask``
-exactly as the SGLang hook does (parsed by the hook's own ``CaptureConfig.fields_for``): the
-mask travels with the sample as its ``loss_mask`` field.
+and ``hscapture_meta`` exactly as the SGLang hook does (parsed by the hook's own
+``CaptureConfig.fields_for`` / ``sample_extra``): the mask travels with the sample as its
+``loss_mask`` field, the meta as its ``extra["meta"]``.
 
     python generate_standin.py ENDPOINT  → prints "PORT <n>" once ready, serves until
                                            SIGTERM/SIGINT (then closes its producer)
@@ -14,7 +15,7 @@ mask travels with the sample as its ``loss_mask`` field.
 ``--delay-s S`` makes each captured request take S seconds longer (a slow GPU, so that a test
 can stop a client mid-run); ``--request-log FILE`` appends each received rid to FILE, one per
 line, when its computation starts; ``--no-fields`` ignores every request's loss mask (as an
-older hook or ``CaptureConfig(fields=False)`` would).
+older hook or ``CaptureConfig(fields=False)`` would), ``--no-meta`` every request's meta.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ LAYERS = [0, 1]
 
 
 def main(endpoint: str, delay_s: float = 0.0, request_log: str | None = None,
-         with_fields: bool = True) -> None:
-    config = CaptureConfig(fields=with_fields)
+         with_fields: bool = True, with_meta: bool = True) -> None:
+    config = CaptureConfig(fields=with_fields, meta=with_meta)
     model = tiny_llama(seed=3, layers=3, hidden=64)
     producer = Producer(endpoint, producer_id="standin", capacity=16 << 20, convention=CONVENTION,
                         model="tiny-random-llama(seed=3)")
@@ -58,13 +59,14 @@ def main(endpoint: str, delay_s: float = 0.0, request_log: str | None = None,
             custom = (body.get("sampling_params") or {}).get("custom_params")
             req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
             fields = config.fields_for(req, 0, ids.shape[1]) if config.fields else None
+            extra, _ = config.sample_extra(req)      # the hook's own meta handling
             with lock, torch.no_grad():
                 if log is not None:
                     log.write(f"{rid}\n")
                 if rid and rid.startswith("hscap-"):
                     if delay_s:
                         time.sleep(delay_s)       # a slower forward pass, not synchronization
-                    with cap.request([rid], ids, fields=[fields]):
+                    with cap.request([rid], ids, fields=[fields], extra=[extra]):
                         model(ids)
                 else:
                     model(ids)
@@ -96,5 +98,7 @@ if __name__ == "__main__":
     ap.add_argument("--request-log", default=None, help="append each received rid to this file")
     ap.add_argument("--no-fields", action="store_true",
                     help="ignore the requests' per-token fields (loss masks)")
+    ap.add_argument("--no-meta", action="store_true",
+                    help="ignore the requests' per-sample metadata (hscapture_meta)")
     a = ap.parse_args()
-    main(a.endpoint, a.delay_s, a.request_log, not a.no_fields)
+    main(a.endpoint, a.delay_s, a.request_log, not a.no_fields, not a.no_meta)

@@ -327,3 +327,67 @@ def test_chat_template_spans_mask_exactly_the_assistant_tokens(tmp_path, standin
     assert got["field.loss_mask"].tolist() == want_mask
     assert "field.loss_mask" not in load_sample(out, "hscap-t1")
     assert verify_dir(out)["problems"] == []
+
+
+def test_the_row_number_and_the_meta_fields_travel_with_each_sample_to_the_reader(
+        tmp_path, standins):
+    from hscapture.reader import open_shards
+
+    server = standins("a")
+    rows = make_rows(6, seed=23)
+    for i, r in enumerate(rows):
+        if i != 4:
+            r["split"] = "eval" if i % 3 == 0 else "train"   # row 4 has no split
+        r["source"] = {"not": "sent"}                        # a key not named: not sent
+    data = write_rows(tmp_path / "data.jsonl", rows)
+    out = tmp_path / "out"
+    res = subprocess.run(example_cmd(data, out, server, "--meta-fields", "id, split"),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert_exact(out, rows)
+    want = {f"hscap-{r['id']}": {"row": i, "id": r["id"],
+                                 **({"split": r["split"]} if "split" in r else {})}
+            for i, r in enumerate(rows)}
+    with open_shards(out) as ss:
+        assert {s.rid: s.extra.get("meta") for s in ss} == want
+    # without --meta-fields every sample still says which line it came from
+    out2 = tmp_path / "out2"
+    res = subprocess.run(example_cmd(data, out2, server), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    with open_shards(out2) as ss:
+        assert {s.rid: s.extra.get("meta") for s in ss} == {
+            f"hscap-{r['id']}": {"row": i} for i, r in enumerate(rows)}
+
+
+def test_a_sample_whose_meta_did_not_arrive_is_reported_never_written(tmp_path, standins):
+    server = standins("a", 0.0, "--no-meta")       # a server that ignores hscapture_meta
+    rows = make_rows(2, seed=29)
+    data = write_rows(tmp_path / "data.jsonl", rows)
+    out = tmp_path / "out"
+    res = subprocess.run(example_cmd(data, out, server), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 3, res.stderr
+    for r in rows:
+        assert f"FAILED hscap-{r['id']}: it arrived without its metadata" in res.stderr
+    assert not (out / "index.jsonl").exists() or index_lines(out) == []
+
+
+@pytest.mark.parametrize("rows, fields, message", [
+    ([{"id": "a", "input_ids": [1, 2], "tags": ["x"]}], "tags",
+     r"data.jsonl:1: --meta-fields: hscapture_meta\['tags'\]: expected str, int, float, bool "
+     r"or None, found list"),
+    ([{"id": "a", "input_ids": [1, 2]}], "id,spilt",
+     r"--meta-fields spilt: expected in some row, found in none"),
+    ([{"id": "a", "input_ids": [1, 2]}], "row", r"--meta-fields: 'row' is always sent"),
+], ids=["nested-value", "unknown-field", "reserved"])
+def test_meta_fields_that_break_the_meta_rule_are_refused_before_anything_is_sent(
+        tmp_path, rows, fields, message):
+    data = write_rows(tmp_path / "data.jsonl", rows)
+    res = subprocess.run([sys.executable, str(EXAMPLE), str(data), str(tmp_path / "out"),
+                          "--server", "http://127.0.0.1:9", "--endpoint",
+                          f"ipc://{tmp_path}/none.sock", "--meta-fields", fields],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert re.search(message, res.stderr), res.stderr
+    assert not (tmp_path / "out").exists()

@@ -77,7 +77,8 @@ class HiddenStateCapture:
     def request(self, rids: Sequence[str | None], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, *,
                 chunk_size: int | None = None,
-                fields: Sequence[Mapping[str, Any] | None] | None = None) -> Iterator[None]:
+                fields: Sequence[Mapping[str, Any] | None] | None = None,
+                extra: Sequence[Mapping[str, Any] | None] | None = None) -> Iterator[None]:
         """Capture the forward pass run inside the block, one sample per non-None rid.
 
         ``input_ids`` is ``[B, S]``; sequences may be right- or left-padded as described by
@@ -92,12 +93,18 @@ class HiddenStateCapture:
         each sample, e.g. ``{"loss_mask": [0, 0, 1, 1]}``: one uint8 value per real token of
         the row (padding excluded); each chunk carries its slice. A length that does not match
         the row's token count raises :class:`CaptureConfigError` before anything is captured.
+        ``extra`` (optional, one entry per row, None for none): small per-sample metadata every
+        chunk of that row carries (the sample's ``meta["extra"]``, e.g. ``{"meta": {...}}``
+        as the SGLang hook attaches it).
         """
         if len(rids) != input_ids.shape[0]:
             raise CaptureConfigError(f"expected {input_ids.shape[0]} rids, found {len(rids)}")
         if fields is not None and len(fields) != len(rids):
             raise CaptureConfigError(f"fields: expected one entry per row ({len(rids)}), "
                                      f"found {len(fields)}")
+        if extra is not None and len(extra) != len(rids):
+            raise CaptureConfigError(f"extra: expected one entry per row ({len(rids)}), "
+                                     f"found {len(extra)}")
         ids_host = input_ids.detach().to("cpu")
         mask_host = None if attention_mask is None else attention_mask.detach().to("cpu")
         rows = [self._row_index(b, ids_host.shape[1], mask_host) for b in range(len(rids))]
@@ -134,7 +141,8 @@ class HiddenStateCapture:
                     rid, [s[start:end] for s in states], layers=self.layer_ids,
                     layer_kinds=self.kinds, token_start=start, is_last_chunk=end == total,
                     token_ids=ids[start:end],
-                    fields={k: v[start:end] for k, v in row_fields[b].items()} or None)
+                    fields={k: v[start:end] for k, v in row_fields[b].items()} or None,
+                    extra=extra[b] if extra is not None else None)
 
     @staticmethod
     def _row_index(b: int, width: int, mask: torch.Tensor | None) -> slice | torch.Tensor:

@@ -30,22 +30,154 @@ every rank. Nothing here imports SGLang.
 ``HSCAPTURE_CONVENTION``       convention string recorded in every shard
                                (default ``sglang-eagle3-aux``)
 =============================  ==========================================================
+
+Per request (``sampling_params.custom_params``; they travel with the sample):
+
+- ``hscapture_loss_mask``: one 0/1 per prompt token, stored as the sample's ``loss_mask``
+  field (:meth:`CaptureConfig.fields_for`);
+- ``hscapture_meta``: small per-sample metadata (a dataset row id, a split), a flat map that
+  obeys :func:`check_meta`; it reaches every reader as ``extra["meta"]``
+  (:meth:`CaptureConfig.sample_extra`).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping, Union
 
-from ..errors import CaptureConfigError
+from ..errors import CaptureConfigError, InvalidMetaError
 
-__all__ = ["CaptureConfig", "load_config", "endpoint_for_dp_rank", "parse_layers"]
+__all__ = ["CaptureConfig", "load_config", "endpoint_for_dp_rank", "parse_layers",
+           "check_meta", "META_PARAM", "MAX_META_KEYS", "MAX_META_KEY_CHARS",
+           "MAX_META_BYTES", "MAX_META_ERROR_CHARS"]
 
 DEFAULT_RID_PREFIX = "hscap-"
 DEFAULT_PARAM = "hscapture"
 DEFAULT_CONVENTION = "sglang-eagle3-aux"
+
+#: ``sampling_params.custom_params[META_PARAM]``: a request's per-sample metadata
+META_PARAM = f"{DEFAULT_PARAM}_meta"
+#: the meta rule's bounds (see :func:`check_meta`)
+MAX_META_KEYS = 16
+MAX_META_KEY_CHARS = 64
+MAX_META_BYTES = 1024
+#: ``extra["meta_error"]`` (why a request's meta was not kept) is at most this long
+MAX_META_ERROR_CHARS = 300
+
+#: a value :func:`check_meta` accepts
+MetaValue = Union[str, int, float, bool, None]
+
+_I64 = 1 << 63
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _exact_str(where: str, s: str) -> str:
+    """``s`` as an exact, valid-Unicode ``str`` (a subclass is copied), else raise."""
+    s = "".join((s,))
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidMetaError(f"{where}: expected valid Unicode, found a lone surrogate "
+                                   f"at index {exc.start}") from None
+    return s
+
+
+def _meta_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidMetaError(f"{META_PARAM}: expected str keys, found key {_show(key)} of "
+                               f"type {type(key).__name__}")
+    if not 0 < len(key) <= MAX_META_KEY_CHARS:
+        raise InvalidMetaError(f"{META_PARAM}: expected keys of 1..{MAX_META_KEY_CHARS} "
+                               f"characters, found {_show(key)} ({len(key)} characters)")
+    key = _exact_str(f"{META_PARAM} key {_show(key)}", key)
+    bad = _CONTROL.search(key)
+    if bad is not None:
+        raise InvalidMetaError(f"{META_PARAM} key {_show(key)}: expected no control "
+                               f"characters, found U+{ord(bad.group()):04X}")
+    return key
+
+
+def _meta_value(key: str, v: object) -> MetaValue:
+    where = f"{META_PARAM}[{_show(key)}]"
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, int):
+        v = int(v)
+        if not -_I64 <= v < _I64:
+            raise InvalidMetaError(f"{where}: expected an int in [-2**63, 2**63), found "
+                                   f"{_show(v)}")
+        return v
+    if isinstance(v, float):
+        v = float(v)
+        if not math.isfinite(v):
+            raise InvalidMetaError(f"{where}: expected a finite float, found {v!r}")
+        return v
+    if isinstance(v, str):
+        if len(v) > MAX_META_BYTES:
+            raise InvalidMetaError(f"{where}: expected the whole meta to encode in at most "
+                                   f"{MAX_META_BYTES} bytes, found a {len(v)}-character string")
+        return _exact_str(where, v)
+    nested = " (values are not nested)" if isinstance(v, (Mapping, list, tuple)) else ""
+    raise InvalidMetaError(f"{where}: expected str, int, float, bool or None, found "
+                           f"{type(v).__name__}{nested}")
+
+
+def check_meta(value: object) -> dict[str, MetaValue]:
+    """Return ``value`` as a plain ``dict`` if it obeys the meta rule, else raise
+    :class:`~hscapture.errors.InvalidMetaError` naming what was expected and what was found.
+
+    The meta rule (its one definition; the SGLang hook applies it to
+    ``custom_params.hscapture_meta``, a client may apply it before sending):
+
+    * a map (``dict`` or any ``Mapping``) of at most :data:`MAX_META_KEYS` (16) entries;
+    * every key a ``str`` of 1..:data:`MAX_META_KEY_CHARS` (64) characters, valid Unicode (no
+      lone surrogate), without C0 control characters (U+0000..U+001F);
+    * every value ``None``, a ``bool``, an ``int`` in ``[-2**63, 2**63)``, a finite ``float``
+      or a valid-Unicode ``str``; nothing nested;
+    * its compact JSON (``separators=(",", ":")``, non-ASCII kept, UTF-8) is at most
+      :data:`MAX_META_BYTES` (1024) bytes.
+
+    The result holds exact builtin types (subclasses such as ``numpy.float64`` are
+    converted), keys in the given order; ``{}`` is valid (no metadata). Whatever it is given,
+    it returns or raises :class:`InvalidMetaError`, nothing else.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidMetaError(f"{META_PARAM}: expected a map of str to str/int/float/bool/None, "
+                               f"found {type(value).__name__}")
+    try:
+        n = len(value)
+        if n > MAX_META_KEYS:
+            raise InvalidMetaError(f"{META_PARAM}: expected at most {MAX_META_KEYS} keys, "
+                                   f"found {n}")
+        out: dict[str, MetaValue] = {}
+        for k, v in value.items():
+            key = _meta_key(k)
+            out[key] = _meta_value(key, v)
+        if len(out) != n:   # str subclasses equal to another key collapsed into one
+            raise InvalidMetaError(f"{META_PARAM}: expected distinct keys, found {n} keys "
+                                   f"naming {len(out)}")
+    except InvalidMetaError:
+        raise
+    except Exception as exc:  # a Mapping whose methods raise: not a usable meta either
+        raise InvalidMetaError(f"{META_PARAM}: cannot read the map: {type(exc).__name__}") \
+            from None
+    size = len(json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > MAX_META_BYTES:
+        raise InvalidMetaError(f"{META_PARAM}: expected at most {MAX_META_BYTES} bytes of "
+                               f"compact JSON, found {size}")
+    return out
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -107,6 +239,8 @@ class CaptureConfig:
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
     fields: bool = True
+    #: per-sample metadata a request may carry in ``custom_params`` (``hscapture_meta``)
+    meta: bool = True
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def fields_for(self, req: object, start: int, end: int) -> dict[str, bytes] | None:
@@ -125,6 +259,41 @@ class CaptureConfig:
             return {"loss_mask": bytes(mask[start:end])}
         except (TypeError, ValueError):
             return None
+
+    def meta_for(self, req: object) -> dict[str, MetaValue] | None:
+        """The request's per-sample metadata ``sampling_params.custom_params.hscapture_meta``
+        as :func:`check_meta` returns it; None when it has none (absent, None or ``{}``).
+        Raises :class:`~hscapture.errors.InvalidMetaError` when it breaks the meta rule."""
+        sp = getattr(req, "sampling_params", None)
+        custom = getattr(sp, "custom_params", None)
+        if not isinstance(custom, dict):
+            return None
+        raw = custom.get(META_PARAM)
+        if raw is None:
+            return None
+        return check_meta(raw) or None
+
+    def sample_extra(self, req: object, attempt: int = 0
+                     ) -> tuple[dict[str, Any], InvalidMetaError | None]:
+        """The row ``extra`` of a new sample of ``req`` and the meta problem, if any.
+
+        ``extra`` is ``{"attempt": attempt}``, plus ``"meta"`` (:meth:`meta_for`) when the
+        request carries valid metadata, or ``"meta_error"`` (why it was not kept, at most
+        :data:`MAX_META_ERROR_CHARS` characters) when it breaks the meta rule; the error is
+        returned too, for the caller to count and log. Never raises: a bad meta never costs
+        the sample, and the sample says why its meta is missing. Computed once per sample
+        (its later chunks reuse the same map)."""
+        extra: dict[str, Any] = {"attempt": attempt}
+        if not self.meta:
+            return extra, None
+        try:
+            meta = self.meta_for(req)
+        except InvalidMetaError as exc:
+            extra["meta_error"] = str(exc)[:MAX_META_ERROR_CHARS]
+            return extra, exc
+        if meta:
+            extra["meta"] = meta
+        return extra, None
 
     def wants(self, req: object) -> bool:
         """Did this request opt in? (rid prefix, or ``custom_params[param]`` truthy)."""

@@ -34,6 +34,10 @@ Request life cycle, per rid (the opt-in is decided by :meth:`CaptureConfig.wants
   quietly) and the re-prefill is captured from scratch; every chunk carries
   ``extra["attempt"] = retraction_count``. A retraction after the sample was complete: the
   re-prefill is not published (no duplicate).
+- ``custom_params.hscapture_meta`` (per-sample metadata, :func:`.config.check_meta`) is read
+  once, at a sample's first chunk, and every chunk carries it as ``extra["meta"]``; one that
+  breaks the rule is counted (``invalid_meta``), logged once, and the sample is captured
+  without it, carrying ``extra["meta_error"]`` (why) instead.
 - aborted request (``req.to_finish`` / ``req.finished_reason`` set; an abort replaces the
   prompt by a 1-token stub before its last forward) or one that disappears between chunks:
   ``abort(rid, reason)``: reported incomplete.
@@ -56,7 +60,7 @@ import logging
 import os
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -179,6 +183,8 @@ class _Inflight:
     cached_prefix: int
     ref: Callable[[], Any]
     pending_end: int = 0      # end of the chunk handed to the producer in this forward
+    #: the sample's row ``extra`` (attempt, meta), built at its first chunk, reused by the rest
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _dead() -> None:
@@ -584,10 +590,18 @@ class SGLangCaptureHook:
                                "(or make each prompt unique) for complete samples.",
                                rid, prefix, prefix)
             cached = prefix
+            # custom_params.hscapture_meta is read once per sample, here; a bad one costs the
+            # meta (the sample says why in extra["meta_error"]), never the sample
+            extra, bad_meta = self.config.sample_extra(req, attempt)
+            if bad_meta is not None:
+                self.counters["invalid_meta"] += 1
+                self._log_once("invalid_meta", logging.WARNING, "hscapture: rid %r is captured "
+                               "without its metadata: %s (further invalid metas are counted)",
+                               rid, bad_meta)
             if not is_last:   # a sample of several chunks: followed until its last one
                 self._inflight[rid] = _Inflight(attempt=attempt, next_start=prefix,
                                                 cached_prefix=prefix, ref=_ref(req),
-                                                pending_end=end)
+                                                pending_end=end, extra=extra)
         elif prefix != st.next_start:
             self._fail_rid(rid, attempt, f"chunk starts at token {prefix}, expected "
                                          f"{st.next_start}", req)
@@ -595,9 +609,10 @@ class SGLangCaptureHook:
         else:
             cached = st.cached_prefix
             st.pending_end = end
+            extra = st.extra
         fields = self.config.fields_for(req, prefix, end) if self.config.fields else None
         return ({"rid": rid, "token_start": prefix, "token_count": ext, "last": is_last,
-                 "cached_prefix": cached, "extra": {"attempt": attempt},
+                 "cached_prefix": cached, "extra": extra,
                  "fields": fields or {}},
                 (rid, attempt, req, is_last))
 
