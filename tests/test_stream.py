@@ -224,7 +224,7 @@ def test_device_cpu_hands_out_owned_exact_samples_and_releases_every_ring_slot(
 
 
 @pytest.mark.parametrize("device, found", [
-    ("gpu:0", "gpu:0"), ("meta", "'meta' is not supported"), (17, "expected None, 'cpu'"),
+    ("gpu:0", "gpu:0"), ("meta", "'meta' is not supported"), ("cuda:x", "expected None, 'cpu'"),
     ("cuda:99" if torch.cuda.is_available() else "cuda", "expected a" )])
 def test_an_invalid_device_is_refused_with_a_typed_error_before_anything_attaches(
         endpoint, device, found):
