@@ -37,9 +37,13 @@ Guarantees (both):
   from being reused before the work queued on it is done); on another stream, order it
   yourself (``other.wait_stream(torch.cuda.current_stream())``). At most ``prefetch``
   samples are held out of the ring at once: copied or being copied and not handed out, plus
-  handed out with their copy still running; when that many are held the iterator waits for
-  the oldest copy's event (a wait on the copy stream only). A sample's tensors are contiguous
-  and share one device allocation. ``device="cpu"`` (or None) hands out owned host copies.
+  handed out with their copy still running (at ``prefetch`` held, nothing more is taken);
+  when it has nothing to hand out, the iterator first waits for the running copies' events
+  (a wait on the copy stream only) and gives their slots back, so a producer waiting for
+  ring space never waits for a copy that has finished. A sample's tensors are contiguous and
+  share one device allocation; a copy that fails stops the feed (``stopped="copy_failed"``,
+  the sample reported undelivered) and raises. ``device="cpu"`` (or None) hands out owned
+  host copies.
 - **DataLoader workers are refused.** One subscriber cannot be shared across processes, and
   splitting one producer's stream between workers would need a split the ring does not have.
   Iterating a :class:`StreamDataset` inside a DataLoader worker (``num_workers > 0``) raises
@@ -317,8 +321,11 @@ class _DeviceCopier:
         key = id(src)
 
         def unregister() -> None:
+            # whoever detaches the ring (a stop, a retirement, a refused incarnation), no
+            # copy still reads it when it is unregistered and unmapped
             self._pins.pop(key, None)
             if reg is not None:
+                self.stream.synchronize()
                 reg.close()
         src.on_detach.append(unregister)
         return span
@@ -445,9 +452,13 @@ class SampleStream:
             raise StopIteration
         self._reap()
         self._top_up(sub)
-        if not self._buffer:
-            while self.held >= self.prefetch:      # every slot is a copy still running
+        if not self._buffer and self._releasing:
+            # nothing to hand out: give every slot back before waiting for the producer (it
+            # may be waiting for ring space itself); a wait on the copy stream only
+            while self._releasing:
                 self._wait_oldest()
+            self._top_up(sub)
+        if not self._buffer:
             timeout = 1e9 if self.idle_timeout_s is None else self.idle_timeout_s
             sample = sub.poll(timeout)
             if sample is None:
@@ -473,7 +484,9 @@ class SampleStream:
             try:
                 dev, event = self._copier.copy(sub, sample)
             except BaseException:
-                self._buffer.append(sample)     # not lost: reported undelivered at the stop
+                # the feed stops; the sample is reported undelivered (not acknowledged)
+                self._buffer.append((sample, None, None))
+                self._stop("copy_failed")
                 raise
             self._buffer.append((sample, dev, event))
         self.max_buffered = max(self.max_buffered, len(self._buffer))

@@ -640,8 +640,9 @@ def test_stream_to_cuda_keeps_exactly_once_samples_copied_but_not_handed_out_com
     feed = hscapture.stream(endpoint, device="cuda", idle_timeout_s=30, prefetch=4, name=name)
     again = None
     try:
-        assert next(feed).rid == "g0"
         sub = feed.subscriber
+        _wait_ready(sub, 4)                            # the first next() takes 4, hands out 1
+        assert next(feed).rid == "g0"
         deadline = time.monotonic() + 30
         while feed.buffered + sub.stats()["ready"] < 11:
             assert time.monotonic() < deadline, sub.stats()
