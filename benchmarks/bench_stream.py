@@ -1,15 +1,25 @@
-"""Streaming into a training process: GB/s of committed sample bytes delivered, vs a raw ring.
+"""Streaming into a training process: GB/s of committed sample bytes delivered, vs raw copies.
 
 Issue 9's goal: ``hscapture.stream`` delivers >= 10 GB/s into a training process on the GPU
 machine. Per repetition (``--reps``, default 5, after one warm-up), in freshly spawned
-processes, the two methods alternating (A B A B ...):
+processes, the methods alternating (the order rotating by one each repetition):
 
 - ``stream`` (candidate): a producer process captures ``--samples`` samples of ``--tokens``
   tokens x ``--layers`` layers x ``--hidden`` bf16 (from CUDA when available) through
   ``_harness.capture_forward`` (one forward pass per sample, ``full_policy=wait``); a consumer
-  process iterates ``hscapture.stream(endpoint, max_samples=...)`` and moves every delivered
-  tensor (layers and token ids) to the GPU with ``.to("cuda", non_blocking=True)`` (CPU: the
-  delivered tensors are used as they are: they are already the consumer's own copies).
+  process iterates ``hscapture.stream(endpoint, max_samples=..., device="cuda")``: every
+  sample arrives on the GPU, copied straight from the consumer's registered ring mapping
+  (CPU: ``device="cpu"``, owned host copies). The run records whether the ring was
+  registered (``staged``: samples that went through pinned staging instead).
+- ``h2d`` (baseline on CUDA, the link's ceiling): one process, no producer, no hscapture: a
+  MAP_SHARED ``/dev/shm`` mapping of the ring's size, MAP_POPULATE'd and registered with
+  CUDA exactly as the stream registers its ring (``hscapture.stream.register_ring``), holds
+  the same samples; every sample's layers and token ids are copied into fresh device tensors
+  with ``non_blocking`` copies on a copy stream, one event per sample, at most ``--prefetch``
+  samples in flight, the current stream waiting on each event: the stream's copy pattern
+  without anything else.
+- ``stream_host`` (only with ``--methods``): the way before ``device=``: ``stream()`` on the
+  host, then ``.to("cuda", non_blocking=True)`` of every delivered tensor.
 - ``raw`` (baseline, like for like): the same two processes and the same bytes without
   hscapture: the producer copies each sample's tensors (device -> host on CUDA) into a slot
   of a MAP_SHARED ``/dev/shm`` mapping of the ring's capacity (fallocated, MAP_POPULATE'd and
@@ -18,11 +28,13 @@ processes, the two methods alternating (A B A B ...):
   fresh tensor, as ``detach`` does), then frees the slot. No validation, no notices, no
   samples: the ceiling of the hand-off.
 
-Timed region (both): from the producer's first capture (wall clock ``time.time_ns``, shared by
-the processes) to the consumer's last sample on the device (``torch.cuda.synchronize`` on
-CUDA). Outside: process start, torch/CUDA init, ring / mapping creation, subscriber attach,
+Timed region (stream, stream_host, raw): from the producer's first capture (wall clock
+``time.time_ns``, shared by the processes) to the consumer's last sample on the device
+(``torch.cuda.synchronize`` on CUDA); h2d: from its first copy to its synchronize. Outside:
+process start, torch/CUDA init, ring / mapping creation and registration, subscriber attach,
 source fill. Bytes: committed hidden-state bytes of the samples the consumer received (token
-ids excluded); drops are printed beside. Goal: stream >= 10 GB/s on CUDA, whole spread.
+ids excluded, though copied); drops are printed beside. Goal: stream >= 10 GB/s on CUDA,
+whole spread, with no drop and every sample delivered.
 
     python benchmarks/bench_stream.py --out bench-results/bench_stream.json [--device cuda]
 """
@@ -104,29 +116,105 @@ def child_stream_consume(spec: dict) -> None:
     import hscapture
 
     dev = spec["device"]
+    on_device = spec["method"] == "stream"            # stream_host: .to() after the fact
     if dev == "cuda":
         torch.cuda.init()
     feed = hscapture.stream(spec["endpoint"], max_samples=spec["samples"], idle_timeout_s=60,
-                            prefetch=spec["prefetch"])
+                            prefetch=spec["prefetch"], device=dev if on_device else None)
     feed.subscriber.wait_ready(timeout=120)
     emit(event="ready")
     n = nbytes = 0
-    keep = []
+    keep: object = None
     for sample in feed:
-        if dev == "cuda":
+        if dev == "cuda" and not on_device:
             out = [t.to("cuda", non_blocking=True) for t in sample.tensors.values()]
             out.append(sample.token_ids.to("cuda", non_blocking=True))
             keep = out          # what a training step would hold; the previous one is freed
         else:
-            keep = list(sample.tensors.values())
+            keep = sample       # already on the device (cuda) / the consumer's own (cpu)
         n += 1
         nbytes += sample.nbytes
     _sync(dev)
     t1 = time.time_ns()
     del keep
     rep = feed.report()
+    copier = feed._copier
     emit(event="done", t1=t1, samples=n, bytes=nbytes,
+         staged=None if copier is None else copier.staged_samples,
          **{k: len(rep[k]) for k in ("dropped", "incomplete", "rejected", "lost", "unresolved")})
+
+
+# -- h2d (baseline on CUDA: the copy pattern alone) --------------------------------------------
+
+def _h2d_copies(spec: dict, data: torch.Tensor) -> tuple[int, int, int, int]:
+    """The timed loop of :func:`child_h2d` (its own frame: no view of the mapping outlives
+    it, so the mapping can be closed)."""
+    slot, slots = spec["slot_bytes"], spec["slots"]
+    tokens, hidden, layers = spec["tokens"], spec["hidden"], spec["layers"]
+    layer_bytes = tokens * hidden * 2
+    copy_stream = torch.cuda.Stream()
+    current = torch.cuda.current_stream()
+    views = [[data[k * slot + j * layer_bytes: k * slot + (j + 1) * layer_bytes]
+              .view(torch.bfloat16).view(tokens, hidden) for j in range(layers)] +
+             [data[k * slot + layers * layer_bytes: k * slot + layers * layer_bytes + tokens * 4]
+              .view(torch.int32)] for k in range(slots)]
+    torch.cuda.synchronize()
+    in_flight: list[torch.cuda.Event] = []
+    keep: list[torch.Tensor] = []
+    n = nbytes = 0
+    t0 = time.time_ns()
+    for i in range(spec["samples"]):
+        while len(in_flight) >= spec["prefetch"]:
+            in_flight.pop(0).synchronize()
+        with torch.cuda.stream(copy_stream):
+            out = [torch.empty(v.shape, dtype=v.dtype, device="cuda") for v in views[i % slots]]
+            for d, v in zip(out, views[i % slots]):
+                d.copy_(v, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(copy_stream)
+        current.wait_event(ev)
+        for d in out:
+            d.record_stream(current)
+        in_flight.append(ev)
+        keep = out                  # what a training step would hold; the previous is freed
+        n += 1
+        nbytes += layers * layer_bytes
+    torch.cuda.synchronize()
+    t1 = time.time_ns()
+    del keep
+    return t0, t1, n, nbytes
+
+
+def child_h2d(spec: dict) -> None:
+    """Raw H2D copies of the same samples from an equally registered shared mapping."""
+    from hscapture.stream import register_ring
+
+    torch.cuda.init()
+    pool, ids = _pool({**spec, "device": "cpu"})
+    slot, slots = spec["slot_bytes"], spec["slots"]
+    size = slot * slots
+    m, fd = _shm(spec["shm"], size, create=True)
+    os.unlink(f"/dev/shm/{spec['shm']}")              # the mapping stays; nothing to clean
+    data = torch.frombuffer(m, dtype=torch.uint8)
+    tokens, hidden, layers = spec["tokens"], spec["hidden"], spec["layers"]
+    layer_bytes = tokens * hidden * 2
+    for k in range(slots):                            # every slot holds a sample
+        base = k * slot
+        for j, t in enumerate(pool):
+            data[base + j * layer_bytes: base + (j + 1) * layer_bytes].view(torch.bfloat16) \
+                .view(tokens, hidden).copy_(t)
+        at = base + layers * layer_bytes
+        data[at: at + tokens * 4].view(torch.int32).copy_(ids)
+    reg = register_ring(data.data_ptr(), size)
+    emit(event="ready")
+    t0, t1, n, nbytes = _h2d_copies(spec, data)
+    del data
+    emit(event="done", t0=t0, t1=t1, samples=n, bytes=nbytes, registered=reg is not None,
+         dropped=0, incomplete=0, rejected=0, lost=0, unresolved=0)
+    if reg is not None:
+        reg.close()
+    m.close()
+    os.close(fd)
 
 
 # -- raw (baseline) ---------------------------------------------------------------------------
@@ -235,16 +323,37 @@ def child_raw_consume(spec: dict) -> None:
 
 # -- parent -------------------------------------------------------------------------------------
 
+def _result(done: dict, t0: int, committed: int, dropped: int) -> dict:
+    secs = (done["t1"] - t0) / 1e9
+    return {"GBps": done["bytes"] / secs / 1e9, "seconds": secs, "samples": done["samples"],
+            "bytes": done["bytes"], "committed": committed,
+            "dropped": dropped + done["dropped"], "staged": done.get("staged"),
+            "registered": done.get("registered"),
+            "not_delivered": {k: done[k] for k in ("incomplete", "rejected", "lost",
+                                                   "unresolved")}}
+
+
 def run_once(method: str, a: argparse.Namespace) -> dict:
     ep, pid = unique_producer("stream")
     sample_bytes = a.tokens * a.layers * a.hidden * 2
     slot = (sample_bytes + a.tokens * 4 + 4095) // 4096 * 4096
     spec = {"endpoint": ep, "producer_id": pid, "device": a.device, "samples": a.samples,
             "tokens": a.tokens, "layers": a.layers, "hidden": a.hidden, "seed": 1,
-            "ring_bytes": a.ring_mb * MB, "prefetch": a.prefetch,
+            "ring_bytes": a.ring_mb * MB, "prefetch": a.prefetch, "method": method,
             "shm": f"hsc-bench-stream-{uuid.uuid4().hex[:12]}", "slot_bytes": slot,
             "slots": max(2, a.ring_mb * MB // slot)}
+    if method == "h2d":
+        child = spawn(__file__, "_h2d", spec)
+        try:
+            read_event(child, "ready", timeout=300)
+            done = read_event(child, "done", timeout=600)
+        finally:
+            stop_child(child)
+            if os.path.exists(f"/dev/shm/{spec['shm']}"):
+                os.unlink(f"/dev/shm/{spec['shm']}")
+        return _result(done, done["t0"], done["samples"], 0)
     roles = {"stream": ("_stream_produce", "_stream_consume"),
+             "stream_host": ("_stream_produce", "_stream_consume"),
              "raw": ("_raw_produce", "_raw_consume")}[method]
     prod = spawn(__file__, roles[0], spec)
     cons = None
@@ -263,18 +372,23 @@ def run_once(method: str, a: argparse.Namespace) -> dict:
         stop_child(prod)
         if os.path.exists(f"/dev/shm/{spec['shm']}"):    # a raw producer that was killed
             os.unlink(f"/dev/shm/{spec['shm']}")
-    secs = (done["t1"] - cap["t0"]) / 1e9
-    return {"GBps": done["bytes"] / secs / 1e9, "seconds": secs, "samples": done["samples"],
-            "bytes": done["bytes"], "committed": cap["committed"],
-            "dropped": cap["dropped"] + done["dropped"],
-            "not_delivered": {k: done[k] for k in ("incomplete", "rejected", "lost",
-                                                   "unresolved")}}
+    return _result(done, cap["t0"], cap["committed"], cap["dropped"])
+
+
+METHODS = ("stream", "h2d", "raw", "stream_host")
+
+
+def _clean(r: dict, samples: int) -> bool:
+    return r["dropped"] == 0 and r["samples"] == samples and not any(r["not_delivered"].values())
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    ap.add_argument("--methods", default=None,
+                    help=f"comma-separated, 'stream' first, of {','.join(METHODS)} "
+                         f"(cuda: stream,h2d,raw; cpu: stream,raw)")
     ap.add_argument("--samples", type=int, default=None, help="per repetition (cuda 64, cpu 32)")
     ap.add_argument("--tokens", type=int, default=None, help="per sample (cuda 2048, cpu 256)")
     ap.add_argument("--layers", type=int, default=4)
@@ -293,42 +407,84 @@ def main(argv: list[str] | None = None) -> int:
                      hidden=4096 if big else 1024, ring_mb=1024 if big else 64).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    methods = (a.methods or ("stream,h2d,raw" if big else "stream,raw")).split(",")
+    if methods[0] != "stream" or len(methods) < 2 or len(set(methods)) != len(methods) or \
+            not set(methods) <= set(METHODS):
+        ap.error(f"--methods: expected 'stream' first, then one or more of {METHODS[1:]}, "
+                 f"found {a.methods!r}")
+    if not big and ({"h2d", "stream_host"} & set(methods)):
+        ap.error("--methods: h2d and stream_host need --device cuda")
+    a.methods = ",".join(methods)
     mib = a.tokens * a.layers * a.hidden * 2 / MB
     print(f"[stream] {a.samples} samples of {a.tokens} tokens x {a.layers} layers x {a.hidden} "
-          f"bf16 ({mib:.1f} MiB) per repetition, {a.reps} reps + 1 warm-up, stream and raw "
-          f"alternating, device {a.device}", flush=True)
+          f"bf16 ({mib:.1f} MiB) per repetition, {a.reps} reps + 1 warm-up, methods "
+          f"{', '.join(methods)} alternating, device {a.device}", flush=True)
 
-    def rep_line(i: int, c: dict, b: dict) -> None:
-        print(f"[stream] rep {i}: stream {c['GBps']:.2f} GB/s ({c['samples']} samples, "
-              f"drops {c['dropped']}, not delivered {c['not_delivered']}), raw "
-              f"{b['GBps']:.2f} GB/s, ratio {c['GBps'] / b['GBps']:.2f}", flush=True)
+    def one(method: str, i: int) -> dict:
+        r = run_once(method, a)
+        extra = ""
+        if r.get("staged") is not None:
+            extra = f", staged {r['staged']}"
+        if r.get("registered") is not None:
+            extra = f", registered {r['registered']}"
+        print(f"[stream] rep {i} {method}: {r['GBps']:.2f} GB/s ({r['samples']} samples, "
+              f"drops {r['dropped']}, not delivered {r['not_delivered']}{extra})", flush=True)
+        return r
 
-    res = _stats.run_paired(lambda i: run_once("stream", a), lambda i: run_once("raw", a),
-                            reps=a.reps, key="GBps", on_rep=rep_line)
-    clean = all(r["dropped"] == 0 and r["samples"] == a.samples and
-                not any(r["not_delivered"].values()) for r in res.candidate_runs)
+    runs, order = _stats.run_alternating(
+        {m: (lambda i, m=m: one(m, i)) for m in methods}, reps=a.reps)
+    gbps = {m: [r["GBps"] for r in runs[m]] for m in methods}
+    clean = all(_clean(r, a.samples) for r in runs["stream"])
+    summ = {"methods": {m: _stats.summarize(v) for m, v in gbps.items()},
+            "ratios": {f"stream/{m}": _stats.ratio_summary(gbps["stream"], gbps[m])
+                       for m in methods[1:]},
+            "order": order}
     goals = []
     if big:
-        g = _stats.goal_record("stream GB/s into the training process (CUDA)", res.candidate,
-                               GOAL_GBPS, ">=", " GB/s")
+        g = _stats.goal_record("stream GB/s into the training process (CUDA, device=)",
+                               gbps["stream"], GOAL_GBPS, ">=", " GB/s")
         if not clean:
             g["met"], g["why_not"] = False, "drops or samples not delivered"
         goals.append(g)
-    summ = res.summary()
-    print(f"[stream] stream {_stats.fmt_spread(summ['candidate'])} GB/s, raw "
-          f"{_stats.fmt_spread(summ['baseline'])} GB/s, ratio {_stats.fmt_spread(summ['ratio'])}"
-          f"{'' if clean else ' (DROPS or samples not delivered)'}", flush=True)
+    for m in methods:
+        drops = sum(r["dropped"] for r in runs[m])
+        line = f"[stream] {m}: {_stats.fmt_spread(summ['methods'][m])} GB/s, drops {drops}"
+        if m != "stream":
+            line += f"; stream/{m} {_stats.fmt_spread(summ['ratios'][f'stream/{m}'])}"
+        print(line, flush=True)
+    if not clean:
+        print("[stream] stream: DROPS or samples not delivered", flush=True)
+    staged = [r["staged"] for r in runs["stream"] if r.get("staged")]
+    if staged:
+        print(f"[stream] stream: {sum(staged)} samples went through pinned staging (the ring "
+              f"was not registered with CUDA: see the consumer's warning)", flush=True)
     for g in goals:
         print("[stream] " + _stats.format_goal(g), flush=True)
-    move = ".to('cuda', non_blocking=True) of every delivered tensor" if big else \
-        "nothing more (the delivered tensors are the consumer's own copies)"
+    consume = ("hscapture.stream(..., device='cuda') iteration (subscriber checks, H2D copies "
+               "from the registered ring on a copy stream, events)" if big else
+               "hscapture.stream(..., device='cpu') iteration (subscriber checks, copy out of "
+               "the ring)")
+    producer = ("producer process: capture_forward of every sample (one forward pass each, "
+                "full_policy=wait), from its first capture")
+    wall = "time.time_ns (wall clock, shared by processes)"
     tr = {"stream": _stats.timed_region(
-              ["producer process: capture_forward of every sample (one forward pass each, "
-               "full_policy=wait), from its first capture", "consumer process: "
-               f"hscapture.stream(...) iteration (subscriber checks, copy out of the ring) and "
-               f"{move}, until the last sample is on the device (cuda: synchronize)"],
+              [producer, f"consumer process: {consume}, until the last sample is on the "
+                         f"device (cuda: synchronize)"],
               ["process start", "torch/CUDA init", "ring creation", "subscriber attach",
-               "source fill", "the report"], "time.time_ns (wall clock, shared by processes)"),
+               "source fill", "the report"], wall),
+          "stream_host": _stats.timed_region(
+              [producer, "consumer process: hscapture.stream(...) on the host + "
+                         ".to('cuda', non_blocking=True) of every delivered tensor, until the "
+                         "last sample is on the device (synchronize)"],
+              ["process start", "torch/CUDA init", "ring creation", "subscriber attach",
+               "source fill", "the report"], wall),
+          "h2d": _stats.timed_region(
+              ["one process: per sample, fresh device tensors + non_blocking H2D copies of "
+               "its layers and token ids from a registered MAP_SHARED /dev/shm mapping on a "
+               "copy stream, one event, the current stream waiting on it, <= prefetch in "
+               "flight; then synchronize"],
+              ["process start", "torch/CUDA init", "mapping creation, fill and "
+               "registration"], wall),
           "raw": _stats.timed_region(
               ["producer process: copy of every sample into a slot of a registered MAP_SHARED "
                "/dev/shm mapping (device -> host on cuda) + synchronize + publish counter",
@@ -336,10 +492,10 @@ def main(argv: list[str] | None = None) -> int:
                "pinned, non_blocking, then synchronize before freeing the slot; cpu: clone), "
                "free the slot, until the last sample is on the device"],
               ["process start", "torch/CUDA init", "mapping creation and registration",
-               "source fill"], "time.time_ns (wall clock, shared by processes)")}
-    _stats.write_record(a.out, benchmark="bench_stream", timed_regions=tr,
-                        results={"summary": summ, "stream_runs": res.candidate_runs,
-                                 "raw_runs": res.baseline_runs, "clean": clean,
+               "source fill"], wall)}
+    _stats.write_record(a.out, benchmark="bench_stream",
+                        timed_regions={m: tr[m] for m in methods},
+                        results={"summary": summ, "runs": runs, "clean": clean,
                                  "sample_mib": mib},
                         config=vars(a), goals=goals,
                         notes=[] if big else ["CPU dry run: the numbers only check the path"])
@@ -349,5 +505,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if not child_main({"_stream_produce": child_stream_produce,
                        "_stream_consume": child_stream_consume,
-                       "_raw_produce": child_raw_produce, "_raw_consume": child_raw_consume}):
+                       "_raw_produce": child_raw_produce, "_raw_consume": child_raw_consume,
+                       "_h2d": child_h2d}):
         sys.exit(main())

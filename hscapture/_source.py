@@ -12,7 +12,7 @@ import collections
 import heapq
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from . import record as rec
 from ._ledger import Ledger, LostRange
@@ -105,6 +105,9 @@ class Source:
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
         self.unread = False       # the last budgeted pump stopped with entries maybe left
+        #: called (no arguments) just before the ring is unmapped: a reader that registered
+        #: :meth:`data_region` with CUDA unregisters it here (hscapture.stream, device=)
+        self.on_detach: list[Callable[[], None]] = []
 
     @property
     def key(self) -> str:
@@ -226,10 +229,27 @@ class Source:
         if limit > consumer.released:
             consumer.release(limit)
 
+    def data_region(self) -> tuple[int, int] | None:
+        """``(address, size)`` of this ring's data region as mapped in this process (every
+        record and payload lies inside it; read-only; page-aligned start, size rounded up to
+        4096 bytes inside the mapping), None once detached."""
+        c = self.consumer
+        if c is None:
+            return None
+        return int(c.data_address), (int(c.capacity) + 4095) // 4096 * 4096
+
     def detach(self, unsubscribe: bool = False) -> None:
-        """Close our consumer (``unsubscribe``: give a durable place up for good)."""
+        """Run :attr:`on_detach`, then close our consumer (``unsubscribe``: give a durable
+        place up for good)."""
         if self.consumer is None:
             return
+        hooks, self.on_detach = self.on_detach, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception as exc:   # never keeps the ring mapped
+                log.warning("hscapture subscriber: a detach hook of %r failed: %s: %s",
+                            self.producer, type(exc).__name__, exc)
         try:
             if unsubscribe:
                 self.consumer.unsubscribe()

@@ -23,6 +23,27 @@ Guarantees (both):
 - **Clean shutdown.** The subscriber is closed when the feed stops (``max_samples`` reached,
   ``idle_timeout_s`` without a sample), when :meth:`close` is called, or when the iterator is
   garbage collected. A durable subscription keeps its place (``close``, not ``unsubscribe``).
+- **Straight onto the GPU** (``device="cuda[:N]"``). Samples arrive as tensors already on that
+  device, copied from the ring's zero-copy views with ``non_blocking`` host-to-device copies
+  on a dedicated copy stream. The consumer registers each ring's mapping with CUDA once
+  (``cudaHostRegister``, read-only) when it first copies from it and unregisters it before
+  the ring is unmapped; where registration fails it warns once per ring and copies through
+  a pinned staging buffer instead (one extra host copy). The ring slot of a sample is
+  released (for a durable ``name``: acknowledged) only after the sample was handed out AND a
+  CUDA event recorded after its copies has completed; the iterator polls that event
+  (``event.query()``) and never synchronizes the training stream. The tensors handed out are
+  safe to use on the stream that was current on that device when ``next()`` returned them
+  (that stream waits for the copy stream's event, and ``record_stream`` keeps the memory
+  from being reused before the work queued on it is done); on another stream, order it
+  yourself (``other.wait_stream(torch.cuda.current_stream())``). At most ``prefetch``
+  samples are held out of the ring at once: copied or being copied and not handed out, plus
+  handed out with their copy still running (at ``prefetch`` held, nothing more is taken);
+  when it has nothing to hand out, the iterator first waits for the running copies' events
+  (a wait on the copy stream only) and gives their slots back, so a producer waiting for
+  ring space never waits for a copy that has finished. A sample's tensors are contiguous and
+  share one device allocation; a copy that fails stops the feed (``stopped="copy_failed"``,
+  the sample reported undelivered) and raises. ``device="cpu"`` (or None) hands out owned
+  host copies.
 - **DataLoader workers are refused.** One subscriber cannot be shared across processes, and
   splitting one producer's stream between workers would need a split the ring does not have.
   Iterating a :class:`StreamDataset` inside a DataLoader worker (``num_workers > 0``) raises
@@ -33,8 +54,12 @@ Guarantees (both):
 from __future__ import annotations
 
 import collections
+import ctypes
+import logging
 import sys
 import types
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -44,7 +69,9 @@ from .errors import CaptureConfigError
 from .sample import Sample
 from .subscriber import Subscriber
 
-__all__ = ["StreamDataset", "SampleStream", "stream", "sample_to_dict"]
+log = logging.getLogger("hscapture")
+
+__all__ = ["StreamDataset", "SampleStream", "stream", "sample_to_dict", "resolve_device"]
 
 #: the keys of :meth:`SampleStream.report`
 REPORT_KEYS = ("delivered", "stopped", "dropped", "incomplete", "rejected", "lost",
@@ -72,10 +99,289 @@ def sample_to_dict(sample: Sample) -> dict[str, Any]:
     return out
 
 
+# -- device= ------------------------------------------------------------------------------------
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """The device a stream hands its samples out on: None (and ``"cpu"``) for owned host
+    copies, else a ``torch.device("cuda", index)`` that exists here. Anything else raises
+    :class:`~hscapture.errors.CaptureConfigError` saying what was expected and found."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise CaptureConfigError(f"device: expected None, 'cpu', 'cuda' or 'cuda:N', found "
+                                 f"{device!r} ({exc})") from None
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        raise CaptureConfigError(f"device: expected None, 'cpu', 'cuda' or 'cuda:N', found "
+                                 f"{device!r} (device type {dev.type!r} is not supported)")
+    if not torch.cuda.is_available():
+        raise CaptureConfigError(f"device={device!r}: expected a usable CUDA device, found "
+                                 f"none (torch.cuda.is_available() is False)")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if not 0 <= index < count:
+        raise CaptureConfigError(f"device={device!r}: expected a CUDA device index in "
+                                 f"0..{count - 1}, found {index}")
+    return torch.device("cuda", index)
+
+
+#: cudaHostRegisterPortable | cudaHostRegisterReadOnly (a consumer maps the data read-only)
+_REGISTER_FLAGS = (1 | 8, 1)
+#: cudaErrorHostMemoryAlreadyRegistered: the range is registered already in this process
+_ALREADY_REGISTERED = 712
+
+
+def register_ring(address: int, size: int) -> Any:
+    """Register ``[address, address+size)`` (a ring's read-only data region) with CUDA.
+
+    Returns a handle with ``close()`` (unregisters; a no-op where the range was registered
+    already by someone else in this process, e.g. a producer sharing the mapping), or None
+    after warning once (RuntimeWarning) that copies from this ring go through a pinned
+    staging buffer. The failed call's CUDA error is cleared so that no later kernel launch
+    reports it."""
+    from .pinning import HostRegistration, _clear_last_cuda_error
+
+    cudart = torch.cuda.cudart()
+    detail = "no attempt"
+    for flags in _REGISTER_FLAGS:
+        try:
+            err = cudart.cudaHostRegister(address, size, flags)
+            code = int(getattr(err, "value", err))
+        except Exception as exc:  # pragma: no cover - depends on the CUDA runtime
+            code, detail = -1, f"{type(exc).__name__}: {exc}"
+        else:
+            detail = f"cudaError {code} with flags {flags}"
+        if code == 0:
+            log.debug("stream: registered %d bytes of ring memory with CUDA (flags %d)",
+                      size, flags)
+            return HostRegistration(address, size)
+        _clear_last_cuda_error()
+        if code == _ALREADY_REGISTERED:
+            return HostRegistration(address, 0)     # usable, not ours to unregister
+    warnings.warn(
+        f"hscapture stream: cudaHostRegister of the ring's mapping ({size} bytes at "
+        f"{address:#x}) failed ({detail}); copying its samples through a pinned staging "
+        f"buffer instead (one extra host copy per sample)", RuntimeWarning, stacklevel=2)
+    return None
+
+
+#: gap (bytes) between two host ranges up to which one copy covers both (cheaper than two)
+_MERGE_GAP = 128 << 10
+#: alignment of every piece inside a sample's device buffer (>= any element size)
+_ALIGN = 256
+
+
+@dataclass
+class _Plan:
+    """How one sample's host tensors land in one flat device buffer of ``total`` bytes.
+
+    ``spans``: ``(host_address, nbytes, offset)`` ranges copied straight from registered ring
+    memory; ``staged``: ``(index, offset)`` tensors copied (contiguous) into a pinned buffer
+    of ``staged_bytes`` at ``staged_base`` first; ``places[i]``: the byte offset in the buffer
+    where tensor ``i`` (with its host strides; ``direct[i]``) or its contiguous copy starts."""
+
+    spans: list[tuple[int, int, int]]
+    staged: list[tuple[int, int]]
+    staged_base: int
+    staged_bytes: int
+    total: int
+    places: list[int]
+    direct: list[bool]
+
+
+def _up(n: int, a: int = _ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to the end of its last element (non-negative strides)."""
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def plan_copy(host: Sequence[torch.Tensor], region: tuple[int, int] | None) -> _Plan:
+    """Lay out ``host`` tensors in one device buffer: those inside ``region`` (registered ring
+    memory) are covered by as few straight copies as possible (overlapping or nearly adjacent
+    byte ranges merged; strided layer views of one block become one copy of the block's rows),
+    the others are staged. Pure arithmetic on addresses (tested without CUDA)."""
+    lo, hi = region if region is not None else (0, 0)
+    ranges: list[tuple[int, int, int]] = []
+    staged_idx: list[int] = []
+    for i, t in enumerate(host):
+        if t.numel() == 0:
+            staged_idx.append(i)
+            continue
+        ptr = t.data_ptr()
+        end = ptr + _extent(t)
+        if lo <= ptr and end <= hi and ptr % t.element_size() == 0 and \
+                all(s >= 0 for s in t.stride()):
+            ranges.append((ptr, end, i))
+        else:
+            staged_idx.append(i)
+    ranges.sort()
+    spans: list[tuple[int, int, int]] = []
+    places = [0] * len(host)
+    direct = [False] * len(host)
+    offset = 0
+    k = 0
+    while k < len(ranges):
+        start = ranges[k][0] // 64 * 64         # host and device agree modulo 64
+        end = ranges[k][1]
+        members = [ranges[k]]
+        k += 1
+        while k < len(ranges) and ranges[k][0] <= end + _MERGE_GAP:
+            end = max(end, ranges[k][1])
+            members.append(ranges[k])
+            k += 1
+        end = min(_up(end, 64), hi)
+        spans.append((start, end - start, offset))
+        for ptr, _, i in members:
+            places[i] = offset + (ptr - start)
+            direct[i] = True
+        offset = _up(offset + end - start)
+    staged_base = offset
+    staged: list[tuple[int, int]] = []
+    for i in staged_idx:
+        t = host[i]
+        places[i] = offset
+        staged.append((i, offset - staged_base))
+        offset = _up(offset + t.numel() * t.element_size())
+    return _Plan(spans, staged, staged_base, offset - staged_base, max(offset, _ALIGN),
+                 places, direct)
+
+
+def _host_bytes(address: int, nbytes: int) -> torch.Tensor:
+    """A uint8 CPU tensor over ``nbytes`` of mapped memory at ``address`` (read it only; valid
+    while the mapping is)."""
+    return torch.frombuffer((ctypes.c_ubyte * nbytes).from_address(address), dtype=torch.uint8)
+
+
+def run_plan(plan: _Plan, host: Sequence[torch.Tensor], flat: torch.Tensor,
+             pinned: torch.Tensor | None) -> list[torch.Tensor]:
+    """Fill ``flat`` (the sample's buffer, on its device) as ``plan`` says and return the
+    tensors, contiguous, in ``host`` order. Straight copies are ``non_blocking`` (on CUDA: on
+    the current stream); staged tensors are copied into ``pinned`` (or, without one, a plain
+    host buffer) first. On CPU ``flat`` this is a plain copy (the tests check the layout)."""
+    for address, nbytes, off in plan.spans:
+        flat[off:off + nbytes].copy_(_host_bytes(address, nbytes), non_blocking=True)
+    if plan.staged:
+        stage = pinned if pinned is not None else torch.empty(plan.staged_bytes,
+                                                              dtype=torch.uint8)
+        for i, off in plan.staged:
+            t = host[i]
+            n = t.numel() * t.element_size()
+            if n:
+                stage[off:off + n].view(t.dtype).view(t.shape).copy_(t)
+        b = plan.staged_base
+        flat[b:b + plan.staged_bytes].copy_(stage[:plan.staged_bytes], non_blocking=True)
+    out = []
+    for i, t in enumerate(host):
+        typed = flat.view(t.dtype)
+        esize = t.element_size()
+        if plan.direct[i]:
+            v = torch.as_strided(typed, t.shape, t.stride(), plan.places[i] // esize)
+            out.append(v if v.is_contiguous() else v.contiguous())
+        else:
+            n = t.numel()
+            start = plan.places[i] // esize
+            out.append(typed[start:start + n].view(t.shape))
+    return out
+
+
+class _DeviceCopier:
+    """Copies samples onto one CUDA device on its own stream (see the module docstring).
+
+    Guarantees: :meth:`copy` never blocks on the device; the returned event completes only
+    when every byte of the sample is on the device; ring memory is registered once per ring
+    (``register=False``: never, every sample is staged) and unregistered through the ring's
+    ``on_detach`` hook before it is unmapped."""
+
+    def __init__(self, device: torch.device, *, register: bool = True) -> None:
+        self.device = device
+        self.register = register
+        self.stream = torch.cuda.Stream(device)
+        self._pins: dict[int, tuple[Any, tuple[int, int] | None]] = {}   # by id(source)
+        self.staged_samples = 0     # samples (part) staged through pinned host memory
+        self.copied_bytes = 0       # bytes put on the device
+
+    def region(self, sub: Subscriber, sample: Sample) -> tuple[int, int] | None:
+        """The registered ``[lo, hi)`` of the ring ``sample`` borrows from, if any."""
+        if not sample.borrowed or not self.register:
+            return None
+        src = sub._sources.get(sample.epoch)
+        if src is None:
+            return None
+        got = self._pins.get(id(src))
+        if got is not None and got[0] is src:
+            return got[1]
+        where = src.data_region()
+        if where is None:
+            return None
+        reg = register_ring(*where)
+        span = None if reg is None else (where[0], where[0] + where[1])
+        self._pins[id(src)] = (src, span)
+        key = id(src)
+
+        def unregister() -> None:
+            # whoever detaches the ring (a stop, a retirement, a refused incarnation), no
+            # copy still reads it when it is unregistered and unmapped
+            self._pins.pop(key, None)
+            if reg is not None:
+                self.stream.synchronize()
+                reg.close()
+        src.on_detach.append(unregister)
+        return span
+
+    def copy(self, sub: Subscriber, sample: Sample) -> tuple[Sample, torch.cuda.Event]:
+        """Issue the copies of ``sample`` (host or ring memory) to the device; returns the
+        device sample (its tensors must not be used before ``event`` on another stream) and
+        the event recorded after the copies on the copy stream."""
+        names = list(sample.tensors)
+        fields = list(sample.fields)
+        host = [sample.tensors[n] for n in names] + [sample.token_ids] + \
+            [sample.fields[n] for n in fields]
+        plan = plan_copy(host, self.region(sub, sample))
+        pinned = None
+        if plan.staged_bytes:
+            self.staged_samples += 1
+            pinned = torch.empty(plan.staged_bytes, dtype=torch.uint8, pin_memory=True)
+        with torch.cuda.stream(self.stream):
+            flat = torch.empty(plan.total, dtype=torch.uint8, device=self.device)
+            out = run_plan(plan, host, flat, pinned)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self.copied_bytes += sum(n for _, n, _ in plan.spans) + plan.staged_bytes
+        L = len(names)
+        dev = Sample(rid=sample.rid, producer_id=sample.producer_id, epoch=sample.epoch,
+                     num_tokens=sample.num_tokens, token_ids=out[L],
+                     tensors=dict(zip(names, out[:L])), layers=list(sample.layers),
+                     layer_kinds=list(sample.layer_kinds), dtype=sample.dtype,
+                     hidden=sample.hidden, meta=dict(sample.meta),
+                     fields=dict(zip(fields, out[L + 1:])))
+        return dev, event
+
+    def hand_out(self, dev: Sample, event: torch.cuda.Event) -> None:
+        """Make ``dev`` safe on the device's current stream: it waits for ``event`` (no host
+        wait) and the allocator keeps the memory until the work queued on it is done."""
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+        for t in (*dev.tensors.values(), dev.token_ids, *dev.fields.values()):
+            t.record_stream(current)
+
+    def close(self) -> None:
+        """Wait for every copy issued (a wait on the copy stream only)."""
+        self.stream.synchronize()
+
+
 class SampleStream:
     """An iterator of owned, verified :class:`Sample` from live producers (see the module
     docstring for its guarantees). Stops after ``max_samples`` samples, or after
-    ``idle_timeout_s`` seconds without one (``None``: wait for ever)."""
+    ``idle_timeout_s`` seconds without one (``None``: wait for ever). With ``device="cuda[:N]"``
+    every sample's tensors are on that device (see "Straight onto the GPU" in the module
+    docstring); ``device="cpu"`` or None: owned host copies. An invalid ``device`` raises
+    :class:`~hscapture.errors.CaptureConfigError` before anything is attached."""
 
     def __init__(
         self,
@@ -85,10 +391,15 @@ class SampleStream:
         max_samples: int | None = None,
         idle_timeout_s: float | None = 30.0,
         prefetch: int = 8,
+        device: str | torch.device | None = None,
         **subscriber_kw: Any,
     ) -> None:
+        self._sub: Subscriber | None = None
+        self._copier: _DeviceCopier | None = None
         if prefetch < 1:
             raise CaptureConfigError(f"prefetch: expected at least 1 sample, found {prefetch}")
+        register = bool(subscriber_kw.pop("_register_rings", True))
+        self.device = resolve_device(device)
         if max_samples is not None and max_samples < 0:
             raise CaptureConfigError(f"max_samples: expected >= 0 or None, found {max_samples}")
         if idle_timeout_s is not None and idle_timeout_s < 0:
@@ -104,10 +415,17 @@ class SampleStream:
         self.delivered = 0
         #: the most samples this feed ever held taken out of the subscriber but not handed out
         self.max_buffered = 0
+        #: the most samples this feed ever held out of the ring at once (<= ``prefetch``):
+        #: not handed out, or (device=) handed out with their copy still running
+        self.max_held = 0
         self.stopped: str | None = None
-        self._buffer: collections.deque[Sample] = collections.deque()
+        # host: borrowed samples; device: (borrowed sample, device sample, copy event)
+        self._buffer: collections.deque[Any] = collections.deque()
+        # device: handed out, their ring slot kept until the copy event completes
+        self._releasing: collections.deque[tuple[Sample, Any]] = collections.deque()
         self._report: dict[str, Any] | None = None
-        self._sub: Subscriber | None = None
+        if self.device is not None:
+            self._copier = _DeviceCopier(self.device, register=register)
         self._sub = Subscriber(endpoints, name=name, zero_copy=True, **subscriber_kw)
 
     @property
@@ -120,6 +438,12 @@ class SampleStream:
         """Samples taken out of the subscriber and not yet handed out (never > ``prefetch``)."""
         return len(self._buffer)
 
+    @property
+    def held(self) -> int:
+        """Samples holding ring space now: :attr:`buffered` plus (device=) those handed out
+        whose copy has not completed yet (never > ``prefetch``)."""
+        return len(self._buffer) + len(self._releasing)
+
     def __iter__(self) -> "SampleStream":
         return self
 
@@ -130,30 +454,68 @@ class SampleStream:
         if self.max_samples is not None and self.delivered >= self.max_samples:
             self._stop("max_samples")
             raise StopIteration
+        self._reap()
         self._top_up(sub)
+        if not self._buffer and self._releasing:
+            # nothing to hand out: give every slot back before waiting for the producer (it
+            # may be waiting for ring space itself); a wait on the copy stream only
+            while self._releasing:
+                self._wait_oldest()
+            self._top_up(sub)
         if not self._buffer:
             timeout = 1e9 if self.idle_timeout_s is None else self.idle_timeout_s
             sample = sub.poll(timeout)
             if sample is None:
                 self._stop("idle_timeout")
                 raise StopIteration
-            self._take(sample)
-        sample = self._buffer.popleft().detach()   # an owned copy; the ring space goes back
+            self._take(sub, sample)
+        if self._copier is None:
+            out = self._buffer.popleft().detach()   # an owned copy; the ring space goes back
+        else:
+            host, out, event = self._buffer.popleft()
+            self._copier.hand_out(out, event)
+            if event.query():
+                host.release()
+            else:
+                self._releasing.append((host, event))
         self.delivered += 1
-        return sample
+        return out
 
-    def _take(self, sample: Sample) -> None:
-        self._buffer.append(sample)
+    def _take(self, sub: Subscriber, sample: Sample) -> None:
+        if self._copier is None:
+            self._buffer.append(sample)
+        else:
+            try:
+                dev, event = self._copier.copy(sub, sample)
+            except BaseException:
+                # the feed stops; the sample is reported undelivered (not acknowledged)
+                self._buffer.append((sample, None, None))
+                self._stop("copy_failed")
+                raise
+            self._buffer.append((sample, dev, event))
         self.max_buffered = max(self.max_buffered, len(self._buffer))
+        self.max_held = max(self.max_held, self.held)
 
     def _top_up(self, sub: Subscriber) -> None:
         # poll(0) pumps the subscriber only when it has no sample ready: with a full buffer
         # nothing is read, the ring stays occupied and the producer feels it
-        while len(self._buffer) < self.prefetch:
+        while self.held < self.prefetch:
             sample = sub.poll(0.0)
             if sample is None:
                 return
-            self._take(sample)
+            self._take(sub, sample)
+
+    def _reap(self) -> None:
+        """Release (acknowledge) handed-out samples whose copy has completed, in order."""
+        releasing = self._releasing
+        while releasing and releasing[0][1].query():
+            releasing.popleft()[0].release()
+
+    def _wait_oldest(self) -> None:
+        """Wait for the oldest running copy (its event, on the copy stream) and release it."""
+        host, event = self._releasing.popleft()
+        event.synchronize()
+        host.release()
 
     def report(self) -> dict[str, Any]:
         """What this feed did and did not hand out (keys :data:`REPORT_KEYS`); a live
@@ -162,7 +524,10 @@ class SampleStream:
             return dict(self._report)
         if self._sub is None:
             return _empty_report()
-        return self._snapshot(self._sub, [s.rid for s in self._buffer])
+        return self._snapshot(self._sub, self._buffered_rids())
+
+    def _buffered_rids(self) -> list[str]:
+        return [(x if self._copier is None else x[0]).rid for x in self._buffer]
 
     def _snapshot(self, sub: Subscriber, undelivered: list[str]) -> dict[str, Any]:
         st = sub.stats()
@@ -184,17 +549,27 @@ class SampleStream:
         # the subscriber's ready samples; ours stay unacknowledged and are released only after
         # the close, so a durable subscription gets them again.
         ready = sub.stats()["ready"]
+        held: list[Sample] = [x if self._copier is None else x[0] for x in self._buffer]
+        self._buffer.clear()
         for _ in range(ready):
             sample = sub.poll(0.0)
             if sample is None:
                 break
-            self._buffer.append(sample)
-        self._report = self._snapshot(sub, [s.rid for s in self._buffer])
+            held.append(sample)
+        self._report = self._snapshot(sub, [s.rid for s in held])
         try:
-            sub.close()
+            if self._copier is not None:
+                # no copy may still read a ring when it is unregistered and unmapped; the
+                # handed-out samples are acknowledged (delivered), the others are not
+                self._copier.close()
+                while self._releasing:
+                    self._releasing.popleft()[0].release()
         finally:
-            while self._buffer:
-                self._buffer.popleft().release()
+            try:
+                sub.close()
+            finally:
+                for sample in held:
+                    sample.release()
 
     def __enter__(self) -> "SampleStream":
         return self
@@ -212,7 +587,9 @@ class SampleStream:
 def stream(endpoints: str | Sequence[str], **kw: Any) -> SampleStream:
     """``for sample in hscapture.stream(endpoint, max_samples=..., idle_timeout_s=...)``:
     owned, verified samples from live producers; ``.report()`` afterwards says what was not
-    seen. Keywords: those of :class:`SampleStream` and of :class:`~hscapture.Subscriber`."""
+    seen. ``device="cuda:0"``: the samples' tensors arrive on that GPU (module docstring,
+    "Straight onto the GPU"). Keywords: those of :class:`SampleStream` and of
+    :class:`~hscapture.Subscriber`."""
     return SampleStream(endpoints, **kw)
 
 
@@ -226,7 +603,10 @@ class StreamDataset(IterableDataset):
     the place across iterations and restarts. :meth:`report` describes the latest iteration.
     Use with ``DataLoader(dataset, batch_size=None, num_workers=0)`` (samples differ in
     length: batch them in ``transform`` / ``collate_fn``); ``num_workers > 0`` is refused with
-    :class:`~hscapture.errors.CaptureConfigError` (see the module docstring).
+    :class:`~hscapture.errors.CaptureConfigError` (see the module docstring). With
+    ``device="cuda[:N]"`` every tensor of every item is on that device, safe on the stream
+    current when the item was yielded (module docstring, "Straight onto the GPU"); leave the
+    DataLoader's ``pin_memory`` off (there is nothing on the host to pin).
     """
 
     def __init__(
@@ -238,11 +618,14 @@ class StreamDataset(IterableDataset):
         idle_timeout_s: float | None = 30.0,
         prefetch: int = 8,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        device: str | torch.device | None = None,
         **subscriber_kw: Any,
     ) -> None:
         super().__init__()
         if prefetch < 1:
             raise CaptureConfigError(f"prefetch: expected at least 1 sample, found {prefetch}")
+        resolve_device(device)           # refused here, not at the first iter()
+        self.device = device
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         self.name = name
         self.max_samples = max_samples
@@ -268,7 +651,7 @@ class StreamDataset(IterableDataset):
             self._feed.close()
         feed = SampleStream(self.endpoints, name=self.name, max_samples=self.max_samples,
                             idle_timeout_s=self.idle_timeout_s, prefetch=self.prefetch,
-                            **self.subscriber_kw)
+                            device=self.device, **self.subscriber_kw)
         self._feed = feed
         return self._items(feed)
 

@@ -496,3 +496,253 @@ def test_the_capturing_thread_announces_completed_copies_and_flush_cuts_the_grac
     finally:
         sub.close()
         p.close()
+
+# (vi) streaming straight onto the GPU: hscapture.stream(..., device="cuda") (issue #9) --------
+
+def _stream_spec(endpoint, requests, **over):
+    out = {"endpoint": endpoint, "hidden": 256, "layers": [2, 5, 7], "requests": requests,
+           "threads": 1, "policy": "wait"}
+    out.update(over)
+    return out
+
+
+def _finish(proc):
+    try:
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _on_host(x):
+    """A device sample's tensors brought back (on the current stream: no explicit sync)."""
+    from hscapture import Sample
+
+    return Sample(x.rid, x.producer_id, x.epoch, x.num_tokens, x.token_ids.cpu(),
+                  {k: v.cpu() for k, v in x.tensors.items()}, x.layers, x.layer_kinds,
+                  x.dtype, x.hidden)
+
+
+def _wait_ready(sub, n, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while sub.stats()["ready"] < n:
+        assert time.monotonic() < deadline, sub.stats()
+        sub.pump(0.05)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_stream_to_cuda_bytes_on_device_equal_the_ring_bytes(endpoint, tmp_path, dtype):
+    """Every tensor handed out is on the GPU, contiguous, and bit-identical to the ring's own
+    bytes (read by a second, zero-copy subscriber of the same ring); single-chunk samples are
+    copied straight from the registered ring, multi-chunk ones (owned host memory) staged."""
+    import hscapture
+    from capture_support import assert_sample_exact, start_producer
+
+    requests = [[f"v{i}", 1 + 97 * i % 700, 256 if i % 3 == 0 else 1024] for i in range(12)]
+    multi = sum(1 for _, n, c in requests if n > c)
+    proc = start_producer(_stream_spec(endpoint, requests, dtype=dtype, consumers=2),
+                          tmp_path)
+    ref = hscapture.Subscriber(endpoint, zero_copy=True)
+    feed = hscapture.stream(endpoint, device="cuda", max_samples=12, idle_timeout_s=30,
+                            prefetch=3)
+    try:
+        ref.wait_ready(timeout=30)
+        feed.subscriber.wait_ready(timeout=30)
+        by_rid = {r[0]: r[1] for r in requests}
+        n = 0
+        for x in feed:
+            assert feed.held <= 3
+            for t in (x.token_ids, *x.tensors.values()):
+                assert t.device.type == "cuda" and t.is_contiguous()
+            with ref.get(x.rid, timeout=30) as ring:
+                for name, t in x.tensors.items():
+                    assert_bits_equal(t, ring.tensors[name], f"{x.rid} {name}")
+                assert torch.equal(x.token_ids.cpu(), ring.token_ids.clone())
+            assert_sample_exact(_on_host(x), x.rid, by_rid[x.rid], 256, [2, 5, 7], dtype)
+            n += 1
+        assert n == 12
+        report = feed.report()
+        assert report["delivered"] == 12 and not report["undelivered"]
+        assert not (report["dropped"] or report["incomplete"] or report["rejected"])
+        assert feed._copier.staged_samples == multi, (
+            "single-chunk samples were staged: cudaHostRegister of the consumer's ring mapping "
+            "failed here (see the RuntimeWarning)")
+        assert feed._copier._pins == {}, "a ring registration outlived the stream"
+    finally:
+        feed.close()
+        ref.close()
+        _finish(proc)
+
+
+def test_stream_releases_a_ring_slot_only_after_its_copy_event_completed(endpoint, tmp_path):
+    """The copy stream is made busy (~1 s) before the copies are issued: next() returns at
+    once (no host wait for the copy), the sample's ring slot stays held while its event has
+    not completed, the user's stream still sees the right bytes without any explicit sync,
+    and the slot goes back at the next call once the event completed."""
+    import hscapture
+    from capture_support import assert_sample_exact, start_producer
+
+    proc = start_producer(_stream_spec(endpoint, [["e0", 300, 300], ["e1", 300, 300]]),
+                          tmp_path)
+    feed = hscapture.stream(endpoint, device="cuda", max_samples=2, idle_timeout_s=30,
+                            prefetch=4)
+    try:
+        sub = feed.subscriber
+        _wait_ready(sub, 2)
+        feed._copier.region(sub, sub._delivery.ready[0])   # register the ring before the clock
+        cycles = int(_cycles_per_second() * 1.0)
+        with torch.cuda.stream(feed._copier.stream):
+            torch.cuda._sleep(cycles)             # the copies queue behind this
+        t0 = time.monotonic()
+        first = next(feed)
+        took = time.monotonic() - t0
+        assert took < 0.5, f"next() took {took:.3f}s: it waited for the copy"
+        assert first.tensors["layer_5"].device.type == "cuda"
+        host, event = feed._releasing[0]
+        assert host.rid == first.rid
+        assert not event.query(), "the copy finished before the sleep: the test means nothing"
+        assert host.borrowed and not host.released, "slot released before the copy completed"
+        src = sub._sources[host.epoch]
+        released_before = src.consumer.released
+        assert len(src.borrowed) == 2                # the sample handed out + the one ahead
+        assert_sample_exact(_on_host(first), "e0", 300, 256, [2, 5, 7])   # ordered, no sync
+        assert event.query()
+        second = next(feed)
+        assert host.released and not host.borrowed   # reaped at the next call
+        assert src.consumer.released > released_before
+        assert_sample_exact(_on_host(second), "e1", 300, 256, [2, 5, 7])
+        with pytest.raises(StopIteration):
+            next(feed)
+        assert feed.report()["delivered"] == 2
+    finally:
+        feed.close()
+        _finish(proc)
+
+
+def test_a_held_cuda_sample_stays_valid_while_the_ring_wraps_and_memory_is_reused(
+        endpoint, tmp_path):
+    """A sample kept by the trainer stays exact while 40 more pass through an 8 MiB ring
+    (wrapping it ~7 times) and the device allocator recycles every other sample's memory."""
+    import hscapture
+    from capture_support import assert_sample_exact, start_producer
+
+    requests = [[f"w{i}", 512, 512] for i in range(41)]      # 512 x 1024 x 3 bf16 = 3 MiB
+    proc = start_producer(_stream_spec(endpoint, requests, hidden=1024, capacity=8 << 20),
+                          tmp_path)
+    feed = hscapture.stream(endpoint, device="cuda", max_samples=41, idle_timeout_s=30,
+                            prefetch=2)
+    try:
+        it = iter(feed)
+        kept = next(it)
+        for x in it:
+            assert_sample_exact(_on_host(x), x.rid, 512, 1024, [2, 5, 7])
+            del x
+        assert_sample_exact(_on_host(kept), "w0", 512, 1024, [2, 5, 7])
+        assert feed.report()["delivered"] == 41
+    finally:
+        feed.close()
+        _finish(proc)
+
+
+def test_a_freed_cuda_sample_is_not_recycled_before_the_users_stream_is_done_with_it(
+        endpoint, tmp_path):
+    """record_stream semantics: the trainer queues work on a sample behind ~0.3 s of other
+    work, drops the sample, and streams on; the allocator must not hand its memory to the next
+    samples' copies (another stream) before that queued work has read it."""
+    import hscapture
+    from capture_support import source, start_producer
+
+    requests = [[f"f{i}", 512, 512] for i in range(12)]
+    proc = start_producer(_stream_spec(endpoint, requests, hidden=1024), tmp_path)
+    feed = hscapture.stream(endpoint, device="cuda", max_samples=12, idle_timeout_s=30,
+                            prefetch=2)
+    try:
+        _wait_ready(feed.subscriber, 4)
+        first = next(feed)
+        torch.cuda._sleep(int(_cycles_per_second() * 0.3))     # on the current stream
+        late = first.tensors["layer_5"] * 1                    # reads it after the sleep
+        del first
+        rest = [next(feed).rid for _ in range(6)]              # new copies meanwhile
+        want = source("f0", 512, 1024, 3)[0][1]
+        assert_bits_equal(late, want, "f0 layer_5 read after the sample was dropped")
+        assert rest == [f"f{i}" for i in range(1, 7)]
+    finally:
+        feed.close()
+        _finish(proc)
+
+
+def test_stream_to_cuda_without_a_registered_ring_is_staged_exact_and_says_why(
+        endpoint, tmp_path, recwarn):
+    """The fallback: a failed registration warns once (pinned staging named) and leaves no CUDA
+    error behind; a stream whose rings are not registered copies through pinned staging,
+    exact; StreamDataset(device=...) yields items on the GPU."""
+    import hscapture
+    from capture_support import assert_sample_exact, start_producer
+    from hscapture.stream import StreamDataset, register_ring
+    from torch.utils.data import DataLoader
+
+    assert register_ring(4096, 4096) is None
+    msgs = [str(w.message) for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "pinned staging buffer" in msgs[0]
+    x = torch.ones(1024, device="cuda") * 2
+    assert float(x.sum()) == 2048.0
+
+    requests = [[f"u{i}", 5 + 61 * i, 128] for i in range(6)]
+    proc = start_producer(_stream_spec(endpoint, requests), tmp_path)
+    ds = StreamDataset(endpoint, max_samples=6, idle_timeout_s=30, prefetch=2,
+                       device="cuda", _register_rings=False)
+    try:
+        items = list(DataLoader(ds, batch_size=None, num_workers=0))
+        assert [i["rid"] for i in items] == [r[0] for r in requests]
+        for item, (rid, n, _) in zip(items, requests):
+            assert item["input_ids"].device.type == "cuda"
+            assert item["input_ids"].dtype == torch.int64
+            s = hscapture.Sample(rid, "t", 0, n, item["input_ids"].cpu(),
+                                 {f"layer_{L}": item[f"layer_{L}"].cpu() for L in (2, 5, 7)},
+                                 [2, 5, 7], ["residual"] * 3, "bfloat16", 256)
+            assert_sample_exact(s, rid, n, 256, [2, 5, 7])
+        assert ds._feed._copier.staged_samples == 6
+        assert ds.report()["delivered"] == 6
+    finally:
+        ds.close()
+        _finish(proc)
+
+
+def test_stream_to_cuda_keeps_exactly_once_samples_copied_but_not_handed_out_come_again(
+        endpoint, tmp_path):
+    """Samples already copied to the GPU but not handed out when the feed stops are reported
+    undelivered and NOT acknowledged: the next durable subscriber of the name gets them."""
+    import hscapture
+    from capture_support import assert_sample_exact, start_producer
+
+    requests = [[f"g{i}", 10, 10] for i in range(12)]
+    proc = start_producer(_stream_spec(endpoint, requests), tmp_path)
+    name = f"dur-{uuid.uuid4().hex[:6]}"
+    feed = hscapture.stream(endpoint, device="cuda", idle_timeout_s=30, prefetch=4, name=name)
+    again = None
+    try:
+        sub = feed.subscriber
+        _wait_ready(sub, 4)                            # the first next() takes 4, hands out 1
+        assert next(feed).rid == "g0"
+        deadline = time.monotonic() + 30
+        while feed.buffered + sub.stats()["ready"] < 11:
+            assert time.monotonic() < deadline, sub.stats()
+            sub.pump(0.05)
+        assert feed.buffered == 3                      # copied to the device, not handed out
+        feed.close()
+        report = feed.report()
+        assert report["delivered"] == 1
+        assert sorted(report["undelivered"]) == sorted(f"g{i}" for i in range(1, 12))
+        again = hscapture.stream(endpoint, device="cuda", idle_timeout_s=3, prefetch=4,
+                                 name=name)
+        seen = [x for x in again]
+        assert sorted(x.rid for x in seen) == sorted(f"g{i}" for i in range(1, 12))
+        for x in seen:
+            assert_sample_exact(_on_host(x), x.rid, 10, 256, [2, 5, 7])
+    finally:
+        feed.close()
+        if again is not None:
+            again.close()
+        hscapture.Subscriber(endpoint, name=name).unsubscribe()   # give the place up
+        _finish(proc)

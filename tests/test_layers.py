@@ -23,7 +23,7 @@ LAYERS: list[list[str]] = [
 ]
 #: what the stack stands on; none of these may import any module of the stack
 FOUNDATIONS = {"_assembly", "_sequence", "record", "notice", "sample", "endpoint", "errors",
-               "ring", "_ring"}
+               "ring", "_ring", "pinning"}
 
 
 def _imports(path: Path) -> set[str]:

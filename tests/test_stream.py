@@ -23,6 +23,11 @@ EXAMPLE = ROOT / "examples" / "train_from_stream.py"
 HIDDEN, LAYERS = 64, [2, 5, 7]
 
 
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``t`` (NaN-safe equality), as a flat uint8 tensor."""
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
 def spec(endpoint, requests, **over):
     out = {"endpoint": endpoint, "hidden": HIDDEN, "layers": LAYERS, "requests": requests,
            "threads": 1}
@@ -191,3 +196,95 @@ def test_loss_masks_and_aux_layers_from_the_example_producer_arrive_exact(endpoi
                 assert torch.equal(item[f"layer_{L}"], t)
     finally:
         finish(proc)
+
+
+# -- device= -----------------------------------------------------------------------------------
+
+def test_device_cpu_hands_out_owned_exact_samples_and_releases_every_ring_slot(
+        endpoint, tmp_path):
+    requests = [[f"c{i}", 3 + 41 * i % 200, 64] for i in range(10)]   # multi-chunk ones too
+    proc = start_producer(spec(endpoint, requests, policy="wait"), tmp_path)
+    try:
+        s = hscapture.stream(endpoint, max_samples=10, idle_timeout_s=20, prefetch=3,
+                             device=torch.device("cpu"))
+        assert s.device is None                      # "cpu" is the plain host path
+        got = []
+        for x in s:
+            assert not x.borrowed and x.released     # an owned copy, its slot given back
+            assert x.token_ids.device.type == "cpu"
+            assert s.held <= 3
+            got.append(x)
+        assert [x.rid for x in got] == [r[0] for r in requests]
+        for x, r in zip(got, requests):
+            assert_sample_exact(x, r[0], r[1], HIDDEN, LAYERS)
+        report = s.report()
+        assert report["delivered"] == 10 and not report["undelivered"]
+    finally:
+        finish(proc)
+
+
+@pytest.mark.parametrize("device, found", [
+    ("gpu:0", "gpu:0"), ("meta", "'meta' is not supported"), ("cuda:x", "expected None, 'cpu'"),
+    ("cuda:99" if torch.cuda.is_available() else "cuda", "expected a" )])
+def test_an_invalid_device_is_refused_with_a_typed_error_before_anything_attaches(
+        endpoint, device, found):
+    with pytest.raises(CaptureConfigError, match="device") as exc:
+        hscapture.stream(endpoint, device=device)
+    assert found in str(exc.value)
+    with pytest.raises(CaptureConfigError, match="device"):
+        StreamDataset(endpoint, device=device)
+
+
+def test_the_device_copy_plan_covers_packed_ring_views_with_few_copies_byte_exact(endpoint):
+    """The layout a device copy uses, run on the CPU: a batch entry's packed block of three
+    layers [T, 3H] becomes ONE straight copy per row (the strided layer views are rebuilt from
+    it), the [T, H] block and the token ids straight copies too; only the loss_mask (not ring
+    memory) is staged. Every tensor rebuilt from the flat buffer equals the ring's view."""
+    from hscapture import Producer, Subscriber
+    from hscapture.producer import Row
+    from hscapture.stream import plan_copy, run_plan
+
+    h, k, lens = 32, 3, [5, 70, 1, 33]
+    T = sum(lens)
+    g = torch.Generator().manual_seed(5)
+    aux = torch.randn(T, k * h, generator=g).to(torch.bfloat16)
+    last = torch.randn(T, h, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 50_000, (T,), generator=g, dtype=torch.int32)
+    offs = [sum(lens[:i]) for i in range(len(lens))]
+    rows = [Row(f"r{i}", offs[i], lens[i], fields={"loss_mask": bytes([i % 2]) * lens[i]})
+            for i in range(len(lens))]
+    p = Producer(endpoint, producer_id="plan", capacity=8 << 20, full_policy="wait",
+                 wait_timeout_s=10)
+    sub = Subscriber(endpoint, zero_copy=True)
+    try:
+        sub.wait_ready(timeout=20)
+        assert p.capture_batch(rows, [aux, last], layers=[1, 2, 3, 9],
+                               layer_kinds=["residual"] * 3 + ["final_norm"],
+                               layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
+                               token_ids=ids)
+        p.flush()
+        for i, n in enumerate(lens):
+            s = sub.get(f"r{i}", timeout=20)
+            assert s.borrowed
+            lo, size = sub._sources[s.epoch].data_region()
+            names = list(s.tensors)
+            host = [s.tensors[x] for x in names] + [s.token_ids, s.fields["loss_mask"]]
+            assert n == 1 or not host[0].is_contiguous()  # a column slice of the packed block
+            plan = plan_copy(host, (lo, lo + size))
+            assert plan.direct == [True] * 5 + [False]    # ring views straight, the mask staged
+            assert len(plan.spans) <= 3                   # packed rows, last rows, ids
+            aux_bytes = n * k * h * 2
+            span_of = {off: nbytes for _, nbytes, off in plan.spans}
+            assert any(nb >= aux_bytes for nb in span_of.values())
+            flat = torch.zeros(plan.total, dtype=torch.uint8)
+            out = run_plan(plan, host, flat, None)
+            for name, got, want in zip(names + ["ids", "mask"], out, host):
+                assert got.is_contiguous() and got.dtype == want.dtype
+                assert got.shape == want.shape, f"r{i} {name}"
+                assert torch.equal(bytes_of(got), bytes_of(want)), f"r{i} {name}"
+            assert torch.equal(out[names.index("layer_2")],
+                               aux[offs[i]:offs[i] + n, h:2 * h])
+            s.release()
+    finally:
+        sub.close()
+        p.close()
