@@ -497,6 +497,7 @@ def test_the_capturing_thread_announces_completed_copies_and_flush_cuts_the_grac
         sub.close()
         p.close()
 
+
 # (vi) streaming straight onto the GPU: hscapture.stream(..., device="cuda") (issue #9) --------
 
 def _stream_spec(endpoint, requests, **over):
