@@ -181,3 +181,74 @@ def test_record_without_a_timed_region_is_refused(tmp_path):
         _stats.write_record(tmp_path / "r.json", benchmark="t",
                             timed_regions={"x": {"clock": "c", "outside": []}}, results={})
     assert not (tmp_path / "r.json").exists()
+
+
+# -- the paired-ratio decision: distribution-free interval of the median ------------------
+
+@given(values, st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_median_interval_contains_the_median_and_lies_within_the_values(xs, level):
+    lo, hi, cov = _stats.median_ci(xs, level)
+    assert min(xs) <= lo <= _stats.median(xs) <= hi <= max(xs)
+    assert lo in xs and hi in xs                     # order statistics, never interpolated
+    assert 0.0 <= cov <= 1.0
+
+
+@given(st.floats(1e-3, 1e6), st.integers(1, 60))
+def test_median_interval_of_constant_values_is_that_value(c, n):
+    lo, hi, _ = _stats.median_ci([c] * n)
+    assert lo == hi == c
+
+
+@given(values)
+def test_median_interval_claims_its_level_once_there_are_enough_values(xs):
+    _, _, cov = _stats.median_ci(xs, 0.95)
+    if len(xs) >= 6:
+        assert cov >= 0.95
+    else:                                            # the whole range, with its real coverage
+        assert cov < 0.95 and _stats.median_ci(xs)[:2] == (min(xs), max(xs))
+
+
+@settings(max_examples=60)
+@given(st.lists(st.floats(0.5, 1.5), min_size=2, max_size=12), st.integers(1, 6))
+def test_median_interval_shrinks_as_the_same_values_repeat(xs, k):
+    lo1, hi1, _ = _stats.median_ci(xs * k)
+    lo2, hi2, _ = _stats.median_ci(xs * (k + 1))
+    assert lo1 <= lo2 and hi2 <= hi1
+
+
+def test_median_interval_matches_the_binomial_table():
+    assert _stats.median_ci(list(range(1, 101)))[:2] == (40, 61)     # n=100: x(40)..x(61)
+    lo, hi, cov = _stats.median_ci(list(range(1, 21)))               # n=20: x(6)..x(15)
+    assert (lo, hi) == (6, 15) and abs(cov - 0.9586) < 1e-3
+
+
+def test_median_interval_resolves_two_percent_with_enough_pairs_but_not_with_five():
+    import random
+
+    rng = random.Random(3)
+    noisy = [0.97 * (1 + rng.gauss(0, 0.05)) for _ in range(200)]   # 3 % slower, 5 % noise
+    assert not _stats.pair_summary(noisy[:5], 0.98)["met"]
+    s = _stats.pair_summary(noisy[:5] + noisy, 0.995)
+    assert s["ci"][1] < 0.995 and not s["met"]                       # resolved: below 0.995
+    fine = _stats.pair_summary([1 + rng.gauss(0, 0.05) for _ in range(200)], 0.98)
+    assert fine["met"] and not fine["met_whole_spread"]              # judged on the CI
+    assert "lower end" in fine["judged_on"]
+
+
+@given(st.lists(st.sampled_from(["on", "on:noop", "on:x"]), min_size=1, max_size=3,
+                unique=True), st.integers(1, 9))
+def test_abba_order_pairs_every_candidate_with_the_baseline_and_alternates(cands, blocks):
+    order = _stats.abba_order(["off", *cands], blocks)
+    assert len(order) == blocks * len(cands)
+    for j, c in enumerate(cands):
+        mine = [(f, s) for _, f, s in order if c in (f, s)]
+        assert all("off" in pair for pair in mine) and len(mine) == blocks
+        firsts = [f == "off" for f, _ in mine]
+        assert firsts == [(b + j) % 2 == 0 for b in range(blocks)]   # ABBA across blocks
+
+
+def test_abba_order_refuses_nothing_to_compare():
+    with pytest.raises(ValueError, match="candidate"):
+        _stats.abba_order(["off"], 3)
+    with pytest.raises(ValueError, match="blocks"):
+        _stats.abba_order(["off", "on"], 0)
