@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,100 @@ def test_abba_order_refuses_nothing_to_compare():
         _stats.abba_order(["off"], 3)
     with pytest.raises(ValueError, match="blocks"):
         _stats.abba_order(["off", "on"], 0)
+
+
+# -- bench_server's bookkeeping (pure functions; the bench itself needs the GPU host) ------
+
+def _bench_server():
+    import bench_server
+    return bench_server
+
+
+def test_bench_server_pairs_give_one_ratio_each_and_refuse_a_half_pair():
+    bs = _bench_server()
+    rounds = [{"pair": "b0-on", "mode": "off", "tok_per_s": 100.0},
+              {"pair": "b0-on", "mode": "on", "tok_per_s": 98.0},
+              {"pair": "b0-on:noop", "mode": "on:noop", "tok_per_s": 101.0},
+              {"pair": "b0-on:noop", "mode": "off", "tok_per_s": 100.0},
+              {"pair": "b1-on", "mode": "on", "tok_per_s": 50.0},
+              {"pair": "b1-on", "mode": "off", "tok_per_s": 40.0}]
+    assert bs.pair_ratios(rounds, "on") == [0.98, 1.25]
+    assert bs.pair_ratios(rounds, "on:noop") == [1.01]
+    with pytest.raises(ValueError, match="expected one 'off'"):
+        bs.pair_ratios(rounds[:2] + [{"pair": "b2-on", "mode": "on", "tok_per_s": 1.0}], "on")
+
+
+def test_bench_server_account_closes_only_when_every_expected_rid_is_received_or_reported():
+    bs = _bench_server()
+    expected = {"a": (3, 11), "b": (4, 22), "c": (5, 33), "d": (6, 44)}
+    got = {"a": {"n": 3, "crc": 11}, "b": {"n": 4, "crc": 99}}
+    reports = {"dropped": {"c": "dropped by producer: ring_full"},
+               "incomplete": {"x": "never expected"}, "rejected": {}}
+    v = bs.verify(expected, got, reports)
+    assert (v["expected"], v["received"], v["n_reported"], v["missing"]) == (4, 2, 1, 1)
+    assert v["missing_rids"] == ["d"] and v["wrong"] == ["b"] and not v["ok"]
+    assert v["reported"] == {"dropped": {"dropped by producer: ring_full": 1}}
+    ok = bs.verify({"a": (3, 11), "c": (5, 33)}, {"a": {"n": 3, "crc": 11}}, reports)
+    assert ok["ok"] and ok["missing"] == 0
+    extra = bs.verify({"a": (3, 11)}, {"a": {"n": 3, "crc": 11}, "plain-1": {"n": 1, "crc": 0}},
+                      {})
+    assert not extra["ok"] and extra["unrequested"] == ["plain-1"]
+
+
+def test_bench_server_crc_matches_what_the_subscriber_computes():
+    import numpy as np
+    import zlib
+
+    bs = _bench_server()
+    ids = [5, 70000, 31999]
+    assert bs.ids_crc(ids) == zlib.crc32(np.asarray(ids, dtype=np.int32).astype("<i4").tobytes())
+
+
+def test_bench_server_subscriber_drains_to_the_producers_head_and_accounts_for_every_rid(
+        endpoint, tmp_path):
+    """The bench's subscriber process against a real producer: it is asked to stop while
+    samples are still in the ring, and still delivers every one of them before it stops."""
+    import subprocess
+
+    import torch
+    from hscapture import Producer
+
+    bs = _bench_server()
+    out, stop = tmp_path / "samples.jsonl", tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, bs.__file__, "--subscribe", endpoint, str(out),
+                             str(stop), "30"])
+    try:
+        with Producer(endpoint, producer_id="benchsub", capacity=64 << 20) as p:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "stop.ready").exists():
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            expected = {}
+            for i in range(40):
+                n = 300 + 7 * i
+                ids = torch.randint(3, 32000, (n,), dtype=torch.int32)
+                h = torch.randn(n, 64).to(torch.bfloat16)
+                for s in range(0, n, 256):                     # multi-chunk samples
+                    e = min(n, s + 256)
+                    assert p.capture(f"hscap-{i}", [h[s:e]], layers=[0], token_start=s,
+                                     is_last_chunk=e == n, token_ids=ids[s:e])
+                expected[f"hscap-{i}"] = (n, bs.ids_crc(ids.tolist()))
+            p.flush()
+            tmp = tmp_path / "stop.tmp"                          # at once: samples in flight
+            tmp.write_text(json.dumps(sorted(expected)))
+            os.replace(tmp, stop)
+            assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got, tail = {}, {}
+    for line in out.read_text().splitlines():
+        rec = json.loads(line)
+        if "stats" in rec:
+            tail = rec
+        else:
+            got[rec["rid"]] = rec
+    v = bs.verify(expected, got, {k: tail["stats"][k] for k in ("dropped", "incomplete",
+                                                                "rejected")})
+    assert v["ok"] and v["received"] == 40, v
+    assert tail["drain"]["ended"].startswith("caught up"), tail["drain"]
