@@ -9,6 +9,9 @@ like-for-like thing it should approach) the same way:
 - :func:`summarize` reports the median, the min–max and a bootstrap 95 % interval of the
   median; :func:`ratio_summary` does it for the paired ratios.
 - :func:`goal_met` calls a goal met only when the whole spread (every repetition) clears it.
+- :func:`abba_order` / :func:`pair_summary`: many short adjacent pairs (ABBA), one ratio per
+  pair, judged on the distribution-free interval of the median ratio (:func:`median_ci`):
+  enough pairs resolve a 2 % difference where the min–max of a few long rounds cannot.
 - :func:`write_record` writes the JSON: results, configuration, what is and is not inside the
   timed region, the machine (CPU, GPU, memory), the commit and the command line.
 
@@ -93,6 +96,84 @@ def bootstrap_ci(xs: Sequence[float], *, level: float = 0.95, n_boot: int = 2000
     lo = boots[max(0, math.floor(alpha * n_boot))]
     hi = boots[min(n_boot - 1, math.ceil((1 - alpha) * n_boot) - 1)]
     return float(lo), float(hi)
+
+
+def median_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Distribution-free confidence interval of the median: ``(lo, hi, coverage)``.
+
+    The order statistics ``x_(k) .. x_(n+1-k)`` (1-based, sorted) with the largest ``k``
+    for which ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``: for independent values of
+    any continuous distribution the interval holds the true median with probability
+    ``coverage = 1 - 2 P(Binomial(n, 1/2) < k) >= level``. Needs no resampling and no
+    shape assumption, and it is exact for constant input. With too few values for
+    ``level`` (n < 6 at 95 %) no ``k >= 1`` qualifies: then it is ``(min, max)`` with the
+    coverage it really has (``1 - 2^(1-n)``), below ``level`` — read ``coverage``.
+    """
+    v = sorted(_finite(xs))
+    if not 0 < level < 1:
+        raise ValueError(f"median_ci: expected 0 < level < 1, found {level}")
+    n = len(v)
+    alpha = (1 - level) / 2
+    cdf, k = 0.0, 0          # cdf = P(B < k+1) as k grows
+    pmf = 0.5 ** n           # P(B = 0)
+    while k + 1 <= (n + 1) // 2:
+        if cdf + pmf > alpha:
+            break
+        cdf += pmf
+        pmf = pmf * (n - k) / (k + 1)
+        k += 1
+    if k == 0:               # too few values: the whole range, with its real coverage
+        return v[0], v[-1], 1.0 - 2 * 0.5 ** n if n > 1 else 0.0
+    return v[k - 1], v[n - k], 1.0 - 2 * cdf
+
+
+def abba_order(names: Sequence[str], blocks: int) -> list[tuple[int, str, str]]:
+    """The rounds of ``blocks`` blocks comparing a baseline ``names[0]`` with each candidate
+    ``names[1:]`` in adjacent pairs: ``[(block, first, second), ...]``.
+
+    In block ``b`` the pair for candidate ``j`` runs baseline-first when ``b + j`` is even,
+    candidate-first otherwise (ABBA across blocks), so a linear drift cancels between
+    consecutive blocks and every pair is two rounds run back to back."""
+    if len(names) < 2:
+        raise ValueError(f"abba_order: expected a baseline and at least one candidate, "
+                         f"found {list(names)}")
+    if blocks < 1:
+        raise ValueError(f"abba_order: expected blocks >= 1, found {blocks}")
+    base = names[0]
+    out = []
+    for b in range(blocks):
+        for j, cand in enumerate(names[1:]):
+            out.append((b, base, cand) if (b + j) % 2 == 0 else (b, cand, base))
+    return out
+
+
+def pair_summary(ratios: Sequence[float], goal: float | None = None, direction: str = ">=",
+                 *, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """The paired ratios, summarized for a decision: n, median, the distribution-free
+    ``level`` interval of the median (:func:`median_ci`, with its real coverage), the
+    bootstrap interval, min–max and the values. With ``goal``, ``met`` is judged on the
+    interval of the median (``">="``: its lower end clears the goal; ``"<="``: its upper
+    end does), and ``judged_on`` says so in words; ``met_whole_spread`` is the stricter
+    min–max verdict of :func:`goal_met`, for reference."""
+    v = _finite(ratios)
+    lo, hi, cov = median_ci(v, level)
+    out: dict[str, Any] = {"n": len(v), "median": median(v), "ci": [lo, hi],
+                           "ci_level": level, "ci_coverage": cov,
+                           "ci_method": "distribution-free order statistics of the median",
+                           "bootstrap_ci": list(bootstrap_ci(v, level=level, seed=seed)),
+                           "min": min(v), "max": max(v), "values": v}
+    if goal is not None:
+        if direction not in DIRECTIONS:
+            raise ValueError(f"pair_summary: expected direction in {DIRECTIONS}, found "
+                             f"{direction!r}")
+        end = "lower" if direction == ">=" else "upper"
+        bound = lo if direction == ">=" else hi
+        out.update(goal=goal, direction=direction,
+                   met=bound >= goal if direction == ">=" else bound <= goal,
+                   judged_on=f"the {end} end of the {cov:.1%} confidence interval of the "
+                             f"median paired ratio ({end} end {bound:.4f} {direction} {goal:g})",
+                   met_whole_spread=goal_met(v, goal, direction))
+    return out
 
 
 def summarize(xs: Sequence[float], *, seed: int = 0) -> dict[str, Any]:

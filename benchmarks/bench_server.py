@@ -1,23 +1,48 @@
 #!/usr/bin/env python3
-"""Prompt throughput of a REAL SGLang server with capture on vs off, alternating, same server.
+"""Prompt throughput of a REAL SGLang server with capture on vs off, in adjacent pairs, same server.
 
 Run as the client of ``.sgl/bin/serve.sh`` on the GPU host (see benchmarks/README.md):
 
     HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock' HSCAPTURE_STATS_FILE=/tmp/hook.json \\
+    HSCAPTURE_EXPERIMENT_FILE=/tmp/hook-mode \\
     bash .sgl/bin/serve.sh --enable-return-aux-hidden-states --speculative-algorithm EAGLE3 \\
         --return-aux-hidden-state-layer-ids 0 1 2 --disable-radix-cache -- \\
         python3 benchmarks/bench_server.py --out $OUT/server.json
 
 What is timed: the wall time from the first request sent to the last response received, for
-a fixed set of requests (``max_new_tokens=1``, greedy) sent with a fixed concurrency; prompt
-tokens/s = prompt tokens / that time. "on" requests opt in (rid prefix ``hscap-``), "off"
-requests do not; both run on the same server, alternating in every repetition (off, on, off,
-on, ...), after one discarded warm-up round. A subscriber runs in another process for the
-whole run and every "on" sample it receives is checked (token count and token ids) against
-what was sent. ``--experiments`` adds hook modes (``noop``: the hook returns at once,
-``nocapture``: everything but ``Producer.capture``) switched through
-``HSCAPTURE_EXPERIMENT_FILE`` to find where the time goes. The hook's own time per forward
-(``HSCAPTURE_STATS_FILE``) is recorded after every repetition.
+one round: a fixed set of requests (``max_new_tokens=1``, greedy) sent with a fixed
+concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (rid prefix
+``hscap-``), "off" requests do not. Modes (all on the same server, same prompts every round):
+
+- ``off``: nothing opts in (the baseline);
+- ``on``: every request opts in and is captured;
+- ``on:noop`` (default with ``HSCAPTURE_EXPERIMENT_FILE``): the requests opt in but the hook
+  returns at once. This is the proxy for "plugin absent": comparing with a server without the
+  plugin needs a restart (another process, another warm-up, other memory), which this bench
+  cannot do on one server, so it does not pretend to (no ``--plugin-absent``).
+  ``--experiments`` adds more hook modes (``nocapture``: everything but ``Producer.capture``).
+
+Statistics (benchmarks/_stats.py): after a discarded warm-up round of every mode, the number of
+requests per round is calibrated so that an ``off`` round lasts about ``--round-s`` seconds;
+then ``--pairs`` blocks run, each block one adjacent pair (baseline, candidate) per candidate
+mode, baseline-first and candidate-first alternating across blocks (ABBA). Each pair gives
+one ratio candidate/off from two rounds run back to back, so the server's slow drift (the
+"off" rounds alone vary 10-20 % between rounds) largely cancels inside a pair. The goal
+(``--goal``, default on/off >= 0.98) is judged on the LOWER END OF THE 95 % DISTRIBUTION-FREE
+CONFIDENCE INTERVAL OF THE MEDIAN PAIRED RATIO (order statistics; its real coverage is
+printed); the min-max of the ratios and a bootstrap interval are reported beside it, and the
+stricter "whole spread" verdict too. With 20 pairs the interval runs from the 6th to the 15th
+smallest ratio (95.9 %), about +-1.25 sigma/sqrt(20) x 1.96 ~ +-0.55 sigma: pairs whose ratios
+scatter by 3 % resolve a 2 % difference, where the min-max of 5 long rounds never can. Time:
+about pairs x candidates x 2 x --round-s per mix, plus ~1 s per hook-mode switch.
+
+A subscriber runs in another process for the whole run (zero-copy: it checks the token count
+and a CRC of the token ids of every sample, releases it at once and copies no hidden state
+out, so it keeps up). Before it stops it drains every ring up to the head the producer had
+committed when the bench asked it to stop, and until every expected rid is delivered or
+reported (deadline ``--drain-s``). The bench then counts: expected (the "on" rids), received,
+reported (dropped / incomplete / rejected, by reason), missing = expected - received -
+reported; missing > 0, a wrong sample or an unrequested one fails the run (exit 1), loudly.
 """
 
 from __future__ import annotations
@@ -27,12 +52,15 @@ import concurrent.futures as cf
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 import zlib
+from typing import Any, Iterable, Mapping, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _stats  # noqa: E402
 
 MIXES = {"short": (200, 400), "long": (2500, 3500)}
 _CHILDREN: list[subprocess.Popen] = []
@@ -45,13 +73,14 @@ def post(url: str, payload: dict, timeout: float = 120.0) -> dict:
         return json.loads(resp.read())
 
 
-def ids_crc(ids: list[int]) -> int:
+def ids_crc(ids: Sequence[int]) -> int:
+    """CRC-32 of the token ids as little-endian int32 (what the subscriber computes)."""
     import numpy as np
     return zlib.crc32(np.asarray(ids, dtype="<i4").tobytes())
 
 
 def run_round(url: str, prompts: list[list[int]], rids: list[str], concurrency: int
-              ) -> tuple[float, list[list[int]]]:
+              ) -> tuple[float, list[Any]]:
     outs: list = [None] * len(prompts)
 
     def one(i: int) -> None:
@@ -65,42 +94,145 @@ def run_round(url: str, prompts: list[list[int]], rids: list[str], concurrency: 
     return time.perf_counter() - t0, outs
 
 
-def subscriber_main(endpoint: str, out: str, stop_file: str) -> None:
-    """Drain every sample into a JSONL of (rid, tokens, crc of ids, layers); stop on file."""
+# -- pure bookkeeping (tested in tests/test_bench_stats.py) --------------------------------
+
+def pair_ratios(rounds: Sequence[Mapping[str, Any]], candidate: str, baseline: str = "off"
+                ) -> list[float]:
+    """One ratio ``candidate/baseline`` (tokens/s) per pair: rounds carry ``pair`` (an id
+    shared by the two rounds of a pair), ``mode`` and ``tok_per_s``; pairs of other
+    candidates are ignored. Raises ValueError for a pair that lacks either side."""
+    by_pair: dict[Any, dict[str, float]] = {}
+    for r in rounds:
+        by_pair.setdefault(r["pair"], {})[r["mode"]] = float(r["tok_per_s"])
+    out = []
+    for pid, sides in by_pair.items():
+        if candidate not in sides:
+            continue
+        if baseline not in sides or len(sides) != 2:
+            raise ValueError(f"pair {pid!r}: expected one {baseline!r} and one {candidate!r} "
+                             f"round, found {sorted(sides)}")
+        out.append(sides[candidate] / sides[baseline])
+    return out
+
+
+def reason_of(text: str) -> str:
+    """A report's reason without the rid-specific tail (for counting by reason)."""
+    for sep in (": missing", "; missing", " (", ", missing"):
+        text = text.split(sep)[0]
+    return text[:120]
+
+
+def verify(expected: Mapping[str, tuple[int, int]], got: Mapping[str, Mapping[str, Any]],
+           reports: Mapping[str, Mapping[str, str]], lost_events: int = 0) -> dict[str, Any]:
+    """The delivery account of a run.
+
+    ``expected``: rid -> (token count, crc) of every opted-in, captured request; ``got``:
+    rid -> {"n", "crc"} of every sample the subscriber received; ``reports``: kind
+    (dropped / incomplete / rejected) -> {rid: reason}. Returns expected, received (of the
+    expected), wrong (received with another count or crc), reported (expected rids not
+    received but reported, by kind and reason), missing = expected - received - reported
+    (rids, must be 0), unrequested (received, never expected), lost_events (sequence numbers
+    reported lost without a rid) and ``ok``."""
+    received = [r for r in expected if r in got]
+    wrong = [r for r in received if (got[r]["n"], got[r]["crc"]) != tuple(expected[r])]
+    reported: dict[str, dict[str, int]] = {}
+    told: set[str] = set()
+    for kind, by_rid in reports.items():
+        for rid, why in by_rid.items():
+            if rid in expected and rid not in got:
+                told.add(rid)
+                k = reported.setdefault(kind, {})
+                k[reason_of(why)] = k.get(reason_of(why), 0) + 1
+    missing = [r for r in expected if r not in got and r not in told]
+    unrequested = [r for r in got if r not in expected]
+    return {"expected": len(expected), "received": len(received), "n_wrong": len(wrong),
+            "wrong": wrong[:20], "reported": reported, "n_reported": len(told),
+            "missing": len(missing), "missing_rids": missing[:20],
+            "n_unrequested": len(unrequested), "unrequested": unrequested[:20],
+            "lost_events": lost_events,
+            "ok": not wrong and not missing and not unrequested}
+
+
+# -- the subscriber process ------------------------------------------------------------------
+
+def subscriber_main(endpoint: str, out: str, stop_file: str, drain_s: str = "120") -> None:
+    """Check every sample cheaply (count + CRC of the ids, zero-copy, released at once) into a
+    JSONL; when ``stop_file`` appears (it holds the JSON list of expected rids), drain every
+    ring up to the head committed at that moment and until every expected rid is delivered or
+    reported (or ``drain_s`` passed), then write the subscriber's reports and stop."""
+    import numpy as np
     from hscapture import Subscriber
 
-    n = 0
-    with Subscriber(endpoint) as sub, open(out, "w") as f:
+    def take(s: Any, f: Any) -> None:
+        with s:   # a borrowed view (zero-copy) of the ring: released when the block ends
+            ids = np.ascontiguousarray(s.token_ids.numpy(), dtype="<i4")
+            f.write(json.dumps({"rid": s.rid, "n": s.num_tokens,
+                                "crc": zlib.crc32(ids.tobytes())}) + "\n")
+            got.add(s.rid)
+
+    got: set[str] = set()
+    with Subscriber(endpoint, zero_copy=True) as sub, open(out, "w") as f:
         sub.wait_ready(timeout=120)
         open(f"{stop_file}.ready", "w").close()
         while not os.path.exists(stop_file):
             s = sub.poll(timeout=0.2)
-            if s is None:
+            if s is not None:
+                take(s, f)
+        expected: list[str] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:    # the stop file is written atomically (rename)
+            try:
+                with open(stop_file) as sf:
+                    expected = json.load(sf)
+                break
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        # the producer's committed head now: everything below it must be read before we stop
+        heads = {e: src.consumer.head for e, src in sub._sources.items()
+                 if src.consumer is not None}
+        t0 = time.monotonic()
+        deadline = t0 + float(drain_s)
+        why = f"deadline of {drain_s} s passed"
+        while time.monotonic() < deadline:
+            s = sub.poll(timeout=0.05)
+            if s is not None:
+                take(s, f)
                 continue
-            ids = s.token_ids.to("cpu").numpy().astype("<i4")
-            f.write(json.dumps({"rid": s.rid, "n": s.num_tokens, "crc": zlib.crc32(ids.tobytes()),
-                                "layers": sorted(s.tensors)}) + "\n")
-            s.release()
-            n += 1
+            caught_up = all(src.consumer is None or src.consumer.position >= heads.get(e, 0)
+                            for e, src in sub._sources.items())
+            st = sub.stats()
+            told = set(st["dropped"]) | set(st["incomplete"]) | set(st["rejected"])
+            if caught_up and not st["ready"] and all(r in got or r in told for r in expected):
+                why = "caught up with the producer's head; every expected rid accounted for"
+                break
         st = sub.stats()
-        f.write(json.dumps({"stats": {k: v for k, v in st.items()
-                                      if k not in ("errors", "in_flight")}},
-                           default=str) + "\n")
+        f.write(json.dumps({"stats": {k: v for k, v in st.items() if k not in ("errors",)},
+                            "drain": {"seconds": round(time.monotonic() - t0, 3),
+                                      "heads": {f"{e:016x}": h for e, h in heads.items()},
+                                      "ended": why}}, default=str) + "\n")
 
+
+# -- the bench -----------------------------------------------------------------------------
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default=os.environ.get("SGLANG_URL", "http://127.0.0.1:30000"))
-    ap.add_argument("--endpoint", default=None, help="subscriber endpoint (default: HSCAPTURE_ENDPOINT, dp 0)")
+    ap.add_argument("--endpoint", default=None,
+                    help="subscriber endpoint (default: HSCAPTURE_ENDPOINT, dp 0)")
     ap.add_argument("--mix", default="short,long")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pairs", "--reps", dest="pairs", type=int, default=20,
+                    help="blocks of adjacent pairs (one pair per candidate mode per block)")
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--requests", default="short=512,long=128",
-                    help="requests per round and mix; scaled up after the warm-up round so that "
-                         "a capture-off round lasts about --round-s seconds")
-    ap.add_argument("--round-s", type=float, default=0.0,
-                    help="target seconds per round (0: use --requests as given)")
-    ap.add_argument("--experiments", default="", help="extra hook modes, e.g. noop,nocapture")
+    ap.add_argument("--requests", default="short=256,long=64",
+                    help="requests per round and mix before calibration (the warm-up round)")
+    ap.add_argument("--round-s", type=float, default=1.0,
+                    help="target seconds per 'off' round: the warm-up calibrates the number of "
+                         "requests to it (0: use --requests as given)")
+    ap.add_argument("--experiments", default="noop",
+                    help="hook modes to add as candidates 'on:MODE' (need "
+                         "HSCAPTURE_EXPERIMENT_FILE); noop = the plugin-absent proxy")
+    ap.add_argument("--goal", type=float, default=0.98, help="goal: on/off >= this")
+    ap.add_argument("--drain-s", type=float, default=120.0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=32000, help="token ids are drawn from [3, vocab)")
@@ -117,15 +249,31 @@ def main() -> int:
     for stale in (stop_file, f"{stop_file}.ready"):
         if os.path.exists(stale):
             os.unlink(stale)
+    notes: list[str] = []
+    experiments = [e for e in args.experiments.split(",") if e]
+    if experiments and not exp_file:
+        notes.append(f"hook modes {experiments} skipped: HSCAPTURE_EXPERIMENT_FILE is not set")
+        print(f"[bench_server] {notes[-1]}", flush=True)
+        experiments = []
+    modes = ["off", "on"] + [f"on:{e}" for e in experiments]
     sub = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--subscribe", endpoint,
-                            samples_file, stop_file])
+                            samples_file, stop_file, str(args.drain_s)])
     _CHILDREN.append(sub)
+
+    def hook_stats() -> dict:
+        try:
+            with open(stats_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    current_mode = [None]
 
     def set_mode(mode: str) -> None:
         """Switch the hook's mode and wait until the hook reports it (its stats file, written
         at most once a second on the scheduler's thread, names the mode it ran with): tiny
         plain requests keep the server stepping until then."""
-        if not exp_file:
+        if not exp_file or current_mode[0] == mode:
             return
         with open(exp_file, "w") as f:
             f.write(mode)
@@ -136,110 +284,137 @@ def main() -> int:
                                  f"(stats file {stats_file!r})")
             post(args.url, {"input_ids": [5, 6, 7], "rid": f"plain-mode-{time.monotonic_ns()}",
                             "sampling_params": {"max_new_tokens": 1}})
+        current_mode[0] = mode
 
-    def hook_stats() -> dict:
-        try:
-            with open(stats_file) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    modes = ["off", "on"] + [f"on:{e}" for e in args.experiments.split(",") if e]
     expected: dict[str, tuple[int, int]] = {}
-    report: dict = {"args": vars(args), "mixes": {}}
+    mixes: dict[str, Any] = {}
     deadline = time.monotonic() + 120
     while not os.path.exists(f"{stop_file}.ready"):   # the subscriber attached to the ring
         if time.monotonic() > deadline or sub.poll() is not None:
             raise SystemExit("the subscriber did not attach within 120 s")
         time.sleep(0.05)
+
+    def one_round(mix: str, mode: str, tag: str, prompts: list[list[int]]) -> dict[str, Any]:
+        set_mode(mode.partition(":")[2])
+        rids = [f"{'hscap' if mode.startswith('on') else 'plain'}-{mix}-{mode.replace(':', '-')}"
+                f"-{tag}-{i}" for i in range(len(prompts))]
+        before = hook_stats().get("timing", {})
+        dt, outs = run_round(args.url, prompts, rids, args.concurrency)
+        after = hook_stats().get("timing", {})
+        if mode == "on":
+            for r, p in zip(rids, prompts):
+                expected[r] = (len(p), ids_crc(p))
+        tokens = sum(map(len, prompts))
+        return {"mode": mode, "tok_per_s": tokens / dt, "wall_s": dt, "outputs": outs,
+                "hook": {"calls": after.get("calls", 0) - before.get("calls", 0),
+                         "hook_ms": after.get("total_ms", 0) - before.get("total_ms", 0),
+                         "p50_us": after.get("p50_us"), "p90_us": after.get("p90_us")}}
+
     for mix in args.mix.split(","):
         lo, hi = MIXES[mix]
-        n = int(nreq[mix])
-        prompts = [[rng.randrange(3, args.vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+        def more(k: int) -> list[list[int]]:
+            return [[rng.randrange(3, args.vocab) for _ in range(rng.randint(lo, hi))]
+                    for _ in range(k)]
+
+        prompts = more(int(nreq[mix]))
+        warm = {m: one_round(mix, m, "warmup", prompts) for m in modes}   # discarded
+        if args.round_s > 0:
+            scale = args.round_s / warm["off"]["wall_s"]
+            n = max(args.concurrency, int(len(prompts) * scale))
+            prompts = prompts[:n] if n <= len(prompts) else prompts + more(n - len(prompts))
         tokens = sum(map(len, prompts))
-        rows: dict[str, list[float]] = {m: [] for m in modes}
-        hooks: dict[str, list] = {m: [] for m in modes}
-        outputs: dict[str, list] = {}
-        warm_dt = 0.0
-        for rep in range(-1, args.reps):       # rep -1: warm-up, discarded
-            if rep == 0 and args.round_s > 0 and warm_dt:
-                # long enough rounds: the server's own round-to-round noise shrinks with them
-                scale = max(1.0, args.round_s / warm_dt)
-                more = int(n * scale) - n
-                prompts += [[rng.randrange(3, args.vocab) for _ in range(rng.randint(lo, hi))]
-                            for _ in range(more)]
-                n = len(prompts)
-                tokens = sum(map(len, prompts))
-                print(f"[bench_server] {mix}: {n} requests per round (~{args.round_s:g} s)",
-                      flush=True)
-            order = modes if rep % 2 == 0 else [modes[1], modes[0], *modes[2:]]
-            for mode in order:
-                set_mode(mode.partition(":")[2] if mode.startswith("on") else "")
-                tag = mode.replace(":", "-")
-                rids = [f"{'hscap' if mode.startswith('on') else 'plain'}-{mix}-{tag}-{rep}-{i}"
-                        for i in range(n)]
-                before = hook_stats().get("timing", {})
-                dt, outs = run_round(args.url, prompts, rids, args.concurrency)
-                after = hook_stats().get("timing", {})
-                if mode == "on":
-                    for r, p in zip(rids, prompts):
-                        expected[r] = (len(p), ids_crc(p))
-                outputs.setdefault(mode, outs)
-                if rep < 0 and mode == "off":
-                    warm_dt = dt
-                if rep >= 0:
-                    rows[mode].append(tokens / dt)
-                    calls = after.get("calls", 0) - before.get("calls", 0)
-                    ms = after.get("total_ms", 0) - before.get("total_ms", 0)
-                    hooks[mode].append({"calls": calls, "hook_ms": ms, "wall_s": dt,
-                                        "p50_us": after.get("p50_us"), "p90_us": after.get("p90_us")})
-                print(f"[bench_server] {mix} rep {rep} {mode:14s} {tokens / dt:10.0f} prompt tok/s "
-                      f"({dt:.2f}s)", flush=True)
-        set_mode("")
-        off = rows["off"]
-        res = {"prompt_tokens": tokens, "requests": n, "tok_per_s": rows, "hook": hooks,
-               "ratio_on_off": [a / b for a, b in zip(rows["on"], off)],
-               # warm-up rounds of both modes; their batches differ, so greedy ids may differ
-               # on near-tied logits (tests/server compares outputs with equal batches)
-               "same_output_ids_warmup": all(a == b for a, b in zip(outputs.get("on", []),
-                                                                    outputs.get("off", [])))}
-        for m in modes:
-            res.setdefault("median", {})[m] = statistics.median(rows[m])
-        r = res["ratio_on_off"]
-        res["ratio_summary"] = {"median": statistics.median(r), "min": min(r), "max": max(r)}
-        report["mixes"][mix] = res
-        print(f"[bench_server] {mix}: on/off median {res['ratio_summary']['median']:.3f} "
-              f"(min {min(r):.3f}, max {max(r):.3f}); warm-up outputs identical: {res['same_output_ids_warmup']}",
+        print(f"[bench_server] {mix}: {len(prompts)} requests ({tokens} prompt tokens) per "
+              f"round, ~{args.round_s:g} s; {args.pairs} blocks of pairs {modes[1:]} vs off",
               flush=True)
-    time.sleep(2.0)
-    open(stop_file, "w").close()
-    sub.wait(timeout=60)
+        rounds: list[dict[str, Any]] = []
+        for block, first, second in _stats.abba_order(modes, args.pairs):
+            cand = second if first == "off" else first
+            for mode in (first, second):
+                r = one_round(mix, mode, f"b{block}", prompts)
+                r.update(block=block, pair=f"b{block}-{cand}")
+                del r["outputs"]
+                rounds.append(r)
+            ratio = pair_ratios(rounds[-2:], cand)[0]
+            print(f"[bench_server] {mix} block {block:3d} {first:>8s} then {second:<8s} "
+                  f"{cand}/off {ratio:.3f}", flush=True)
+        res: dict[str, Any] = {"prompt_tokens": tokens, "requests": len(prompts),
+                               "rounds": rounds, "pairs": {},
+                               # warm-up rounds: their batches differ, so greedy ids may
+                               # differ on near-tied logits (tests/server compares with
+                               # equal batches)
+                               "same_output_ids_warmup": warm["on"]["outputs"] ==
+                               warm["off"]["outputs"]}
+        for cand in modes[1:]:
+            s = _stats.pair_summary(pair_ratios(rounds, cand), args.goal if cand == "on"
+                                    else None, ">=", seed=args.seed)
+            res["pairs"][f"{cand}/off"] = s
+            line = (f"[bench_server] {mix}: {cand}/off median {s['median']:.4f}, "
+                    f"{s['ci_coverage']:.1%} CI of the median [{s['ci'][0]:.4f}, "
+                    f"{s['ci'][1]:.4f}] (n={s['n']} pairs), min-max [{s['min']:.3f}, "
+                    f"{s['max']:.3f}]")
+            if "met" in s:
+                line += (f"; goal >= {args.goal:g} judged on {s['judged_on']}: "
+                         f"{'MET' if s['met'] else 'MISSED'} (whole spread: "
+                         f"{'met' if s['met_whole_spread'] else 'missed'})")
+            print(line, flush=True)
+        mixes[mix] = res
+
+    set_mode("")
+    # ask the subscriber to drain and stop: the stop file names the rids it must account for
+    tmp = f"{stop_file}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(sorted(expected), f)
+    os.replace(tmp, stop_file)
+    try:
+        sub.wait(timeout=args.drain_s + 60)
+    except subprocess.TimeoutExpired:
+        print("[bench_server] FAIL: the subscriber did not finish its drain", flush=True)
     got, tail = {}, {}
     with open(samples_file) as f:
         for line in f:
             rec = json.loads(line)
             if "stats" in rec:
-                tail = rec["stats"]
+                tail = rec
             else:
                 got[rec["rid"]] = rec
-    wrong = [r for r, (n, crc) in expected.items()
-             if r in got and (got[r]["n"] != n or got[r]["crc"] != crc)]
-    missing = [r for r in expected if r not in got]
-    extra = [r for r in got if r not in expected and not r.startswith("hscap-") or "plain" in r]
-    report["verification"] = {"expected": len(expected), "received": len(got), "wrong": wrong[:20],
-                              "n_wrong": len(wrong), "missing": len(missing),
-                              "unrequested": extra[:20], "subscriber": tail}
-    print(f"[bench_server] samples: expected {len(expected)}, received {len(got)}, wrong "
-          f"{len(wrong)}, missing {len(missing)}, unrequested {len(extra)}", flush=True)
-    report["hook_final"] = hook_stats()
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    return 0 if not wrong and not extra else 1
+    st = tail.get("stats", {})
+    lost = sum(x.get("count", 0) for x in st.get("lost", []) if isinstance(x, dict))
+    ver = verify(expected, got, {k: st.get(k, {}) for k in ("dropped", "incomplete",
+                                                             "rejected")}, lost)
+    ver["subscriber"] = st
+    ver["drain"] = tail.get("drain")
+    print(f"[bench_server] samples: expected {ver['expected']}, received {ver['received']}, "
+          f"reported {ver['n_reported']} {ver['reported']}, MISSING {ver['missing']}, wrong "
+          f"{ver['n_wrong']}, unrequested {ver['n_unrequested']}, lost events (no rid) "
+          f"{lost}; drain: {ver['drain']}", flush=True)
+    if not ver["ok"]:
+        print(f"[bench_server] FAIL: delivery account does not close: missing "
+              f"{ver['missing_rids']}, wrong {ver['wrong']}, unrequested {ver['unrequested']}",
+              flush=True)
+    goals = [{"name": f"server/{mix}/on_vs_off", **{k: v for k, v in r["pairs"]["on/off"].items()
+                                                   if k != "values"}}
+             for mix, r in mixes.items()]
+    _stats.write_record(
+        args.out, benchmark="bench_server",
+        timed_regions={"round": _stats.timed_region(
+            ["every request of the round sent (concurrency --concurrency) until the last "
+             "response received: tokenizer-less HTTP, scheduling, prefill, the hook, the copy "
+             "into the ring, 1 sampled token"],
+            ["the subscriber's work (another process)", "hook mode switches between rounds",
+             "warm-up rounds"], "time.perf_counter")},
+        results={"mixes": mixes, "verification": ver, "hook_final": hook_stats(),
+                 "modes": modes, "goal_judged_on": "lower end of the 95 % distribution-free "
+                 "confidence interval of the median paired ratio on/off"},
+        config=vars(args), goals=goals,
+        notes=notes + ["plugin absent is not measured (needs a server restart); on:noop (the "
+                       "hook returns at once) is its proxy"])
+    return 0 if ver["ok"] else 1
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--subscribe":
-        subscriber_main(*sys.argv[2:5])
+        subscriber_main(*sys.argv[2:6])
         sys.exit(0)
     try:
         sys.exit(main())

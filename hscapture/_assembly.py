@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 __all__ = ["Chunk", "Partial", "Assembler"]
 
@@ -23,7 +22,7 @@ __all__ = ["Chunk", "Partial", "Assembler"]
 class Chunk:
     start: int
     count: int
-    tensors: list[torch.Tensor]          # owned copies, [count, hidden] each
+    tensors: list[np.ndarray]            # owned copies, [count, hidden] each (ring dtype)
     token_ids: np.ndarray
     fields: dict[str, bytes]
     seq: int
@@ -80,7 +79,7 @@ class Assembler:
 
     def add(self, p: Partial, chunk: Chunk) -> None:
         p.chunks.append(chunk)
-        size = sum(t.numel() * t.element_size() for t in chunk.tensors)
+        size = sum(t.nbytes for t in chunk.tensors)
         p.nbytes += size
         self.nbytes += size
         p.updated = time.monotonic()

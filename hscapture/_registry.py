@@ -218,21 +218,23 @@ class SourceRegistry:
 
     # -- the rings -------------------------------------------------------------------------
 
-    def pump(self, src: Source, final: bool = False, budget: int | None = None) -> None:
-        """Dispatch what ``src``'s ring holds now (at most about ``budget`` rows); a corrupt
-        ring retires it."""
+    def pump(self, src: Source, final: bool = False, budget: int | None = None,
+             budget_bytes: int | None = None) -> None:
+        """Dispatch what ``src``'s ring holds now (at most about ``budget`` rows and
+        ``budget_bytes`` payload bytes); a corrupt ring retires it."""
         anonymous = src.producer is None
-        corrupt = src.pump(self.delivery, final, budget)
+        corrupt = src.pump(self.delivery, final, budget, budget_bytes)
         if anonymous and src.producer is not None:   # a resumed place learned its producer
             self.current.setdefault(src.producer, src.epoch)
         if corrupt is not None and not src.retired and not final:
             self.retire(src, f"ring corrupt: {corrupt}")
 
-    def pump_all(self, budget: int | None = None) -> None:
-        """Pump every attached ring (each up to ``budget`` rows, None: all it holds)."""
+    def pump_all(self, budget: int | None = None, budget_bytes: int | None = None) -> None:
+        """Pump every attached ring (each up to ``budget`` rows and ``budget_bytes`` payload
+        bytes, None: all it holds)."""
         for src in list(self.sources.values()):
             if src.consumer is not None:
-                self.pump(src, budget=budget)
+                self.pump(src, budget=budget, budget_bytes=budget_bytes)
 
     @property
     def unread(self) -> bool:

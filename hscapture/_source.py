@@ -137,21 +137,24 @@ class Source:
 
     # -- the ring --------------------------------------------------------------------------
 
-    def pump(self, sink: EntrySink, final: bool = False, budget: int | None = None
-             ) -> str | None:
+    def pump(self, sink: EntrySink, final: bool = False, budget: int | None = None,
+             budget_bytes: int | None = None) -> str | None:
         """Read and dispatch every entry available now (``final``: without waiting for any
-        notice), or, with ``budget``, stop after the entry that brings the rows dispatched
-        in this call to ``budget`` (:attr:`unread` then says entries may be waiting; the
-        ring keeps them). Returns the error text if the ring is corrupt (the caller retires
-        us)."""
+        notice), or, with ``budget`` / ``budget_bytes``, stop after the entry that brings the
+        rows dispatched / the payload bytes read in this call to that bound (at least one
+        entry is read; :attr:`unread` then says entries may be waiting; the ring keeps them).
+        The byte bound is what bounds the work of one call: a row can be a chunk of megabytes
+        that the sink copies. Returns the error text if the ring is corrupt (the caller
+        retires us)."""
         consumer = self.consumer
         self.unread = False
         if consumer is None:
             return None
         counts = self.ledger.counts
-        spent = 0
+        spent = spent_bytes = 0
         while True:
-            if budget is not None and spent >= budget:
+            if (budget is not None and spent >= budget) or \
+                    (budget_bytes is not None and spent_bytes >= budget_bytes):
                 self.unread = True
                 return None
             record = self.held
@@ -164,6 +167,8 @@ class Source:
                     return str(exc)
                 if record is None:
                     return None
+                spent_bytes += record.payload_len
+                counts["ring_bytes_read"] += record.payload_len
             try:
                 entry = rec.read_entry(record.payload, payload_len=record.payload_len,
                                        epoch=self.epoch, producer=self.producer, tag=record.tag)

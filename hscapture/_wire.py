@@ -6,6 +6,7 @@ Notices only wake a subscriber up and are cross-checked against the ring by the 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import zmq
@@ -46,7 +47,8 @@ class NoticeSocket:
     def receive(self, timeout: float, handle: Callable[[dict[str, Any]], None]) -> None:
         """Wait up to ``timeout`` seconds for a notice, then ``handle`` each decoded one that
         is there (at most ``batch``), in arrival order."""
-        events = dict(self._poller.poll(int(timeout * 1000)))
+        # rounded up: a wait under 1 ms must not become a busy loop of 0 ms polls
+        events = dict(self._poller.poll(math.ceil(timeout * 1000) if timeout > 0 else 0))
         if not events.get(self.sock):
             return
         for _ in range(self.batch):

@@ -36,6 +36,11 @@ _HOUSEKEEPING_S = 0.05
 #: and the full collections they triggered cost more than delivering them (and delayed the
 #: first one); the rest stays in the ring (the log) for the next call
 _POLL_BUDGET_ROWS = 64
+#: payload bytes :meth:`Subscriber.poll` reads from each ring per pump: rows can be chunks of
+#: megabytes that are copied out (and then concatenated), so a bound in rows alone let one
+#: poll(timeout=0.001) copy 64 chunks (64 MB of a tiny model's 256-token chunks, gigabytes
+#: of a large model's) and return seconds late
+_POLL_BUDGET_BYTES = 8 << 20
 
 
 class Subscriber:
@@ -147,15 +152,17 @@ class Subscriber:
     def poll(self, timeout: float = 0.0) -> Sample | None:
         """The next complete sample, waiting up to ``timeout`` seconds; None if none.
 
-        Reads at most about ``_POLL_BUDGET_ROWS`` rows from each ring before it returns (the
-        rest stays in the ring for the next call), so the first sample of a burst is handed
-        out early and samples do not pile up unread."""
+        Each pump reads at most about ``_POLL_BUDGET_ROWS`` rows and ``_POLL_BUDGET_BYTES``
+        payload bytes from each ring (at least one entry; the rest stays in the ring for the
+        next call), so the first sample of a burst is handed out early, samples do not pile
+        up unread, and a call returns at most one such pump after ``timeout`` (it pumps at
+        least once, even with ``timeout=0``)."""
         deadline = time.monotonic() + timeout
         ready = self._delivery.ready
         while not ready:
             remaining = deadline - time.monotonic()
-            self._pump(max(0.0, min(remaining, 0.05)), _POLL_BUDGET_ROWS)
-            if not ready and remaining <= 0:
+            self._pump(max(0.0, min(remaining, 0.05)), _POLL_BUDGET_ROWS, _POLL_BUDGET_BYTES)
+            if not ready and time.monotonic() >= deadline:
                 return None
         return ready.popleft()
 
@@ -245,15 +252,17 @@ class Subscriber:
 
     # -- the pump ----------------------------------------------------------------------
 
-    def _pump(self, timeout: float, budget: int | None = None) -> None:
+    def _pump(self, timeout: float, budget: int | None = None,
+              budget_bytes: int | None = None) -> None:
         """Notices (waiting up to ``timeout`` for the first, unless a ring has unread
-        entries), then every ring (each up to about ``budget`` rows; None: all it holds),
-        then (every ``_HOUSEKEEPING_S``) heartbeat losses, retirements and stale partials."""
+        entries), then every ring (each up to about ``budget`` rows and ``budget_bytes``
+        payload bytes; None: all it holds), then (every ``_HOUSEKEEPING_S``) heartbeat
+        losses, retirements and stale partials."""
         if self._closed:
             raise HSCaptureError("Subscriber is closed")
         registry = self._registry
         self._wire.receive(0.0 if registry.unread else timeout, registry.route)
-        registry.pump_all(budget)
+        registry.pump_all(budget, budget_bytes)
         now = time.monotonic()
         if now - self._last_housekeeping > _HOUSEKEEPING_S:
             self._last_housekeeping = now

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,171 @@ def test_record_without_a_timed_region_is_refused(tmp_path):
         _stats.write_record(tmp_path / "r.json", benchmark="t",
                             timed_regions={"x": {"clock": "c", "outside": []}}, results={})
     assert not (tmp_path / "r.json").exists()
+
+
+# -- the paired-ratio decision: distribution-free interval of the median ------------------
+
+@given(values, st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_median_interval_contains_the_median_and_lies_within_the_values(xs, level):
+    lo, hi, cov = _stats.median_ci(xs, level)
+    assert min(xs) <= lo <= _stats.median(xs) <= hi <= max(xs)
+    assert lo in xs and hi in xs                     # order statistics, never interpolated
+    assert 0.0 <= cov <= 1.0
+
+
+@given(st.floats(1e-3, 1e6), st.integers(1, 60))
+def test_median_interval_of_constant_values_is_that_value(c, n):
+    lo, hi, _ = _stats.median_ci([c] * n)
+    assert lo == hi == c
+
+
+@given(values)
+def test_median_interval_claims_its_level_once_there_are_enough_values(xs):
+    _, _, cov = _stats.median_ci(xs, 0.95)
+    if len(xs) >= 6:
+        assert cov >= 0.95
+    else:                                            # the whole range, with its real coverage
+        assert cov < 0.95 and _stats.median_ci(xs)[:2] == (min(xs), max(xs))
+
+
+@settings(max_examples=60)
+@given(st.lists(st.floats(0.5, 1.5), min_size=2, max_size=12), st.integers(1, 6))
+def test_median_interval_shrinks_as_the_same_values_repeat(xs, k):
+    lo1, hi1, _ = _stats.median_ci(xs * k)
+    lo2, hi2, _ = _stats.median_ci(xs * (k + 1))
+    assert lo1 <= lo2 and hi2 <= hi1
+
+
+def test_median_interval_matches_the_binomial_table():
+    assert _stats.median_ci(list(range(1, 101)))[:2] == (40, 61)     # n=100: x(40)..x(61)
+    lo, hi, cov = _stats.median_ci(list(range(1, 21)))               # n=20: x(6)..x(15)
+    assert (lo, hi) == (6, 15) and abs(cov - 0.9586) < 1e-3
+
+
+def test_median_interval_resolves_two_percent_with_enough_pairs_but_not_with_five():
+    import random
+
+    rng = random.Random(3)
+    noisy = [0.97 * (1 + rng.gauss(0, 0.05)) for _ in range(200)]   # 3 % slower, 5 % noise
+    assert not _stats.pair_summary(noisy[:5], 0.98)["met"]
+    s = _stats.pair_summary(noisy[:5] + noisy, 0.995)
+    assert s["ci"][1] < 0.995 and not s["met"]                       # resolved: below 0.995
+    fine = _stats.pair_summary([1 + rng.gauss(0, 0.05) for _ in range(200)], 0.98)
+    assert fine["met"] and not fine["met_whole_spread"]              # judged on the CI
+    assert "lower end" in fine["judged_on"]
+
+
+@given(st.lists(st.sampled_from(["on", "on:noop", "on:x"]), min_size=1, max_size=3,
+                unique=True), st.integers(1, 9))
+def test_abba_order_pairs_every_candidate_with_the_baseline_and_alternates(cands, blocks):
+    order = _stats.abba_order(["off", *cands], blocks)
+    assert len(order) == blocks * len(cands)
+    for j, c in enumerate(cands):
+        mine = [(f, s) for _, f, s in order if c in (f, s)]
+        assert all("off" in pair for pair in mine) and len(mine) == blocks
+        firsts = [f == "off" for f, _ in mine]
+        assert firsts == [(b + j) % 2 == 0 for b in range(blocks)]   # ABBA across blocks
+
+
+def test_abba_order_refuses_nothing_to_compare():
+    with pytest.raises(ValueError, match="candidate"):
+        _stats.abba_order(["off"], 3)
+    with pytest.raises(ValueError, match="blocks"):
+        _stats.abba_order(["off", "on"], 0)
+
+
+# -- bench_server's bookkeeping (pure functions; the bench itself needs the GPU host) ------
+
+def _bench_server():
+    import bench_server
+    return bench_server
+
+
+def test_bench_server_pairs_give_one_ratio_each_and_refuse_a_half_pair():
+    bs = _bench_server()
+    rounds = [{"pair": "b0-on", "mode": "off", "tok_per_s": 100.0},
+              {"pair": "b0-on", "mode": "on", "tok_per_s": 98.0},
+              {"pair": "b0-on:noop", "mode": "on:noop", "tok_per_s": 101.0},
+              {"pair": "b0-on:noop", "mode": "off", "tok_per_s": 100.0},
+              {"pair": "b1-on", "mode": "on", "tok_per_s": 50.0},
+              {"pair": "b1-on", "mode": "off", "tok_per_s": 40.0}]
+    assert bs.pair_ratios(rounds, "on") == [0.98, 1.25]
+    assert bs.pair_ratios(rounds, "on:noop") == [1.01]
+    with pytest.raises(ValueError, match="expected one 'off'"):
+        bs.pair_ratios(rounds[:2] + [{"pair": "b2-on", "mode": "on", "tok_per_s": 1.0}], "on")
+
+
+def test_bench_server_account_closes_only_when_every_expected_rid_is_received_or_reported():
+    bs = _bench_server()
+    expected = {"a": (3, 11), "b": (4, 22), "c": (5, 33), "d": (6, 44)}
+    got = {"a": {"n": 3, "crc": 11}, "b": {"n": 4, "crc": 99}}
+    reports = {"dropped": {"c": "dropped by producer: ring_full"},
+               "incomplete": {"x": "never expected"}, "rejected": {}}
+    v = bs.verify(expected, got, reports)
+    assert (v["expected"], v["received"], v["n_reported"], v["missing"]) == (4, 2, 1, 1)
+    assert v["missing_rids"] == ["d"] and v["wrong"] == ["b"] and not v["ok"]
+    assert v["reported"] == {"dropped": {"dropped by producer: ring_full": 1}}
+    ok = bs.verify({"a": (3, 11), "c": (5, 33)}, {"a": {"n": 3, "crc": 11}}, reports)
+    assert ok["ok"] and ok["missing"] == 0
+    extra = bs.verify({"a": (3, 11)}, {"a": {"n": 3, "crc": 11}, "plain-1": {"n": 1, "crc": 0}},
+                      {})
+    assert not extra["ok"] and extra["unrequested"] == ["plain-1"]
+
+
+def test_bench_server_crc_matches_what_the_subscriber_computes():
+    import numpy as np
+    import zlib
+
+    bs = _bench_server()
+    ids = [5, 70000, 31999]
+    assert bs.ids_crc(ids) == zlib.crc32(np.asarray(ids, dtype=np.int32).astype("<i4").tobytes())
+
+
+def test_bench_server_subscriber_drains_to_the_producers_head_and_accounts_for_every_rid(
+        endpoint, tmp_path):
+    """The bench's subscriber process against a real producer: it is asked to stop while
+    samples are still in the ring, and still delivers every one of them before it stops."""
+    import subprocess
+
+    import torch
+    from hscapture import Producer
+
+    bs = _bench_server()
+    out, stop = tmp_path / "samples.jsonl", tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, bs.__file__, "--subscribe", endpoint, str(out),
+                             str(stop), "30"])
+    try:
+        with Producer(endpoint, producer_id="benchsub", capacity=64 << 20) as p:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "stop.ready").exists():
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            expected = {}
+            for i in range(40):
+                n = 300 + 7 * i
+                ids = torch.randint(3, 32000, (n,), dtype=torch.int32)
+                h = torch.randn(n, 64).to(torch.bfloat16)
+                for s in range(0, n, 256):                     # multi-chunk samples
+                    e = min(n, s + 256)
+                    assert p.capture(f"hscap-{i}", [h[s:e]], layers=[0], token_start=s,
+                                     is_last_chunk=e == n, token_ids=ids[s:e])
+                expected[f"hscap-{i}"] = (n, bs.ids_crc(ids.tolist()))
+            p.flush()
+            tmp = tmp_path / "stop.tmp"                          # at once: samples in flight
+            tmp.write_text(json.dumps(sorted(expected)))
+            os.replace(tmp, stop)
+            assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got, tail = {}, {}
+    for line in out.read_text().splitlines():
+        rec = json.loads(line)
+        if "stats" in rec:
+            tail = rec
+        else:
+            got[rec["rid"]] = rec
+    v = bs.verify(expected, got, {k: tail["stats"][k] for k in ("dropped", "incomplete",
+                                                                "rejected")})
+    assert v["ok"] and v["received"] == 40, v
+    assert tail["drain"]["ended"].startswith("caught up"), tail["drain"]

@@ -107,6 +107,8 @@ class Run:
     samples: dict[str, list[Any]] = field(default_factory=dict)    # rid -> samples
     stats: dict = field(default_factory=dict)
     greedy: list[tuple[list[int], list[int], list[int]]] = field(default_factory=list)
+    slow_polls: list[dict] = field(default_factory=list)   # see _poll
+    t0: float = field(default_factory=time.monotonic)
 
     def by_ids(self, ids: list[int]) -> list[Any]:
         t = torch.tensor(ids, dtype=torch.int64)
@@ -122,11 +124,37 @@ def _endpoint() -> str:
     return default_endpoint("sglang-dp0")
 
 
+#: a poll call slower than its timeout by this much is traced (Run.slow_polls)
+SLOW_POLL_S = 0.05
+
+
+def _poll(sub: Any, run: Run, timeout: float, where: str) -> Any:
+    """``sub.poll(timeout)``, its sample kept in ``run.samples``; a call that returns more
+    than :data:`SLOW_POLL_S` after its timeout is traced with what it returned and what the
+    subscriber read meanwhile (entries, ring bytes, samples), so a GPU run says where the
+    time went."""
+    st0 = sub.stats()
+    t0, c0 = time.monotonic(), time.thread_time()
+    s = sub.poll(timeout=timeout)
+    wall, cpu = time.monotonic() - t0, time.thread_time() - c0
+    if s is not None:
+        run.samples.setdefault(s.rid, []).append(s)
+    if wall > timeout + SLOW_POLL_S:
+        st = sub.stats()
+        run.slow_polls.append({
+            "where": where, "at_s": round(t0 - run.t0, 3), "timeout_s": timeout,
+            "wall_ms": round(wall * 1e3, 1), "thread_cpu_ms": round(cpu * 1e3, 1),
+            "returned": None if s is None else f"{s.rid} ({s.num_tokens} tokens, "
+                                               f"{s.meta.get('chunks')} chunks)",
+            **{k: st.get(k, 0) - st0.get(k, 0) for k in ("entries", "ring_bytes_read",
+                                                           "samples", "notices")},
+            "ready": st["ready"], "assembling": st["assembling"]})
+    return s
+
+
 def _collect(sub: Any, run: Run, until: threading.Event) -> None:
     while not until.is_set():
-        s = sub.poll(timeout=0.1)
-        if s is not None:
-            run.samples.setdefault(s.rid, []).append(s)
+        _poll(sub, run, 0.1, "collector")
 
 
 def _settled(sub: Any, run: Run) -> bool:
@@ -229,15 +257,15 @@ def run() -> Run:
             if time.monotonic() - t0 > latest_s:
                 why = f"{latest_s:g} s passed"
                 break
-            got = sub.poll(timeout=0.001)
-            if got is not None:
-                r.samples.setdefault(got.rid, []).append(got)
-        _post("/abort_request", {"rid": rid})
+            _poll(sub, r, 0.001, f"abort {rid}")
         waited = time.monotonic() - t0
+        _post("/abort_request", {"rid": rid})
+        posted = time.monotonic() - t0 - waited
         for th in [t, *noise]:
             th.join(120)
         answer(rid, box)
-        r.abort_answers[rid] += f" (abort sent after {waited * 1e3:.0f} ms: {why})"
+        r.abort_answers[rid] += f" (abort sent after {waited * 1e3:.0f} ms: {why}; the " \
+                                f"abort request took {posted * 1e3:.0f} ms)"
 
     try:
         with cf.ThreadPoolExecutor(16) as ex:
@@ -261,9 +289,7 @@ def run() -> Run:
         abort_mid_prefill(rid, latest)
     deadline = time.monotonic() + 60
     while not _settled(sub, r) and time.monotonic() < deadline:
-        s = sub.poll(timeout=0.2)
-        if s is not None:
-            r.samples.setdefault(s.rid, []).append(s)
+        _poll(sub, r, 0.2, "settle")
     r.stats = sub.stats()
     sub.close()
     print(json.dumps({"config": {k: info.get(k) for k in (
@@ -271,7 +297,8 @@ def run() -> Run:
         "eagle3_layers_to_capture", "speculative_algorithm")},
         "samples": sum(map(len, r.samples.values())), "abort_answers": r.abort_answers,
         "dropped": r.stats["dropped"], "incomplete": r.stats["incomplete"],
-        "greedy_equal": [a == b for _, a, b in r.greedy]}, default=str))
+        "greedy_equal": [a == b for _, a, b in r.greedy],
+        "slow_polls": r.slow_polls}, default=str))
     return r
 
 
