@@ -8,12 +8,12 @@
 #       --return-aux-hidden-state-layer-ids 0 1 2 --chunked-prefill-size 256 \
 #       --disable-radix-cache --mem-fraction-static 0.3 -- bash scripts/gpu_round.sh OUT [STEPS]
 #
-# STEPS (default all, comma-separated): test_gpu, capture_call, bench_hook, bench_server,
-# real_server. Each step has its own time limit and log OUT/<step>.log; a failing step does not
+# STEPS (default all, comma-separated): test_gpu, capture_call, bench_hook, bench_stream,
+# bench_server, real_server. Each step has its own time limit and log OUT/<step>.log; a failing step does not
 # stop the others; the exit status is 1 when any failed.
 set -u
 OUT=${1:?usage: gpu_round.sh OUT [STEPS]}
-STEPS=${2:-test_gpu,capture_call,bench_hook,bench_server,real_server}
+STEPS=${2:-test_gpu,capture_call,bench_hook,bench_stream,bench_server,real_server}
 mkdir -p "$OUT"
 FAILED=()
 step() {  # step NAME LIMIT_S CMD...
@@ -32,8 +32,10 @@ step test_gpu 180 $PY -m pytest -q -p no:cacheprovider -x tests/test_gpu.py
 step capture_call 90 $PY benchmarks/bench_capture_call.py --out "$OUT/capture_call.json"
 step bench_hook 110 $PY benchmarks/bench_hook.py --device cuda --shapes "${HOOK_SHAPES:-1b}" \
   --out "$OUT/bench_hook.json"
+step bench_stream 100 $PY benchmarks/bench_stream.py --device cuda --reps 3 \
+  --out "$OUT/bench_stream.json"
 step bench_server "${SERVER_LIMIT_S:-220}" $PY benchmarks/bench_server.py --out "$OUT/server.json" \
-  ${BENCH_SERVER_ARGS:---experiments noop --reps 6 --round-s 2.5}
+  ${BENCH_SERVER_ARGS:---pairs 8 --round-s 1}
 step real_server 150 $PY -m pytest -p no:cacheprovider -q -rA -s tests/server
 [ -f "${HSCAPTURE_STATS_FILE:-/nonexistent}" ] && cp "$HSCAPTURE_STATS_FILE" "$OUT/hook-final.json"
 if [ ${#FAILED[@]} -gt 0 ]; then echo "FAILED: ${FAILED[*]}"; exit 1; fi
