@@ -28,7 +28,7 @@ step() {  # step NAME LIMIT_S CMD...
   [ "$rc" = 0 ] || FAILED+=("$name")
 }
 PY=${PY:-python3}
-step test_gpu 180 $PY -m pytest -q -p no:cacheprovider -x tests/test_gpu.py
+step test_gpu 150 $PY -m pytest -q -p no:cacheprovider -rf tests/test_gpu.py
 step capture_call 90 $PY benchmarks/bench_capture_call.py --out "$OUT/capture_call.json"
 step bench_hook 110 $PY benchmarks/bench_hook.py --device cuda --shapes "${HOOK_SHAPES:-1b}" \
   --out "$OUT/bench_hook.json"
