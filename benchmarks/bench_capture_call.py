@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--rows", default="1,8,64")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="bench-results/bench_capture_call.json")
     args = ap.parse_args()
@@ -119,10 +119,12 @@ def main() -> int:
         res["native_over_torch_wall"] = _stats.ratio_summary([w for w, _ in runs["native"]],
                                                              [w for w, _ in runs["torch"]])
         results[f"{nrows}x{args.tokens}"] = res
-        print(f"{nrows:3d} rows x {args.tokens} tok: native {_stats.fmt_spread(res['native']['wall_us'], 1)} us "
-              f"wall ({_stats.fmt_spread(res['native']['cpu_us'], 1)} cpu); torch "
-              f"{_stats.fmt_spread(res['torch']['wall_us'], 1)} us wall "
-              f"({_stats.fmt_spread(res['torch']['cpu_us'], 1)} cpu)", flush=True)
+        def us(m: dict) -> str:
+            return f"{m['median']:.0f} [{m['min']:.0f}..{m['max']:.0f}]"
+
+        print(f"{nrows:3d} rows x {args.tokens} tok: native {us(res['native']['wall_us'])} us "
+              f"wall ({us(res['native']['cpu_us'])} cpu); torch {us(res['torch']['wall_us'])} "
+              f"us wall ({us(res['torch']['cpu_us'])} cpu)", flush=True)
     stats = {path: {k2: v for k2, v in p.stats().items() if k2.endswith("copies") or k2 == "dropped"}
              for path, p in producers.items()}
     for path in producers:
