@@ -508,6 +508,11 @@ class Producer:
             self._closed = True          # no capture can start after this
         finally:
             self._lock.release()
+        if not self._pub_lock.acquire(timeout=-1 if timeout_s is None
+                                      else min(1.0, max(0.0, timeout_s))):
+            self._abandon("the publish lock is held (a publish in progress on this thread?)")
+            return
+        self._pub_lock.release()
         self._enqueue(None)
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
@@ -726,9 +731,12 @@ class Producer:
             if item is not None:
                 self._queued += 1
             # The publisher thread sleeps only while the queue is empty (or in its commit
-            # grace, which close cuts short): wake it for the first entry and for close only,
-            # so a busy engine thread does not hand it the GIL once per capture.
-            if item is None or len(self._queue) == 1:
+            # grace, which close cuts short): wake it for close, and for a first entry whose
+            # copy is still running (an entry already complete is published by the thread
+            # that enqueued it, right after), so a busy engine thread does not hand it the
+            # GIL once per capture. (If that thread cannot take the publish lock, the
+            # publisher holds it and looks at the queue again before it sleeps.)
+            if item is None or (item.done is not None and len(self._queue) == 1):
                 self._cond.notify_all()
 
     def _publish_ready(self, block: bool) -> None:
