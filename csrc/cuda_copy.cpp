@@ -120,6 +120,18 @@ private:
     bool pushed_ = false;
 };
 
+// The driver is loaded and `*ctx` is the context that owns the allocation at `ptr`: 0, else the
+// error (described in `err`).
+CUresult source_context(const Driver& d, uint64_t ptr, CUcontext* ctx, std::string* err) {
+    if (!d.why.empty()) {
+        if (err) *err = d.why;
+        return -1;
+    }
+    CUresult rc = d.pointer_attr(ctx, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(ptr));
+    if (rc != CUDA_SUCCESS) describe(d, rc, "cuPointerGetAttribute (source context)", err);
+    return rc;
+}
+
 CUresult copy(const Driver& d, const Copy2D& c, CUstream stream) {
     Memcpy2D m{};
     m.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
@@ -144,13 +156,9 @@ bool available(std::string* why) {
 int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context_ptr,
            const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err) {
     const Driver& d = driver();
-    if (!d.why.empty()) {
-        if (err) *err = d.why;
-        return -1;
-    }
     CUcontext ctx = nullptr;
-    CUresult rc = d.pointer_attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(context_ptr));
-    if (rc != CUDA_SUCCESS) return describe(d, rc, "cuPointerGetAttribute (source context)", err), rc;
+    CUresult rc = source_context(d, context_ptr, &ctx, err);
+    if (rc != CUDA_SUCCESS) return rc;
     ContextScope scope(d, ctx);
     if (scope.rc() != CUDA_SUCCESS) return describe(d, scope.rc(), "cuCtxPushCurrent", err), scope.rc();
     auto cs = reinterpret_cast<CUstream>(caller);
@@ -172,13 +180,9 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
 
 int event_create(uint64_t context_ptr, uint64_t* event, uint64_t* context, std::string* err) {
     const Driver& d = driver();
-    if (!d.why.empty()) {
-        if (err) *err = d.why;
-        return -1;
-    }
     CUcontext ctx = nullptr;
-    CUresult rc = d.pointer_attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(context_ptr));
-    if (rc != CUDA_SUCCESS) return describe(d, rc, "cuPointerGetAttribute (source context)", err), rc;
+    CUresult rc = source_context(d, context_ptr, &ctx, err);
+    if (rc != CUDA_SUCCESS) return rc;
     ContextScope scope(d, ctx);
     if (scope.rc() != CUDA_SUCCESS) return describe(d, scope.rc(), "cuCtxPushCurrent", err), scope.rc();
     CUevent ev = nullptr;

@@ -80,3 +80,36 @@ def published():
 
     yield _publish
     reset_context()
+
+
+@pytest.fixture
+def rig(published, sock_dir, unique_id):
+    """``rig(...) -> (hook, subscriber, FakeModelServer)``: a published rank-0 context, the hook
+    with a real producer (started as at server start-up) and, unless ``subscribe=False``, a
+    subscriber attached before any request. Everything is closed at the end of the test."""
+    from hscapture import Subscriber
+    from hscapture.sglang.config import load_config
+    from hscapture.sglang.hook import SGLangCaptureHook
+    from sglang_support import FakeModelServer
+
+    made = []
+
+    def _rig(*, publish_kwargs=None, env=None, subscribe=True):
+        published(layers=[29, 2, 16], **(publish_kwargs or {}))
+        cfg_env = {"HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/cap-{{dp_rank}}.sock",
+                   "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M"}
+        cfg_env.update(env or {})
+        hook = SGLangCaptureHook(load_config(cfg_env))
+        hook.start()  # what the Scheduler.__init__ AFTER hook does
+        sub = None
+        if subscribe and hook.producer is not None:
+            sub = Subscriber(hook.producer.endpoint, incomplete_timeout_s=30)
+            sub.wait_ready(timeout=10)
+        made.append((hook, sub))
+        return hook, sub, FakeModelServer(hook)
+
+    yield _rig
+    for hook, sub in made:
+        if sub is not None:
+            sub.close()
+        hook.close()

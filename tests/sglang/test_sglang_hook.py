@@ -9,39 +9,11 @@ pytest.importorskip("sglang")  # local convenience only: CI installs sglang
 
 import torch  # noqa: E402
 
-from hscapture import Subscriber  # noqa: E402
 from hscapture.errors import IncompleteSampleError, SampleTimeoutError  # noqa: E402
 from hscapture.sglang.config import load_config  # noqa: E402
 from hscapture.sglang.hook import SGLangCaptureHook  # noqa: E402
 
 from sglang_support import LAYERS, FakeModelServer, chunks  # noqa: E402
-
-
-@pytest.fixture
-def rig(published, sock_dir, unique_id):
-    """Published rank-0 context, hook with a real producer (started as at server start-up),
-    subscriber attached before any request."""
-    made = []
-
-    def _rig(*, publish_kwargs=None, env=None):
-        published(layers=[29, 2, 16], **(publish_kwargs or {}))
-        cfg_env = {"HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/cap-{{dp_rank}}.sock",
-                   "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M"}
-        cfg_env.update(env or {})
-        hook = SGLangCaptureHook(load_config(cfg_env))
-        hook.start()  # what the Scheduler.__init__ AFTER hook does
-        sub = None
-        if hook.producer is not None:
-            sub = Subscriber(hook.producer.endpoint, incomplete_timeout_s=30)
-            sub.wait_ready(timeout=10)
-        made.append((hook, sub))
-        return hook, sub, FakeModelServer(hook)
-
-    yield _rig
-    for hook, sub in made:
-        if sub is not None:
-            sub.close()
-        hook.close()
 
 
 def check(sample, server, req, n=None):

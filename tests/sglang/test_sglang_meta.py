@@ -13,38 +13,11 @@ import pytest
 
 pytest.importorskip("sglang")  # local convenience only: CI installs sglang
 
-from hscapture import Subscriber  # noqa: E402
 from hscapture.export import META_KEY, export  # noqa: E402
 from hscapture.reader import open_shards  # noqa: E402
-from hscapture.sglang.config import META_PARAM, load_config  # noqa: E402
-from hscapture.sglang.hook import SGLangCaptureHook  # noqa: E402
+from hscapture.sglang.config import META_PARAM  # noqa: E402
 
-from sglang_support import FakeModelServer, chunks  # noqa: E402
-
-
-@pytest.fixture
-def rig(published, sock_dir, unique_id):
-    """As in test_sglang_hook.py: rank-0 context, hook with a real producer, subscriber."""
-    made = []
-
-    def _rig(*, subscribe=True):
-        published(layers=[29, 2, 16])
-        hook = SGLangCaptureHook(load_config({
-            "HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/meta-{{dp_rank}}.sock",
-            "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M"}))
-        hook.start()
-        sub = None
-        if subscribe:
-            sub = Subscriber(hook.producer.endpoint, incomplete_timeout_s=30)
-            sub.wait_ready(timeout=10)
-        made.append((hook, sub))
-        return hook, sub, FakeModelServer(hook)
-
-    yield _rig
-    for hook, sub in made:
-        if sub is not None:
-            sub.close()
-        hook.close()
+from sglang_support import chunks  # noqa: E402
 
 
 def meta_params(meta, **more):
