@@ -376,6 +376,17 @@ def inspect(out_dir: str, as_json: bool) -> None:
                               ", LOSSY: readers return dequantized values"))
             if len(report["schemas"]) > 1:
                 click.echo(f"  ({sch['shards']} shard(s), {sch['samples']} samples)")
+        per = report.get("per_sample") or {}
+
+        def counts(d: dict[str, int]) -> str:
+            return ", ".join(f"{k} ({n})" for k, n in sorted(d.items()))
+        if per.get("fields"):
+            click.echo(f"  per-token fields (samples): {counts(per['fields'])}")
+        if per.get("meta_keys"):
+            click.echo(f"  client metadata keys (samples): {counts(per['meta_keys'])}")
+        if per.get("meta_errors"):
+            click.echo(f"  client metadata refused at capture: {per['meta_errors']} sample(s) "
+                       f"(their meta_error says why)")
         for f in report["in_progress"]:
             click.echo(f"  being written: {f}")
         for f in report["unrelated"]:

@@ -132,7 +132,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -1218,7 +1218,10 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
     """Check a shard directory; never raises for what it finds (it reports it).
 
     Returns ``{"ok", "dir", "shards", "samples", "tokens", "bytes", "stored_bytes",
-    "logical_bytes", "schemas", "problems", "in_progress", "unrelated"}``: ``bytes`` is the
+    "logical_bytes", "schemas", "per_sample", "problems", "in_progress", "unrelated"}``:
+    ``per_sample`` counts the samples carrying each per-token field (``fields``: name →
+    samples) and each key of the client's metadata (``meta_keys``: key → samples, from
+    ``meta["extra"]["meta"]``; ``meta_errors``: samples whose metadata was refused). ``bytes`` is the
     total size of the finished shard files; ``stored_bytes`` the tensor data they hold as
     stored, ``logical_bytes`` the same tensors decoded (equal unless compressed; fp8 scales
     count as stored only); ``schemas`` lists each distinct schema (``layers`` (the final
@@ -1311,8 +1314,10 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
         lines = []
     seen: dict[str, str] = {}
     tokens = 0
+    per_sample: dict[str, Any] = {"fields": {}, "meta_keys": {}, "meta_errors": 0}
     for ent in lines:
         rid, shard = ent["rid"], ent.get("shard")
+        _count_per_sample(per_sample, ent)
         if rid in seen:
             problems.append(f"rid {rid!r}: duplicated in {INDEX_NAME} ({seen[rid]} and {shard})")
             continue
@@ -1387,5 +1392,21 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
                 problems.append(f"rid {rid!r}: in {f} but not in {INDEX_NAME}")
     report.update(ok=not problems, shards=len(shards), samples=len(seen), tokens=tokens,
                   bytes=total_bytes, stored_bytes=stored_bytes, logical_bytes=logical_bytes,
-                  schemas=list(schemas.values()))
+                  schemas=list(schemas.values()), per_sample=per_sample)
     return report
+
+
+def _count_per_sample(acc: dict[str, Any], ent: Mapping[str, Any]) -> None:
+    """Add one index entry's per-token fields and client-metadata keys to ``acc``."""
+    for name in ent.get("fields") or ():
+        acc["fields"][name] = acc["fields"].get(name, 0) + 1
+    meta = ent.get("meta")
+    extra = meta.get("extra") if isinstance(meta, Mapping) else None
+    if not isinstance(extra, Mapping):
+        return
+    client = extra.get("meta")
+    if isinstance(client, Mapping):
+        for key in client:
+            acc["meta_keys"][key] = acc["meta_keys"].get(key, 0) + 1
+    if extra.get("meta_error"):
+        acc["meta_errors"] += 1

@@ -373,3 +373,24 @@ def test_the_transformers_adapter_refuses_an_extra_list_that_does_not_match_its_
                              extra=[{"meta": {"id": 1}}]):
                 pass
         cap.close()
+
+
+def test_inspect_counts_the_samples_carrying_each_field_and_metadata_key(drained):
+    """`hscapture inspect` (and `verify_dir`) say which per-sample fields and client-metadata
+    keys the directory's samples carry, and how many were captured with a refused meta."""
+    import subprocess
+    import sys
+
+    from hscapture.shards import verify_dir
+
+    out, reqs, tmp = drained
+    per = verify_dir(out)["per_sample"]
+    with_meta = [want_meta(r) for r in reqs if want_meta(r) is not None]
+    assert per["fields"] == {"loss_mask": len(reqs)}
+    assert per["meta_keys"] == {k: len(with_meta) for k in with_meta[0]}
+    assert per["meta_errors"] == 1
+    shown = subprocess.run([sys.executable, "-m", "hscapture", "inspect", str(out)],
+                           capture_output=True, text=True, cwd=tmp, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"per-token fields (samples): loss_mask ({len(reqs)})" in shown.stdout
+    assert f"id ({len(with_meta)})" in shown.stdout and "refused at capture: 1" in shown.stdout
