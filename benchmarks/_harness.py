@@ -65,7 +65,7 @@ def capture_forward(producer: Any, rows: Sequence[Row], *, layers: Sequence[int]
     the ring, False = dropped and announced).
 
     "batch" (default): ONE ``Producer.capture_batch`` call, built the way the SGLang hook
-    builds it — producer ``Row``\ s pointing at token rows of shared source blocks (one block
+    builds it — producer ``Row`` objects pointing at token rows of shared source blocks (one block
     per layer, default layer map). ``capture_batch`` decides for the whole entry, so every row
     gets its result (an entry too large for the ring is split by the producer; if a part of it
     was dropped all rows read False: committed bytes are then under-, never over-counted).

@@ -10,7 +10,10 @@
 #
 # STEPS (default all, comma-separated): test_gpu, capture_call, bench_hook, bench_stream,
 # bench_server, real_server. Each step has its own time limit and log OUT/<step>.log; a failing step does not
-# stop the others; the exit status is 1 when any failed.
+# stop the others; the exit status is 1 when any failed. Rough times on the H200: server start
+# 60-120 s, test_gpu ~100 s, capture_call ~2 min, bench_hook (1b) ~105 s, bench_stream --reps 3
+# ~130 s, bench_server (two mixes, on/off/noop, --pairs 8 --round-s 1) ~5 min, real_server
+# ~80 s: one 600 s device call holds the server start and two or three steps, not all.
 set -u
 OUT=${1:?usage: gpu_round.sh OUT [STEPS]}
 STEPS=${2:-test_gpu,capture_call,bench_hook,bench_stream,bench_server,real_server}
@@ -34,7 +37,7 @@ step bench_hook 110 $PY benchmarks/bench_hook.py --device cuda --shapes "${HOOK_
   --out "$OUT/bench_hook.json"
 step bench_stream 100 $PY benchmarks/bench_stream.py --device cuda --reps 3 \
   --out "$OUT/bench_stream.json"
-step bench_server "${SERVER_LIMIT_S:-220}" $PY benchmarks/bench_server.py --out "$OUT/server.json" \
+step bench_server "${SERVER_LIMIT_S:-360}" $PY benchmarks/bench_server.py --out "$OUT/server.json" \
   ${BENCH_SERVER_ARGS:---pairs 8 --round-s 1}
 step real_server 150 $PY -m pytest -p no:cacheprovider -q -rA -s tests/server
 [ -f "${HSCAPTURE_STATS_FILE:-/nonexistent}" ] && cp "$HSCAPTURE_STATS_FILE" "$OUT/hook-final.json"
