@@ -187,16 +187,22 @@ def test_a_borrowed_sample_never_changes_while_held_under_a_full_ring(endpoint, 
                 assert sample.token_ids.numel() == 0
 
         captured = None
+        filled = False          # a drop was seen: the held borrows filled the ring
+        idle_since = time.monotonic()
         while captured is None or len(seen | set(sub.dropped) | set(sub.incomplete)) < len(reqs):
             sample = sub.poll(timeout=0.05)
+            filled = filled or bool(sub.dropped)
             if sample is not None:
+                idle_since = time.monotonic()
                 assert sample.rid not in seen, "delivered twice"
                 seen.add(sample.rid)
                 check_exact(sample.tensors, sample.token_ids, sample.rid, sizes[sample.rid])
                 held.append(sample)
-                if len(held) > 24:   # hold many borrows: the ring fills, the producer drops
+                # hold every borrow until the ring has filled (whatever the relative speed
+                # of producer and subscriber), then keep many held while the rest arrives
+                if filled and len(held) > 24:
                     check_and_release(held.pop(0))
-            elif held:
+            elif held and (filled or time.monotonic() - idle_since > 5.0):
                 # nothing new: the held borrows may fill the whole ring (then neither samples
                 # nor the drop entries waiting in the producer's backlog can be written);
                 # give one back so that the producer can go on
