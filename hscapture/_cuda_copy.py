@@ -35,7 +35,7 @@ from .errors import CaptureConfigError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["NativeCopier", "native_available"]
+__all__ = ["NativeCopier", "native_available", "plan_copies", "staging_bytes"]
 
 #: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
 COPY_PATH_ENV = "HSCAPTURE_COPY_PATH"
@@ -108,41 +108,16 @@ class NativeCopier:
             done = pool.pop()              # an event the publisher saw complete
         except IndexError:
             done = self._ring.CudaEvent(anchor)
-        pre = array("Q")
-        post = array("Q")
-        stage = None
         cuda_ids = isinstance(ids, torch.Tensor) and ids.is_cuda
-        if snapshot or cuda_ids:
-            need = (sum(_up(tokens * b.shape[1] * b.element_size()) for b in blocks)
-                    if snapshot else 0) + _up(4 * tokens)
+        srcs = [(b.data_ptr(), b.stride(0) * b.element_size(), int(b.shape[1]) * b.element_size())
+                for b in blocks]
+        id_src = (ids.data_ptr(), ids.stride(0) * ids.element_size()) if cuda_ids else None
+        stage = None
+        need = staging_bytes(tokens, [w for _, _, w in srcs], snapshot, cuda_ids)
+        if need:
             stage = torch.empty(need, dtype=torch.uint8, device=device)
-            at = stage.data_ptr()
-        for b, off in zip(blocks, block_offsets):
-            esz = b.element_size()
-            width = int(b.shape[1]) * esz
-            pitch = b.stride(0) * esz
-            base = b.data_ptr()
-            dst = payload + off
-            if snapshot:
-                r = at
-                for s, e in spans:           # the rows into staging, on the caller's stream
-                    pre.extend((r, width, base + s * pitch, pitch, width, e - s))
-                    r += (e - s) * width
-                post.extend((dst, width, at, width, width, tokens))
-                at += _up(tokens * width)
-            else:
-                for s, e in spans:           # straight from the sources, on the side stream
-                    post.extend((dst, width, base + s * pitch, pitch, width, e - s))
-                    dst += (e - s) * width
-        if cuda_ids:
-            esz = ids.element_size()
-            pitch = ids.stride(0) * esz
-            base = ids.data_ptr()
-            r = at
-            for s, e in spans:               # int64 -> int32: the low 4 bytes (little-endian)
-                pre.extend((r, 4, base + s * pitch, pitch, 4, e - s))
-                r += 4 * (e - s)
-            post.extend((payload + ids_offset, 4 * tokens, at, 4 * tokens, 4 * tokens, 1))
+        pre, post = plan_copies(payload, block_offsets, ids_offset, tokens, spans, srcs, id_src,
+                                snapshot, stage.data_ptr() if stage is not None else 0)
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, anchor,
                                      pre, post)
         if err:
@@ -151,6 +126,55 @@ class NativeCopier:
             torch.cuda.synchronize(device)
             raise CaptureConfigError(f"native CUDA copy: {err}")
         return done, (blocks, stage, ids, pool)
+
+
+def staging_bytes(tokens: int, widths: list[int], snapshot: bool, cuda_ids: bool) -> int:
+    """Device staging one capture needs: every block's rows (``snapshot``), then the int32
+    token ids (``cuda_ids``), each region 256-aligned; 0 when none."""
+    if not (snapshot or cuda_ids):
+        return 0
+    return (sum(_up(tokens * w) for w in widths) if snapshot else 0) + _up(4 * tokens)
+
+
+def plan_copies(payload: int, block_offsets: list[int], ids_offset: int, tokens: int,
+                spans: list[tuple[int, int]], blocks: list[tuple[int, int, int]],
+                ids: tuple[int, int] | None, snapshot: bool, stage: int
+                ) -> tuple[array, array]:
+    """The copies of one entry, as ``cuda_submit`` takes them: ``(pre, post)``, each a flat
+    ``array('Q')`` of (dst, dst_pitch, src, src_pitch, width, height) sextuples; ``pre`` runs
+    on the caller's stream, then ``post`` on the side stream (csrc/hscapture/cuda_copy.h).
+
+    ``blocks[b] = (address, row pitch, row width)`` in bytes; the rows of ``spans`` (source
+    row ranges, in row order) go, concatenated and dense, to ``payload + block_offsets[b]``.
+    ``ids = (address, pitch)`` of little-endian int64 or int32 device token ids (their low 4
+    bytes are the int32 the entry stores: ids are < 2**31), or None (the caller writes host
+    ids itself). ``stage`` is a device allocation of :func:`staging_bytes` (0 when that is 0):
+    with ``snapshot`` the rows are first copied into it on the caller's stream and from there
+    to the ring; the ids always go through it."""
+    pre = array("Q")
+    post = array("Q")
+    at = stage
+    for (base, pitch, width), off in zip(blocks, block_offsets):
+        dst = payload + off
+        if snapshot:
+            r = at
+            for s, e in spans:           # the rows into staging, on the caller's stream
+                pre.extend((r, width, base + s * pitch, pitch, width, e - s))
+                r += (e - s) * width
+            post.extend((dst, width, at, width, width, tokens))
+            at += _up(tokens * width)
+        else:
+            for s, e in spans:           # straight from the sources, on the side stream
+                post.extend((dst, width, base + s * pitch, pitch, width, e - s))
+                dst += (e - s) * width
+    if ids is not None:
+        base, pitch = ids
+        r = at
+        for s, e in spans:               # int64 -> int32: the low 4 bytes (little-endian)
+            pre.extend((r, 4, base + s * pitch, pitch, 4, e - s))
+            r += 4 * (e - s)
+        post.extend((payload + ids_offset, 4 * tokens, at, 4 * tokens, 4 * tokens, 1))
+    return pre, post
 
 
 def _up(n: int) -> int:

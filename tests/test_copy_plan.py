@@ -1,0 +1,138 @@
+"""The native CUDA copy path's copy plan (``hscapture._cuda_copy.plan_copies``), executed.
+
+The plan is what ``cuda_submit`` hands the CUDA driver: 2D copies (dst, dst_pitch, src,
+src_pitch, width, height), ``pre`` on the caller's stream, then ``post`` on the side stream.
+Here the same copies run on host memory (``ctypes.memmove`` row by row: what a 2D copy
+means) with host arrays standing in for the device sources and the staging allocation, so
+the arithmetic is checked for any rows, spans, row pitches and dtypes; tests/test_gpu.py runs
+the real thing on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hscapture._cuda_copy import plan_copies, staging_bytes
+
+
+def _run(copies, *buffers: np.ndarray) -> None:
+    """Execute a flat plan: each sextuple is ``height`` rows of ``width`` bytes. Every row
+    must lie inside one of ``buffers`` (a plan that strays fails here, it never writes)."""
+    spans = [(_addr(b), _addr(b) + b.nbytes) for b in buffers]
+
+    def inside(a: int, n: int) -> bool:
+        return any(lo <= a and a + n <= hi for lo, hi in spans)
+    v = list(copies)
+    assert len(v) % 6 == 0
+    for i in range(0, len(v), 6):
+        dst, dpitch, src, spitch, width, height = v[i:i + 6]
+        assert width <= dpitch and width <= spitch, "a pitch narrower than the row"
+        for r in range(height):
+            assert inside(dst + r * dpitch, width) and inside(src + r * spitch, width), \
+                f"copy {i // 6} row {r} leaves the buffers"
+            ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@st.composite
+def cases(draw):
+    t_src = draw(st.integers(1, 40))
+    # row spans in order, non-overlapping, not adjacent or adjacent (merged or not: both valid)
+    cuts = sorted(draw(st.sets(st.integers(0, t_src), min_size=2, max_size=10)))
+    pairs = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    spans = draw(st.lists(st.sampled_from(pairs), min_size=1, max_size=len(pairs), unique=True)
+                 ) if pairs else [(0, t_src)]
+    spans = sorted(spans)
+    blocks = draw(st.lists(st.tuples(st.sampled_from(["<u2", "<f4", "<u1"]),
+                                     st.integers(1, 9), st.integers(0, 5)),
+                           min_size=1, max_size=3))          # (dtype, cols, extra pitch cols)
+    ids = draw(st.sampled_from([None, "<i8", "<i4"]))
+    ids_stride = draw(st.integers(1, 3))
+    snapshot = draw(st.booleans())
+    return t_src, spans, blocks, ids, ids_stride, snapshot
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_the_plan_puts_every_spans_rows_and_ids_exactly_where_the_entry_layout_says(case):
+    t_src, spans, blocks, ids_kind, ids_stride, snapshot = case
+    rng = np.random.default_rng(len(spans) * 31 + t_src)
+    tokens = sum(e - s for s, e in spans)
+    srcs, wants, metas = [], [], []
+    for dt, cols, pad in blocks:
+        wide = rng.integers(0, 255, size=(t_src, (cols + pad) * np.dtype(dt).itemsize),
+                            dtype=np.uint8)              # rows of cols + pad elements
+        srcs.append(wide)
+        esz = np.dtype(dt).itemsize
+        metas.append((_addr(wide), wide.shape[1], cols * esz))   # pitch > width when pad
+        wants.append(np.concatenate([wide[s:e, :cols * esz] for s, e in spans]))
+    ids_src = id_want = None
+    if ids_kind is not None:
+        vals = rng.integers(0, 2**31 - 1, size=t_src * ids_stride, dtype=np.int64)
+        ids_src = vals.astype(ids_kind)                  # every ids_stride-th element is an id
+        esz = ids_src.itemsize
+        id_want = np.concatenate([vals[s * ids_stride:e * ids_stride:ids_stride]
+                                  for s, e in spans]).astype("<i4")
+    # the entry: each block region 64-aligned after the previous one, then the ids
+    offsets, at = [], 64
+    for w in wants:
+        offsets.append(at)
+        at = -(-(at + w.nbytes) // 64) * 64
+    ids_offset = at
+    payload = np.zeros(ids_offset + 4 * tokens, dtype=np.uint8)
+    need = staging_bytes(tokens, [m[2] for m in metas], snapshot, ids_kind is not None)
+    stage = np.full(max(need, 1), 0xAB, dtype=np.uint8)
+    pre, post = plan_copies(_addr(payload), offsets, ids_offset, tokens, spans, metas,
+                            None if ids_src is None else (_addr(ids_src), ids_stride * esz),
+                            snapshot, _addr(stage) if need else 0)
+    if not (snapshot or ids_kind is not None):
+        assert need == 0 and len(pre) == 0, "nothing to stage, nothing on the caller's stream"
+    if ids_kind is not None or snapshot:
+        assert len(pre) > 0, "ids and snapshots are taken on the caller's stream"
+    bufs = [payload, stage, *srcs] + ([ids_src] if ids_src is not None else [])
+    _run(pre, *bufs)
+    if ids_src is not None:
+        ids_src.fill(-1)            # the engine reuses its id tensor right after the forward
+    if snapshot:
+        for a in srcs:              # graph outputs: overwritten by the next replay
+            a.fill(0x5A)
+    _run(post, *bufs)               # (without a snapshot the sources live until `done`)
+    for w, off in zip(wants, offsets):
+        got = payload[off:off + w.nbytes].reshape(w.shape)
+        assert np.array_equal(got, w), "a block's rows differ"
+    if ids_kind is not None:
+        got_ids = payload[ids_offset:ids_offset + 4 * tokens].view("<i4")
+        assert np.array_equal(got_ids, id_want), "token ids differ"
+    else:
+        assert not payload[ids_offset:].any(), "host ids are the caller's to write"
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_without_a_snapshot_the_side_stream_reads_the_spans_straight_from_the_sources(case):
+    t_src, spans, blocks, _, _, _ = case
+    rng = np.random.default_rng(t_src)
+    tokens = sum(e - s for s, e in spans)
+    srcs, wants, metas, offsets, at = [], [], [], [], 0
+    for dt, cols, pad in blocks:
+        esz = np.dtype(dt).itemsize
+        wide = rng.integers(0, 255, size=(t_src, (cols + pad) * esz), dtype=np.uint8)
+        srcs.append(wide)
+        metas.append((_addr(wide), wide.shape[1], cols * esz))
+        w = np.concatenate([wide[s:e, :cols * esz] for s, e in spans])
+        wants.append(w)
+        offsets.append(at)
+        at = -(-(at + w.nbytes) // 64) * 64
+    payload = np.zeros(at + 4 * tokens, dtype=np.uint8)
+    pre, post = plan_copies(_addr(payload), offsets, at, tokens, spans, metas, None, False, 0)
+    assert len(pre) == 0 and len(post) == 6 * len(spans) * len(blocks)
+    _run(post, payload, *srcs)
+    for w, off in zip(wants, offsets):
+        assert np.array_equal(payload[off:off + w.nbytes].reshape(w.shape), w)
