@@ -88,12 +88,16 @@ def sample_to_dict(sample: Sample) -> dict[str, Any]:
     its name (``layer_{L}``, ``final_norm``, ...; ``[T, H]``), every per-token field by its
     name (``loss_mask`` when the sample has one: int64 ``[T]``, the dtype trainers use),
     ``rid`` (str) and, when the client attached per-sample metadata, ``meta`` (its dict,
-    ``sample.extra["meta"]``). The tensors are the sample's own (not views of the ring)."""
+    ``sample.extra["meta"]``). A field whose name is taken by one of those keys or a layer is
+    ``field.{name}`` instead (nothing is overwritten). The tensors are the sample's own (not
+    views of the ring)."""
     out: dict[str, Any] = {"rid": sample.rid, "input_ids": sample.token_ids.to(torch.int64)}
     out.update(sample.tensors)
-    for name, value in sample.fields.items():
-        out[name] = value.to(torch.int64) if name == "loss_mask" else value
     meta = sample.extra.get("meta")
+    taken = set(out) | ({"meta"} if isinstance(meta, dict) else set())
+    for name, value in sample.fields.items():
+        out[f"field.{name}" if name in taken else name] = \
+            value.to(torch.int64) if name == "loss_mask" else value
     if isinstance(meta, dict):
         out["meta"] = meta
     return out

@@ -175,6 +175,20 @@ def test_sample_extra_and_the_live_stream_dict_expose_the_meta():
     assert "meta" not in sample_to_dict(make_sample(1))
 
 
+def test_a_field_named_like_a_stream_key_or_a_layer_never_overwrites_it():
+    s = make_sample(2, extra={"attempt": 0, "meta": {"id": "q2"}})
+    T = s.num_tokens
+    for name in ("meta", "rid", "input_ids", "layer_1"):
+        s.fields[name] = torch.full((T,), 7, dtype=torch.uint8)
+    d = sample_to_dict(s)
+    assert d["meta"] == {"id": "q2"} and d["rid"] == s.rid
+    assert torch.equal(d["input_ids"], s.token_ids.to(torch.int64))
+    assert torch.equal(d["layer_1"], s.tensors["layer_1"])
+    for name in ("meta", "rid", "input_ids", "layer_1"):
+        assert torch.equal(d[f"field.{name}"], torch.full((T,), 7, dtype=torch.uint8)), name
+    assert "loss_mask" in d and "field.loss_mask" not in d
+
+
 # -- end to end -----------------------------------------------------------------------------
 
 
