@@ -374,12 +374,21 @@ def _build_specforge(s: StoredSample, plan: _Plan) -> dict[str, Any]:
         aux[0, :, k * H:(k + 1) * H].copy_(s.tensors[name])
     mask, _ = _mask(s)
     d: dict[str, Any] = {"input_ids": s.token_ids.to(torch.int64), "loss_mask": mask,
-                         "hidden_state": s.tensors[plan.target_name].clone().unsqueeze(0),
+                         "hidden_state": _own(s.tensors[plan.target_name]).unsqueeze(0),
                          "aux_hidden_state": aux}
     meta = _meta_of(s)
     if meta is not None:   # a plain dict: every SpecForge loader reads its keys by name
         d[META_KEY] = dict(meta)
     return d
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if it is the whole of its storage, else a copy: ``torch.save`` writes a tensor's
+    entire storage, so a view into a larger buffer must not be saved as is."""
+    if t.is_contiguous() and t.storage_offset() == 0 and \
+            t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone()
 
 
 def _build_speculators(s: StoredSample, plan: _Plan) -> list[tuple[str, torch.Tensor]]:

@@ -17,6 +17,7 @@ No re-implementation is needed: both import on CPU.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -272,3 +273,19 @@ def test_reader_sees_what_export_read(shard_dir, samples):
     # the export's source of truth is the public reader
     ss = open_shards(shard_dir)
     assert [ss[i].rid for i in range(len(ss))] == [s.rid for s in samples]
+
+
+def test_a_specforge_tensor_is_saved_alone_never_with_the_buffer_it_is_a_view_of():
+    """torch.save writes a tensor's whole storage: a view into a larger buffer is copied
+    first, a tensor that is all of its storage is saved as it is (no needless copy)."""
+    from hscapture.export import _own
+
+    whole = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert _own(whole) is whole
+    for view in (whole[1:], whole[:, :2], whole.t()):
+        got = _own(view)
+        assert got.untyped_storage().nbytes() == view.numel() * view.element_size()
+        assert torch.equal(got, view)
+    buf = io.BytesIO()
+    torch.save({"h": _own(torch.zeros(1000, 64)[:2])}, buf)
+    assert buf.tell() < 64 * 1000 * 4 // 4, "the whole buffer was saved with the view"
