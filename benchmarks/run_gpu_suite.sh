@@ -6,6 +6,8 @@
 # Writes OUT_DIR/<bench>.json (+ .png when matplotlib imports), OUT_DIR/<bench>.log, and
 # OUT_DIR/machine.txt. Each step has its own time limit; one failing step does not stop the rest;
 # the exit status is 1 when any step failed. bench_hook skips itself when sglang does not import.
+#   env STEPS=a,b   run only these steps (names as below; default all of them)
+#   env NO_BUILD=1  use the hscapture already importable (e.g. built into a PYTHONPATH folder)
 set -u
 OUT=${1:?usage: run_gpu_suite.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -20,8 +22,10 @@ if [ -n "${WHEELS:-}" ]; then
   $PY -m pip install -q --no-index --find-links "$WHEELS" pyzmq > "$OUT/wheels.log" 2>&1 \
     || { echo "WHEELS install failed"; tail -5 "$OUT/wheels.log"; }
 fi
-$PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 \
-  || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
+if [ -z "${NO_BUILD:-}" ]; then
+  $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 \
+    || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
+fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; free -g;
   df -h /dev/shm "$DISK"; git -C "$R" rev-parse HEAD;
   $PY -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } \
@@ -30,6 +34,7 @@ cat "$OUT/machine.txt"
 FAILED=()
 step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 t=$2; shift 2
+  [ -z "${STEPS:-}" ] || [[ ",$STEPS," == *",$name,"* ]] || return 0
   local t0=$SECONDS
   echo "=== $name (limit ${t}s)"
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1
@@ -45,7 +50,7 @@ step bench_shards   60 $PY $B/bench_shards.py --dir /dev/shm --dir "$DISK" --tot
 step gpu_copy       60 $PY $B/bench_gpu.py copy --copy-gb 0.5 --out-dir "$OUT"
 step gpu_notices    60 $PY $B/bench_gpu.py notices --notices 30000 --paced-seconds 0.5 --out-dir "$OUT"
 step bench_stream  240 $PY $B/bench_stream.py --device cuda --out "$OUT/bench_stream.json"
-step bench_hook     75 $PY $B/bench_hook.py --device cuda --out "$OUT/bench_hook.json"
+step bench_hook    200 $PY $B/bench_hook.py --device cuda --out "$OUT/bench_hook.json"
 step gpu_overhead  150 $PY $B/bench_gpu.py overhead --iters 2 --out-dir "$OUT"
 step bench_e2e     120 $PY $B/bench_e2e.py --device cuda --gb 1 --old-gb 0.25 --ring-mb 1024 \
   --disk-dir "$DISK" --out "$OUT/bench_e2e.json"
