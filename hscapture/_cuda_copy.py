@@ -4,8 +4,8 @@ Why: on an engine's scheduler thread each torch call of a copy (stream switch, e
 tensor view, ``copy_``) costs 7-18 us of CPU, several per block and per span, once per forward
 on the critical path. Here the copies are described as flat ``uint64`` lists and issued by
 ``hscapture._ring.cuda_submit`` with the CUDA driver (``csrc/cuda_copy.cpp``): 2D copies
-straight from the sources' rows into the page-locked ring, the token ids narrowed to int32 by
-a strided copy (their low 4 bytes), no kernel, no torch dispatch.
+straight from the sources' rows into the page-locked ring; the only torch call is the one
+kernel that takes the token ids as dense int32 on the caller's stream.
 
 Guarantees (the same as the torch path in :mod:`hscapture.producer`):
 
@@ -13,9 +13,14 @@ Guarantees (the same as the torch path in :mod:`hscapture.producer`):
   everything the caller's stream enqueued before the capture: they read what the forward
   pass produced. ``done`` completes when every byte is in the ring.
 - Token ids are always taken on the caller's stream (engines reuse their id tensors right
-  after the forward); with ``snapshot`` the sources are too (CUDA-graph output buffers are
-  overwritten by the next replay): device-to-device copies into one staging allocation, in
-  stream order before anything the caller enqueues next.
+  after the forward): one torch kernel makes them dense int32 (:func:`take_ids`); with
+  ``snapshot`` the sources are taken too (CUDA-graph output buffers are overwritten by the
+  next replay): device-to-device copies into one staging allocation, in stream order before
+  anything the caller enqueues next.
+- Nothing on the caller's stream is a copy of narrow rows: a 2D copy of 4-byte rows (the old
+  way of narrowing int64 ids, one row per token) ran ~1 ms per 4,096 tokens on the copy
+  engine, in the forward's stream order, and slowed a 1B-shape prefill by 5-12 % (H200,
+  ``bench_gpu.py overhead``).
 - Sources and staging stay referenced (``keepalive``) until ``done`` completed.
 
 :func:`eligible` says when this path applies; otherwise the producer uses its torch path.
@@ -29,17 +34,22 @@ import os
 from array import array
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import CaptureConfigError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["NativeCopier", "native_available", "plan_copies", "staging_bytes"]
+__all__ = ["NativeCopier", "native_available", "plan_copies", "span_index", "staging_bytes",
+           "take_ids"]
 
 #: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
 COPY_PATH_ENV = "HSCAPTURE_COPY_PATH"
 _ALIGN = 256                     # staging regions start on 256-byte boundaries
+#: up to this many spans the ids are one slice of the covering range (one kernel) and one
+#: device-to-host copy per span; more, one gather by a device index (three small operations)
+_ID_SPANS = 8
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -108,12 +118,14 @@ class NativeCopier:
             done = pool.pop()              # an event the publisher saw complete
         except IndexError:
             done = self._ring.CudaEvent(anchor)
-        cuda_ids = isinstance(ids, torch.Tensor) and ids.is_cuda
         srcs = [(b.data_ptr(), b.stride(0) * b.element_size(), int(b.shape[1]) * b.element_size())
                 for b in blocks]
-        id_src = (ids.data_ptr(), ids.stride(0) * ids.element_size()) if cuda_ids else None
+        id_src = None
+        if isinstance(ids, torch.Tensor) and ids.is_cuda:
+            ids, address, id_spans = take_ids(ids, spans, tokens)   # kept alive: keepalive
+            id_src = (address, id_spans)
         stage = None
-        need = staging_bytes(tokens, [w for _, _, w in srcs], snapshot, cuda_ids)
+        need = staging_bytes(tokens, [w for _, _, w in srcs], snapshot)
         if need:
             stage = torch.empty(need, dtype=torch.uint8, device=device)
         pre, post = plan_copies(payload, block_offsets, ids_offset, tokens, spans, srcs, id_src,
@@ -128,17 +140,45 @@ class NativeCopier:
         return done, (blocks, stage, ids, pool)
 
 
-def staging_bytes(tokens: int, widths: list[int], snapshot: bool, cuda_ids: bool) -> int:
-    """Device staging one capture needs: every block's rows (``snapshot``), then the int32
-    token ids (``cuda_ids``), each region 256-aligned; 0 when none."""
-    if not (snapshot or cuda_ids):
-        return 0
-    return (sum(_up(tokens * w) for w in widths) if snapshot else 0) + _up(4 * tokens)
+def take_ids(ids: torch.Tensor, spans: list[tuple[int, int]], tokens: int
+             ) -> tuple[torch.Tensor, int, list[tuple[int, int]]]:
+    """The token ids of ``spans`` (rows of the 1-D CUDA int64/int32 ``ids``) taken now, on
+    torch's current stream (the caller's), as a fresh dense int32 tensor: ``(tensor,
+    address, id_spans)``, where the id of source row ``s`` of a span in ``id_spans`` is at
+    ``address + 4 * s``. Up to ``_ID_SPANS`` spans: one kernel over the covering slice
+    (``id_spans`` = ``spans``); more: one gather by a device index made from pinned memory
+    (stream-ordered, no synchronization; ``id_spans`` = ``[(0, tokens)]``). Ids are < 2**31
+    (the entry stores int32)."""
+    if len(spans) <= _ID_SPANS:
+        lo = min(s for s, _ in spans)
+        hi = max(e for _, e in spans)
+        t = ids[lo:hi].to(torch.int32, memory_format=torch.contiguous_format, copy=True)
+        return t, t.data_ptr() - 4 * lo, spans
+    index = span_index(spans, tokens, pin=ids.is_cuda).to(ids.device, non_blocking=True)
+    t = ids.index_select(0, index).to(torch.int32)
+    return t, t.data_ptr(), [(0, tokens)]
+
+
+def span_index(spans: list[tuple[int, int]], tokens: int, pin: bool = True) -> torch.Tensor:
+    """The source row of every captured token row, as an int64 host tensor (page-locked with
+    ``pin``, so that a non-blocking copy to the device is stream-ordered)."""
+    starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
+    lens = np.fromiter((e - s for s, e in spans), dtype=np.int64, count=len(spans))
+    shift = starts - (np.cumsum(lens) - lens)          # source row - destination row, per span
+    idx = np.arange(tokens, dtype=np.int64) + np.repeat(shift, lens)
+    t = torch.from_numpy(idx)
+    return t.pin_memory() if pin else t
+
+
+def staging_bytes(tokens: int, widths: list[int], snapshot: bool) -> int:
+    """Device staging one capture needs: with ``snapshot`` every block's rows, each region
+    256-aligned; else 0."""
+    return sum(_up(tokens * w) for w in widths) if snapshot else 0
 
 
 def plan_copies(payload: int, block_offsets: list[int], ids_offset: int, tokens: int,
                 spans: list[tuple[int, int]], blocks: list[tuple[int, int, int]],
-                ids: tuple[int, int] | None, snapshot: bool, stage: int
+                ids: tuple[int, list[tuple[int, int]]] | None, snapshot: bool, stage: int
                 ) -> tuple[array, array]:
     """The copies of one entry, as ``cuda_submit`` takes them: ``(pre, post)``, each a flat
     ``array('Q')`` of (dst, dst_pitch, src, src_pitch, width, height) sextuples; ``pre`` runs
@@ -146,11 +186,12 @@ def plan_copies(payload: int, block_offsets: list[int], ids_offset: int, tokens:
 
     ``blocks[b] = (address, row pitch, row width)`` in bytes; the rows of ``spans`` (source
     row ranges, in row order) go, concatenated and dense, to ``payload + block_offsets[b]``.
-    ``ids = (address, pitch)`` of little-endian int64 or int32 device token ids (their low 4
-    bytes are the int32 the entry stores: ids are < 2**31), or None (the caller writes host
-    ids itself). ``stage`` is a device allocation of :func:`staging_bytes` (0 when that is 0):
-    with ``snapshot`` the rows are first copied into it on the caller's stream and from there
-    to the ring; the ids always go through it."""
+    ``ids = (address, id_spans)``: dense int32 token ids already taken on the caller's stream
+    (:func:`take_ids`), the id of row ``s`` of a span in ``id_spans`` at ``address + 4 * s``;
+    they go, concatenated, to ``payload + ids_offset`` (one row per span: no narrow rows), or
+    None (the caller writes host ids itself). ``stage`` is a device allocation of
+    :func:`staging_bytes` (0 when that is 0): with ``snapshot`` the rows are first copied into
+    it on the caller's stream and from there to the ring."""
     pre = array("Q")
     post = array("Q")
     at = stage
@@ -168,12 +209,12 @@ def plan_copies(payload: int, block_offsets: list[int], ids_offset: int, tokens:
                 post.extend((dst, width, base + s * pitch, pitch, width, e - s))
                 dst += (e - s) * width
     if ids is not None:
-        base, pitch = ids
-        r = at
-        for s, e in spans:               # int64 -> int32: the low 4 bytes (little-endian)
-            pre.extend((r, 4, base + s * pitch, pitch, 4, e - s))
-            r += 4 * (e - s)
-        post.extend((payload + ids_offset, 4 * tokens, at, 4 * tokens, 4 * tokens, 1))
+        base, id_spans = ids
+        dst = payload + ids_offset
+        for s, e in id_spans:            # one contiguous row of 4 * (e - s) bytes per span
+            n = 4 * (e - s)
+            post.extend((dst, n, base + 4 * s, n, n, 1))
+            dst += n
     return pre, post
 
 

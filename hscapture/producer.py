@@ -680,7 +680,7 @@ class Producer:
         if len(spans) > _CAT_SPANS:
             # pinned host -> device on the caller's stream; the host block is held by torch's
             # caching host allocator until that copy completed
-            index = _span_index(spans, tokens).to(device, non_blocking=True)
+            index = _cuda_copy.span_index(spans, tokens).to(device, non_blocking=True)
         if snapshot:
             # The sources may be overwritten after we return (graph buffers): copy the rows on
             # the caller's stream, ordered before whatever the caller enqueues next.
@@ -1015,19 +1015,11 @@ def _spans(starts: Sequence[int], maps: Sequence[Mapping[str, Any]]) -> list[tup
 _CAT_SPANS = 2
 
 
-def _span_index(spans: list[tuple[int, int]], tokens: int) -> torch.Tensor:
-    """The source row of every captured token row, as a pinned int64 host tensor."""
-    starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
-    lens = np.fromiter((e - s for s, e in spans), dtype=np.int64, count=len(spans))
-    shift = starts - (np.cumsum(lens) - lens)          # source row - destination row, per span
-    idx = np.arange(tokens, dtype=np.int64) + np.repeat(shift, lens)
-    return torch.from_numpy(idx).pin_memory()
-
-
 def _gather(src: torch.Tensor, spans: list[tuple[int, int]], copy: bool = False,
             index: torch.Tensor | None = None) -> torch.Tensor:
     """The rows of ``spans``, contiguous; a fresh tensor if ``copy`` (else maybe a view).
-    ``index`` (the rows as a device index, :func:`_span_index`) replaces the per-span cat."""
+    ``index`` (the rows as a device index, :func:`._cuda_copy.span_index`) replaces the
+    per-span cat."""
     if len(spans) == 1:
         s, e = spans[0]
         view = src[s:e]

@@ -33,7 +33,7 @@ step() {  # step NAME LIMIT_S CMD...
 PY=${PY:-python3}
 step test_gpu 150 $PY -m pytest -q -p no:cacheprovider -rf tests/test_gpu.py
 step capture_call 90 $PY benchmarks/bench_capture_call.py --out "$OUT/capture_call.json"
-step bench_hook 110 $PY benchmarks/bench_hook.py --device cuda --shapes "${HOOK_SHAPES:-1b}" \
+step bench_hook "${HOOK_LIMIT_S:-110}" $PY benchmarks/bench_hook.py --device cuda --shapes "${HOOK_SHAPES:-1b}" \
   --out "$OUT/bench_hook.json"
 step bench_stream 100 $PY benchmarks/bench_stream.py --device cuda --reps 3 \
   --out "$OUT/bench_stream.json"

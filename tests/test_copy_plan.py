@@ -3,9 +3,10 @@
 The plan is what ``cuda_submit`` hands the CUDA driver: 2D copies (dst, dst_pitch, src,
 src_pitch, width, height), ``pre`` on the caller's stream, then ``post`` on the side stream.
 Here the same copies run on host memory (``ctypes.memmove`` row by row: what a 2D copy
-means) with host arrays standing in for the device sources and the staging allocation, so
-the arithmetic is checked for any rows, spans, row pitches and dtypes; tests/test_gpu.py runs
-the real thing on a GPU.
+means) with host arrays standing in for the device sources and the staging allocation, and
+the token ids taken by the real ``take_ids`` from a CPU tensor, so the arithmetic is checked
+for any rows, spans, row pitches, id widths and strides; tests/test_gpu.py runs the real
+thing on a GPU.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hscapture._cuda_copy import plan_copies, staging_bytes
+from hscapture._cuda_copy import plan_copies, staging_bytes, take_ids
 
 
 def _run(copies, *buffers: np.ndarray) -> None:
@@ -45,7 +47,7 @@ def _addr(a: np.ndarray) -> int:
 def cases(draw):
     t_src = draw(st.integers(1, 40))
     # row spans in order, non-overlapping, not adjacent or adjacent (merged or not: both valid)
-    cuts = sorted(draw(st.sets(st.integers(0, t_src), min_size=2, max_size=10)))
+    cuts = sorted(draw(st.sets(st.integers(0, t_src), min_size=2, max_size=14)))
     pairs = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
     spans = draw(st.lists(st.sampled_from(pairs), min_size=1, max_size=len(pairs), unique=True)
                  ) if pairs else [(0, t_src)]
@@ -73,13 +75,14 @@ def test_the_plan_puts_every_spans_rows_and_ids_exactly_where_the_entry_layout_s
         esz = np.dtype(dt).itemsize
         metas.append((_addr(wide), wide.shape[1], cols * esz))   # pitch > width when pad
         wants.append(np.concatenate([wide[s:e, :cols * esz] for s, e in spans]))
-    ids_src = id_want = None
+    ids_full = taken = id_want = None
     if ids_kind is not None:
         vals = rng.integers(0, 2**31 - 1, size=t_src * ids_stride, dtype=np.int64)
-        ids_src = vals.astype(ids_kind)                  # every ids_stride-th element is an id
-        esz = ids_src.itemsize
+        ids_full = torch.from_numpy(vals.astype(ids_kind))   # the engine's id tensor
         id_want = np.concatenate([vals[s * ids_stride:e * ids_stride:ids_stride]
                                   for s, e in spans]).astype("<i4")
+        taken, id_address, id_spans = take_ids(ids_full[::ids_stride], spans, tokens)
+        assert taken.dtype == torch.int32 and taken.is_contiguous()
     # the entry: each block region 64-aligned after the previous one, then the ids
     offsets, at = [], 64
     for w in wants:
@@ -87,19 +90,22 @@ def test_the_plan_puts_every_spans_rows_and_ids_exactly_where_the_entry_layout_s
         at = -(-(at + w.nbytes) // 64) * 64
     ids_offset = at
     payload = np.zeros(ids_offset + 4 * tokens, dtype=np.uint8)
-    need = staging_bytes(tokens, [m[2] for m in metas], snapshot, ids_kind is not None)
+    need = staging_bytes(tokens, [m[2] for m in metas], snapshot)
     stage = np.full(max(need, 1), 0xAB, dtype=np.uint8)
     pre, post = plan_copies(_addr(payload), offsets, ids_offset, tokens, spans, metas,
-                            None if ids_src is None else (_addr(ids_src), ids_stride * esz),
+                            None if taken is None else (id_address, id_spans),
                             snapshot, _addr(stage) if need else 0)
-    if not (snapshot or ids_kind is not None):
-        assert need == 0 and len(pre) == 0, "nothing to stage, nothing on the caller's stream"
-    if ids_kind is not None or snapshot:
-        assert len(pre) > 0, "ids and snapshots are taken on the caller's stream"
-    bufs = [payload, stage, *srcs] + ([ids_src] if ids_src is not None else [])
+    assert (len(pre) > 0) == snapshot, "only snapshots are copied on the caller's stream"
+    assert need == 0 or snapshot, "nothing to stage without a snapshot"
+    lo, hi = _addr(payload) + ids_offset, _addr(payload) + ids_offset + 4 * tokens
+    v = list(post)
+    for i in range(0, len(v), 6):
+        if lo <= v[i] < hi:
+            assert v[i + 5] == 1, "token ids are copied as whole rows, never 4-byte rows"
+    bufs = [payload, stage, *srcs] + ([taken.numpy()] if taken is not None else [])
     _run(pre, *bufs)
-    if ids_src is not None:
-        ids_src.fill(-1)            # the engine reuses its id tensor right after the forward
+    if ids_full is not None:
+        ids_full.fill_(-1)          # the engine reuses its id tensor right after the forward
     if snapshot:
         for a in srcs:              # graph outputs: overwritten by the next replay
             a.fill(0x5A)

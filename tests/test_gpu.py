@@ -385,21 +385,23 @@ def test_unpinned_copies_are_exact_too(endpoint):
         p.close()
 
 
-@pytest.mark.parametrize("pattern", ["one_span", "two_spans", "many_spans"])
+@pytest.mark.parametrize("pattern", ["one_span", "two_spans", "many_spans", "scattered"])
 def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, pattern):
     """capture_rows as the SGLang hook calls it, through each CUDA gather branch: one
     contiguous span (views, ids in one int32 kernel), two spans (slices + cat), many spans
-    (one index_select per tensor, index from pinned memory), with and without snapshot; 40
-    forwards in a row reuse the ready event and the pooled done events. Sources and int64
-    ids are overwritten right after each call when snapshotting."""
+    (one index_select per tensor, index from pinned memory; native: ids from their covering
+    slice), more spans than ``_cuda_copy._ID_SPANS`` (native: ids gathered by a device
+    index), with and without snapshot; 40 forwards in a row reuse the ready event and the
+    pooled done events. The int64 ids are overwritten right after every call (they are
+    always taken on the caller's stream), the sources too when snapshotting."""
     p, sub = pair
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(3)
     k, h = 3, 128
-    lens = [7, 1, 64, 3, 200, 5, 33, 2, 90, 11]
+    lens = [7, 1, 64, 3, 200, 5, 33, 2, 90, 11] * 3
     offs = [sum(lens[:i]) for i in range(len(lens))]
-    wanted = {"one_span": range(10), "two_spans": [0, 1, 2, 5, 6, 7],
-              "many_spans": [0, 2, 4, 6, 8, 9]}[pattern]
+    wanted = {"one_span": range(30), "two_spans": [0, 1, 2, 5, 6, 7],
+              "many_spans": [0, 2, 4, 6, 8, 9], "scattered": range(0, 30, 2)}[pattern]
     want = {}
     for f in range(40):
         snapshot = bool(f % 2)
@@ -418,10 +420,10 @@ def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, patt
                               layers=[1, 2, 3, 15], layer_kinds=["residual"] * 3 + ["final_norm"],
                               layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
                               token_ids=ids, snapshot=snapshot)
+        ids.fill_(-1)
         if snapshot:
             aux.fill_(float("nan"))
             last.fill_(float("nan"))
-            ids.fill_(-1)
     p.flush()
     for rid, (layers, tok) in want.items():
         s = sub.get(rid, timeout=30)

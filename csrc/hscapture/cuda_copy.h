@@ -32,7 +32,8 @@ bool available(std::string* why);
 
 // The capture sequence, in this order:
 //   1. `pre` copies on `caller` (device-to-device snapshots of sources the engine may
-//      overwrite after the forward: CUDA-graph output buffers, token ids);
+//      overwrite after the forward: CUDA-graph output buffers; token ids are taken by the
+//      caller before, with a torch kernel, never as 4-byte rows here);
 //   2. `ready` recorded on `caller`, `side` made to wait for it (the side stream's copies start
 //      only after the forward pass, and the snapshots, produced their sources);
 //   3. `post` copies on `side` (device-to-host into the ring);
