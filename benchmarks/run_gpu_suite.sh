@@ -51,7 +51,7 @@ step gpu_copy       60 $PY $B/bench_gpu.py copy --copy-gb 0.5 --out-dir "$OUT"
 step gpu_notices    60 $PY $B/bench_gpu.py notices --notices 30000 --paced-seconds 0.5 --out-dir "$OUT"
 step bench_stream  240 $PY $B/bench_stream.py --device cuda --out "$OUT/bench_stream.json"
 step bench_hook    200 $PY $B/bench_hook.py --device cuda --out "$OUT/bench_hook.json"
-step gpu_overhead  150 $PY $B/bench_gpu.py overhead --iters 2 --out-dir "$OUT"
+step gpu_overhead  180 $PY $B/bench_gpu.py overhead --iters "${OVERHEAD_ITERS:-6}" --out-dir "$OUT"
 step bench_e2e     120 $PY $B/bench_e2e.py --device cuda --gb 1 --old-gb 0.25 --ring-mb 1024 \
   --disk-dir "$DISK" --out "$OUT/bench_e2e.json"
 step bench_compact  150 $PY $B/bench_compact.py --samples 32 --tokens 1024 --hidden 2048 --layers 16 \
