@@ -64,7 +64,9 @@ import json
 import os
 import shutil
 import struct
+import sys
 import time
+import zlib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -288,16 +290,263 @@ def _specforge_rel(i: int, gz: bool = False) -> str:
 #: gzip level of SpecForge's .ckpt.gz files
 GZIP_LEVEL = 6
 
+try:    # ISA-L's CRC-32 (carry-less multiply): the same values as zlib.crc32, ~10x faster
+    from isal.isal_zlib import crc32 as _crc32
+    CRC32_IMPL = "isal"
+except ImportError:     # pragma: no cover - depends on what is installed
+    from zlib import crc32 as _crc32
+    CRC32_IMPL = "zlib"
 
-def _save_specforge(d: dict[str, torch.Tensor], f: Any, gz: bool) -> None:
-    """``torch.save`` (zip format) into ``f``; with ``gz`` through gzip level 6, with no name
-    and mtime 0 in the gzip header (the same samples give the same bytes)."""
+#: rows shorter than this are assembled with one copy; longer ones are written straight from
+#: the source, one writev entry per row (an entry costs about what copying ~1 KiB does)
+GATHER_MIN_ROW_BYTES = 1024
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    t = t.contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """A tensor of ``shape`` whose bytes are the row interleaving of ``sources`` (K tensors
+    ``[T, H]`` of one dtype): token t's row of source 0, then of source 1, ... — SpecForge's
+    ``aux_hidden_state [1, T, K*H]`` and speculators' ``hidden_states [T, K, H]``; with one
+    source, that tensor's own bytes (never the larger buffer it may be a view of).
+
+    It is never assembled: :meth:`parts` are views of the sources' rows in file order, which
+    the writers hand to ``os.writev`` (the kernel copies from the memory-mapped shard
+    straight into the output file). :meth:`materialize` builds the tensor (the fallback)."""
+
+    sources: tuple[torch.Tensor, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.sources[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.sources)
+
+    def parts(self) -> list[memoryview]:
+        mvs = [_bytes_of(t) for t in self.sources]
+        if len(mvs) == 1:
+            return mvs
+        T = self.sources[0].shape[0]
+        rb = len(mvs[0]) // T if T else 0
+        return [mv[o:o + rb] for o in range(0, T * rb, rb) for mv in mvs]
+
+    def materialize(self) -> torch.Tensor:
+        if len(self.sources) == 1:
+            return _own(self.sources[0]).reshape(self.shape)
+        return torch.stack(self.sources, dim=1).reshape(self.shape)
+
+
+def _join(sources: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor | _Joined:
+    """The row interleaving of ``sources`` as a :class:`_Joined` (written without a copy), or
+    assembled with one copy when its rows are shorter than :data:`GATHER_MIN_ROW_BYTES`."""
+    src = tuple(sources)
+    shape = tuple(int(x) for x in shape)
+    if len({t.dtype for t in src}) != 1 or len({tuple(t.shape) for t in src}) != 1 \
+            or src[0].dim() != 2:
+        raise ExportError(f"expected tensors [T, H] of one dtype and shape to join, found "
+                          f"{[(tuple(t.shape), t.dtype) for t in src]}")
+    j = _Joined(src, shape)
+    if len(src) > 1 and src[0].shape[1] * src[0].element_size() < GATHER_MIN_ROW_BYTES:
+        return j.materialize()
+    return j
+
+
+def _buffers_of(x: torch.Tensor | _Joined) -> list[memoryview]:
+    return x.parts() if isinstance(x, _Joined) else [_bytes_of(x)]
+
+
+def _emit(f: Any, bufs: Sequence[Any]) -> None:
+    """Write ``bufs`` to ``f`` in order: with one ``os.writev`` per 1024 buffers for a plain
+    binary file (never through a wrapper such as GzipFile, whose fileno() is its sink's)."""
+    if not isinstance(f, (io.BufferedWriter, io.FileIO)):
+        for b in bufs:
+            f.write(b)
+        return
+    f.flush()
+    fd = f.fileno()
+    todo = list(bufs)
+    i = 0
+    while i < len(todo):
+        batch = todo[i:i + _IOV_MAX]
+        got = os.writev(fd, batch)
+        if got == 0 and any(len(b) for b in batch):
+            raise OSError(f"writev wrote nothing of {sum(len(b) for b in batch)} bytes")
+        for b in batch:
+            if got >= len(b):
+                got -= len(b)
+                i += 1
+            else:   # a short write: the rest of this buffer goes first next time
+                todo[i] = memoryview(b)[got:]
+                break
+
+
+_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
+
+
+# -- torch.save's zip container, written without torch's copy and CRC -------------------------
+
+
+def _hash_combine(seed: int, value: int) -> int:
+    """c10::hash_combine on 64-bit size_t."""
+    m = (1 << 64) - 1
+    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & m) + (seed >> 2)) & m)) & m
+
+
+class _TorchZip:
+    """What ``torch.serialization._save`` calls ``write_record`` on, writing the zip container
+    that torch's ``PyTorchStreamWriter`` writes for ``torch.save(obj, file_object)``: the same
+    records, order, local headers (flags 0x0808, stored, no times), ``FB`` padding extra fields
+    aligning every record's data to the storage alignment, data descriptors, central directory
+    and zip64 end records — byte for byte (tests/test_export_torchzip.py compares with
+    torch.save), with two differences: CRC-32 by :data:`CRC32_IMPL` (the same values) and the
+    first 20 digits of ``.data/serialization_id`` (torch's hash of the record names in an
+    ``unordered_set``'s order; here the same combination of the names' CRC-32s in write
+    order; torch.load only logs it). Records stay below 4 GiB (no zip64 extra fields): the
+    caller falls back to torch.save beyond that."""
+
+    def __init__(self, substitutes: dict[int, list], alignment: int,
+                 serialization_id: str | None = None) -> None:
+        self.subst = substitutes        # storage data_ptr -> buffers written in its place
+        self.alignment = alignment
+        self.sid = serialization_id
+        self.bufs: list[Any] = []
+        self.pos = 0
+        self.central: list[bytes] = []
+        self.names: list[str] = []
+        self.name_hash = 0
+        self.crc_hash = 0
+
+    def _add(self, b: Any) -> None:
+        self.bufs.append(b)
+        self.pos += len(b)
+
+    def write_record(self, name: str, data: Any, nbytes: int) -> None:
+        if isinstance(data, str):
+            bufs: list[Any] = [data.encode()]
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            bufs = [data]
+        else:   # an UntypedStorage
+            ptr = data.data_ptr()
+            if nbytes == 0:
+                bufs = []
+            elif ptr in self.subst:
+                bufs = self.subst[ptr]
+            else:
+                t = torch.empty(0, dtype=torch.uint8).set_(data, 0, (data.nbytes(),), (1,))
+                bufs = [_bytes_of(t)]
+        size = sum(len(b) for b in bufs)
+        if size != nbytes:
+            raise ExportError(f"record {name}: expected {nbytes} bytes, found {size}")
+        full = f"archive/{name}".encode()
+        offset = self.pos
+        start = offset + 30 + len(full) + 4
+        pad = -start % self.alignment
+        extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+        self._add(struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, 0x0808, 0, 0, 0, 0, 0, 0,
+                              len(full), len(extra)) + full + extra)
+        crc = 0
+        for b in bufs:
+            crc = _crc32(b, crc)
+            self._add(b)
+        self._add(struct.pack("<IIII", 0x08074B50, crc, size, size))
+        self.central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0, 0, 0x0808, 0, 0,
+                                        0, crc, size, size, len(full), 0, 0, 0, 0, 0, offset)
+                            + full)
+        self.names.append(name)
+        self.name_hash = _hash_combine(self.name_hash, zlib.crc32(name.encode()))
+        self.crc_hash = _hash_combine(self.crc_hash, crc)
+
+    def finish(self) -> list[Any]:
+        """``write_end_of_file``: version and serialization id records, central directory,
+        zip64 end record and locator, end record; returns every buffer in file order."""
+        if "version" not in self.names and ".data/version" not in self.names:
+            self.write_record("version", "3\n", 2)
+        if "byteorder" not in self.names:
+            self.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+        sid = self.sid or f"{self.name_hash:020d}{self.crc_hash:020d}"
+        self.write_record(".data/serialization_id", sid, len(sid))
+        cd_off = self.pos
+        for c in self.central:
+            self._add(c)
+        cd_size = self.pos - cd_off
+        n = len(self.central)
+        z64 = self.pos
+        self._add(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 0x031E, 45, 0, 0, n, n,
+                              cd_size, cd_off))
+        self._add(struct.pack("<IIQI", 0x07064B50, 0, z64, 1))
+        self._add(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, cd_size, cd_off, 0))
+        return self.bufs
+
+
+def _own_zip_ok() -> bool:
+    """True when this torch's ``serialization._save`` takes the arguments it is called with
+    here (else every file goes through torch.save)."""
+    import inspect
+
+    f = getattr(torch.serialization, "_save", None)
+    try:
+        params = list(inspect.signature(f).parameters) if f is not None else []
+    except (TypeError, ValueError):
+        return False
+    return params == ["obj", "zip_file", "pickle_module", "pickle_protocol",
+                      "_disable_byteorder_record"]
+
+
+_OWN_ZIP = _own_zip_ok()
+#: records and files stay below this (no zip64 extra fields), else torch.save writes them
+_ZIP32_LIMIT = 0xFFFFFFFF - (1 << 20)
+
+
+def _torch_save(obj: dict[str, Any], f: Any, *, serialization_id: str | None = None) -> None:
+    """``torch.save(obj, f)`` for a dict whose tensor values may be :class:`_Joined`: the bytes
+    torch.save writes for the dict with those assembled (see :class:`_TorchZip` for the two
+    differences), every tensor written as its own bytes (never a larger buffer it views),
+    with no copy of a tensor's data and one ``os.writev`` per 1024 buffers."""
+    import pickle
+
+    total = sum(v.nbytes if isinstance(v, _Joined) else
+                v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+                for v in obj.values())
+    if not _OWN_ZIP or total >= _ZIP32_LIMIT:
+        torch.save({k: v.materialize() if isinstance(v, _Joined) else
+                    _own(v) if isinstance(v, torch.Tensor) else v
+                    for k, v in obj.items()}, f)
+        return
+    subst: dict[int, list] = {}
+    flat: dict[str, Any] = {}
+    for k, v in obj.items():
+        if isinstance(v, (torch.Tensor, _Joined)):
+            if isinstance(v, torch.Tensor) and v.dim() >= 1:
+                v = _Joined((v.reshape(v.shape[0], -1),), tuple(v.shape))
+            if isinstance(v, _Joined):
+                ph = torch.empty(v.shape, dtype=v.dtype)   # untouched: its pages never exist
+                if v.nbytes:
+                    subst[ph.untyped_storage().data_ptr()] = v.parts()
+                v = ph
+        flat[k] = v
+    align = getattr(torch.serialization, "_get_storage_alignment", lambda: 64)()
+    z = _TorchZip(subst, int(align), serialization_id)
+    torch.serialization._save(flat, z, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    _emit(f, z.finish())
+
+
+def _save_specforge(d: dict[str, Any], f: Any, gz: bool) -> None:
+    """``torch.save`` (zip format; :func:`_torch_save`) into ``f``; with ``gz`` through gzip
+    level 6, with no name and mtime 0 in the gzip header (the same samples give the same
+    bytes)."""
     if not gz:
-        torch.save(d, f)
+        _torch_save(d, f)
         return
     with _gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=f,
                         mtime=0) as z:
-        torch.save(d, z)
+        _torch_save(d, z)
 
 
 def _load_specforge(path: str) -> dict[str, Any]:
@@ -326,33 +575,29 @@ def _write_atomic(path: str, write, fsync: bool) -> int:
         f.flush()
         if fsync:
             os.fsync(f.fileno())
-        size = f.tell()
+        size = os.fstat(f.fileno()).st_size    # written past the buffer by os.writev
     os.replace(tmp, path)
     return size
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    t = t.contiguous().reshape(-1)
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
 
 
 _ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
 
 
-def _write_safetensors(f, tensors: list[tuple[str, torch.Tensor]]) -> None:
-    """A plain safetensors file (header padded to 8 bytes, data in the given order)."""
+def _write_safetensors(f, tensors: list[tuple[str, torch.Tensor | _Joined]]) -> None:
+    """A plain safetensors file (header padded to 8 bytes, data in the given order), written
+    with :func:`_emit` (a :class:`_Joined` straight from its sources)."""
     header: dict[str, Any] = {}
     off = 0
     for name, t in tensors:
-        nb = t.numel() * t.element_size()
+        nb = t.nbytes if isinstance(t, _Joined) else t.numel() * t.element_size()
         header[name] = {"dtype": _ST[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + nb]}
         off += nb
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (-len(body) % 8)
-    f.write(struct.pack("<Q", len(body)))
-    f.write(body)
+    bufs: list[Any] = [struct.pack("<Q", len(body)) + body]
     for _, t in tensors:
-        f.write(_bytes_of(t))
+        bufs.extend(_buffers_of(t))
+    _emit(f, bufs)
 
 
 #: the key (SpecForge ``.ckpt`` dict) and the column (speculators Arrow dataset) that carry a
@@ -369,12 +614,10 @@ def _meta_of(s: StoredSample) -> dict[str, Any] | None:
 
 def _build_specforge(s: StoredSample, plan: _Plan) -> dict[str, Any]:
     T, H = s.num_tokens, plan.hidden
-    aux = torch.empty(1, T, len(plan.aux_names) * H, dtype=s.tensors[plan.aux_names[0]].dtype)
-    for k, name in enumerate(plan.aux_names):
-        aux[0, :, k * H:(k + 1) * H].copy_(s.tensors[name])
+    aux = _join([s.tensors[n] for n in plan.aux_names], (1, T, len(plan.aux_names) * H))
     mask, _ = _mask(s)
     d: dict[str, Any] = {"input_ids": s.token_ids.to(torch.int64), "loss_mask": mask,
-                         "hidden_state": _own(s.tensors[plan.target_name]).unsqueeze(0),
+                         "hidden_state": s.tensors[plan.target_name].unsqueeze(0),
                          "aux_hidden_state": aux}
     meta = _meta_of(s)
     if meta is not None:   # a plain dict: every SpecForge loader reads its keys by name
@@ -391,12 +634,10 @@ def _own(t: torch.Tensor) -> torch.Tensor:
     return t.clone()
 
 
-def _build_speculators(s: StoredSample, plan: _Plan) -> list[tuple[str, torch.Tensor]]:
+def _build_speculators(s: StoredSample, plan: _Plan) -> list[tuple[str, torch.Tensor | _Joined]]:
     T, H = s.num_tokens, plan.hidden
     names = plan.aux_names + [plan.target_name]
-    hs = torch.empty(T, len(names), H, dtype=s.tensors[names[0]].dtype)
-    for k, name in enumerate(names):
-        hs[:, k].copy_(s.tensors[name])
+    hs = _join([s.tensors[n] for n in names], (T, len(names), H))
     return [("hidden_states", hs), ("token_ids", s.token_ids.to(torch.int64))]
 
 
