@@ -165,7 +165,7 @@ def main() -> None:
     config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,
               "warmup": 1, "order": "ABBA", "fsync": a.fsync, "workers": nw,
               "crc32": getattr(E, "CRC32_IMPL", "torch.save (miniz)"),
-              "gather_min_row_bytes": getattr(E, "GATHER_MIN_ROW_BYTES", None),
+              "bounce_bytes": getattr(E, "BOUNCE_BYTES", None),
               "torch": torch.__version__, "scratch": _stats.fs_info(root)}
     results: dict = {}
     goals = []
