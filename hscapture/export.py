@@ -499,21 +499,26 @@ class _TorchZip:
         full = f"archive/{name}".encode()
         offset = self.sink.pos
         pad = -(offset + 30 + len(full) + 4) % self.alignment
-        self.sink.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, 0x0808, 0, 0, 0, 0, 0, 0,
+        flags = 0x0808 if size else 0x0800     # an empty record: no data descriptor (miniz)
+        self.sink.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, flags, 0, 0, 0, 0, 0, 0,
                                     len(full), 4 + pad) + full + b"FB"
                         + struct.pack("<H", pad) + b"Z" * pad)
+        crc = 0
         if isinstance(what, bytes):     # data.pkl, .format_version, ...: small
-            crc = _crc32(what)
-            self.sink.write(what)
+            if size:
+                crc = _crc32(what)
+                self.sink.write(what)
         else:
             crc = _write_tensor(self.sink, what)
-        self.sink.write(struct.pack("<IIII", 0x08074B50, crc, size, size))
-        self.central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0, 0, 0x0808, 0, 0,
+        if size:
+            self.sink.write(struct.pack("<IIII", 0x08074B50, crc, size, size))
+            # torch combines the CRCs its data descriptor writes carry: non-empty records'
+            self.crc_hash = _hash_combine(self.crc_hash, crc)
+        self.central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0, 0, flags, 0, 0,
                                         0, crc, size, size, len(full), 0, 0, 0, 0, 0, offset)
                             + full)
         self.names.append(name)
         self.name_hash = _hash_combine(self.name_hash, zlib.crc32(name.encode()))
-        self.crc_hash = _hash_combine(self.crc_hash, crc)
 
     def finish(self) -> None:
         """``write_end_of_file``: version and serialization id records, central directory,
@@ -598,7 +603,11 @@ def _torch_save(obj: dict[str, Any], f: Any, *, serialization_id: str | None = N
     flat: dict[str, Any] = {}
     for k, v in obj.items():
         if isinstance(v, (torch.Tensor, _Joined)):
-            ph = torch.empty(v.shape, dtype=v.dtype)    # untouched: its pages never exist
+            # untouched, so its pages never exist; a contiguous tensor's own strides (what
+            # torch.save would pickle for it: they differ from torch.empty's for empty dims)
+            ph = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) \
+                if isinstance(v, torch.Tensor) and v.is_contiguous() else \
+                torch.empty(v.shape, dtype=v.dtype)
             if ph.numel():
                 subst[ph.untyped_storage().data_ptr()] = v
             v = ph
