@@ -1,13 +1,28 @@
-"""Export throughput vs a raw read+write of the same bytes.
+"""Export throughput vs a raw read+write of the same bytes (issue #9 goal: export >= 0.8x raw).
 
-For each format, alternating reps: (a) ``hscapture.export.export`` into an emptied directory;
-(b) raw: for every sample, read the same source tensors with safe_open and write them as they
-are (one writev, no reshaping, padded to the byte count the export wrote for that sample) to
-one file per sample, with the same thread count and fsync setting — the floor any converter
-pays. Reported: median and min-max seconds, GB/s of bytes written, and the
-ratio raw/export (goal >= 0.8).
+For each format, paired repetitions in ABBA order after one discarded warm-up pair:
 
-    python benchmarks/bench_export.py --samples 200 --tokens 512 --hidden 2048
+(A) export: ``hscapture.export.export`` into an emptied directory (planning, manifest, every
+    sample file, and for speculators the Arrow dataset + token_freq.pt: all inside the clock);
+(B) raw: the floor any converter pays for the same bytes: for every sample, read the same
+    source tensors through the same memory-mapped ``safe_open`` handles the reader uses and
+    write them as they are (one ``os.writev`` of the tensors, no reshaping, zero-padded to the
+    byte count the export wrote for that sample) to one file per sample, plus one file as large
+    as the export's other files (manifest, dataset), with the same thread count and the same
+    fsync setting. It writes no temporary name and renames nothing (the export does both: its
+    cost is the export's).
+
+Both sides clear their output directory outside the clock. Reported per format: seconds and
+GB/s of each side (median, min-max) and the paired ratio export speed / raw speed
+(= raw seconds / export seconds of the same pair): median, min-max, the distribution-free 95 %
+interval of the median, and whether the whole spread clears 0.8.
+
+``--profile`` adds a per-sample stage profile (one thread, in process, page cache warm): for
+each format, milliseconds per sample to load (reader), build (assemble what is written) and
+write (serialize + write the file), next to the raw side's load and writev.
+
+    python benchmarks/bench_export.py --samples 100 --tokens 512 --hidden 2048 --reps 7 \\
+        --dir /dev/shm --profile --json out.json
 """
 
 from __future__ import annotations
@@ -16,12 +31,18 @@ import argparse
 import json
 import os
 import shutil
-import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stats  # noqa: E402
+
+GOAL = 0.8
 
 
 def build(d: str, n: int, T: int, H: int) -> None:
@@ -45,57 +66,146 @@ def _clear(p: str) -> None:
     os.makedirs(p)
 
 
+def _names(fmt: str) -> list[str]:
+    return (["layer_1", "layer_3", "layer_5", "final_norm"] if fmt == "specforge"
+            else ["layer_1", "layer_3", "layer_5", "layer_7"])
+
+
+def _rel(fmt: str, i: int) -> str:
+    return (f"rows_0-2000/data_{i}.ckpt" if fmt == "specforge"
+            else f"hidden_states/hs_{i}.safetensors")
+
+
+def _du(d: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+
+
+def profile_stages(src: str, out: str, fmt: str, reps: int = 3) -> dict:
+    """Milliseconds per sample of each stage, one thread (best of ``reps`` passes)."""
+    from hscapture import export as E
+    from hscapture.reader import open_shards
+
+    ss = open_shards(src)
+    plan = E._make_plan(ss, fmt, None, "require", None)
+    names = plan.names()
+    n = len(ss)
+    best: dict[str, float] = {}
+    for _ in range(reps):
+        _clear(out)
+        acc = dict.fromkeys(["export.load", "export.build", "export.write",
+                             "raw.load", "raw.writev"], 0.0)
+        for i in range(n):
+            t0 = time.perf_counter()
+            s = ss.load(i, names=names)
+            t1 = time.perf_counter()
+            if fmt == "specforge":
+                d = E._build_specforge(s, plan)
+                t2 = time.perf_counter()
+                E._write_atomic(os.path.join(out, f"{i}.ckpt"),
+                                lambda f: E._save_specforge(d, f, False), False)
+            else:
+                items = E._build_speculators(s, plan)
+                t2 = time.perf_counter()
+                E._write_atomic(os.path.join(out, f"{i}.safetensors"),
+                                lambda f: E._write_safetensors(f, items), False)
+            t3 = time.perf_counter()
+            r = ss.load(i, names=names)
+            t4 = time.perf_counter()
+            views = [E._bytes_of(r.tensors[k]) for k in names] + [E._bytes_of(r.token_ids)]
+            fd = os.open(os.path.join(out, f"{i}.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                         0o644)
+            try:
+                os.writev(fd, views)
+            finally:
+                os.close(fd)
+            t5 = time.perf_counter()
+            for k, v in (("export.load", t1 - t0), ("export.build", t2 - t1),
+                         ("export.write", t3 - t2), ("raw.load", t4 - t3),
+                         ("raw.writev", t5 - t4)):
+                acc[k] += v
+        for k, v in acc.items():
+            best[k] = min(best.get(k, float("inf")), v / n * 1e3)
+    best["export.total"] = best["export.load"] + best["export.build"] + best["export.write"]
+    best["raw.total"] = best["raw.load"] + best["raw.writev"]
+    best["raw/export"] = best["raw.total"] / best["export.total"]
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7, help="counted pairs (>= 5), after 1 warm-up")
     ap.add_argument("--formats", default="specforge,speculators")
     ap.add_argument("--fsync", action="store_true", help="fsync every file on both sides")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--crc", choices=["default", "zlib"], default="default",
+                    help="zlib: force zlib.crc32 in the export's zip writer (what it uses "
+                         "without isal)")
+    ap.add_argument("--profile", action="store_true", help="add the per-sample stage profile")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.reps < 5:
+        ap.error(f"--reps must be >= 5, got {a.reps}")
 
     from safetensors import safe_open
 
+    import hscapture.export as E
     from hscapture.export import export
     from hscapture.reader import open_shards
 
+    if a.crc == "zlib":
+        import zlib
+
+        E._crc32, E.CRC32_IMPL = zlib.crc32, "zlib"
+    nw = a.workers or min(4, os.cpu_count() or 1)
     root = tempfile.mkdtemp(dir=a.dir)
-    results: dict = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden,
-                     "reps": a.reps, "fsync": a.fsync, "cpus": os.cpu_count()}
+    config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,
+              "warmup": 1, "order": "ABBA", "fsync": a.fsync, "workers": nw,
+              "crc32": getattr(E, "CRC32_IMPL", "torch.save (miniz)"),
+              "bounce_bytes": getattr(E, "BOUNCE_BYTES", None),
+              "torch": torch.__version__, "scratch": _stats.fs_info(root)}
+    results: dict = {}
+    goals = []
     try:
         src = os.path.join(root, "shards")
         build(src, a.samples, a.tokens, a.hidden)
         ss = open_shards(src)
         entries = [ss.entry(i) for i in range(len(ss))]
         for fmt in a.formats.split(","):
-            names = (["layer_1", "layer_3", "layer_5", "final_norm"] if fmt == "specforge"
-                     else ["layer_1", "layer_3", "layer_5", "layer_7"])
+            names = _names(fmt)
             out, raw_out = os.path.join(root, fmt), os.path.join(root, fmt + "-raw")
             _clear(out)
-            r = export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers)
-            sizes = []  # bytes the export wrote per sample, for the raw side
-            for i in range(len(ss)):
-                rel = (f"rows_0-2000/data_{i}.ckpt" if fmt == "specforge"
-                       else f"hidden_states/hs_{i}.safetensors")
-                sizes.append(os.path.getsize(os.path.join(out, rel)))
+            export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers)
+            sizes = [os.path.getsize(os.path.join(out, _rel(fmt, i))) for i in range(len(ss))]
+            other = _du(out) - sum(sizes)   # manifest, dataset, token_freq.pt
 
-            def run_export() -> tuple[float, int]:
+            def run_export(_rep: int) -> dict:
                 _clear(out)
                 t0 = time.perf_counter()
                 res = export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers)
-                return time.perf_counter() - t0, res.bytes_written
+                dt = time.perf_counter() - t0
+                return {"s": dt, "bytes": _du(out), "bytes_reported": res.bytes_written}
 
-            def run_raw() -> tuple[float, int]:
+            def run_raw(_rep: int) -> dict:
                 _clear(raw_out)
                 t0 = time.perf_counter()
                 handles: dict = {}
-                for e in entries:       # open handles like the export does (lazily, once)
+                for e in entries:       # open handles like the reader does (once per shard)
                     if e["shard"] not in handles:
                         handles[e["shard"]] = safe_open(os.path.join(src, e["shard"]), "pt")
+
+                def write(path: str, views: list) -> int:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    try:
+                        n = os.writev(fd, views)
+                        if a.fsync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    return n
 
                 def one(i: int) -> int:
                     e = entries[i]
@@ -106,40 +216,63 @@ def main() -> None:
                     pad = sizes[i] - sum(len(v) for v in views)
                     if pad > 0:
                         views.append(memoryview(bytes(pad)))
-                    fd = os.open(os.path.join(raw_out, f"{i}.bin"),
-                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    try:
-                        n = os.writev(fd, views)
-                        if a.fsync:
-                            os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    return n
+                    return write(os.path.join(raw_out, f"{i}.bin"), views)
 
-                with ThreadPoolExecutor(a.workers or min(4, os.cpu_count() or 1)) as pool:
+                with ThreadPoolExecutor(nw) as pool:
                     total = sum(pool.map(one, range(len(entries))))
-                return time.perf_counter() - t0, total
+                total += write(os.path.join(raw_out, "other.bin"), [memoryview(bytes(other))])
+                return {"s": time.perf_counter() - t0, "bytes": total}
 
-            ex, raw = [], []
-            for _ in range(a.reps):
-                ex.append(run_export())
-                raw.append(run_raw())
-            nb = ex[0][1]
-            te, tr = [t for t, _ in ex], [t for t, _ in raw]
+            def on_rep(i: int, ex: dict, raw: dict) -> None:
+                print(f"{fmt} pair {i}: export {ex['s']:.3f} s, raw {raw['s']:.3f} s, "
+                      f"ratio {raw['s'] / ex['s']:.3f}", flush=True)
+
+            p = _stats.run_paired(run_export, run_raw, reps=a.reps, warmup=1, order="ABBA",
+                                  key="s", on_rep=on_rep)
+            nb = p.candidate_runs[0]["bytes"]
+            if p.baseline_runs[0]["bytes"] != nb:
+                raise SystemExit(f"{fmt}: raw wrote {p.baseline_runs[0]['bytes']} bytes, the "
+                                 f"export {nb}: not the same bytes")
+            ratios = [b / c for c, b in zip(p.candidate, p.baseline)]   # speed ratio
+            summ = _stats.pair_summary(ratios, GOAL, ">=")
             results[fmt] = {
                 "bytes_written": nb,
-                "export": {"median_s": statistics.median(te), "min_s": min(te), "max_s": max(te),
-                           "gb_per_s": nb / statistics.median(te) / 1e9},
-                "raw": {"median_s": statistics.median(tr), "min_s": min(tr), "max_s": max(tr),
-                        "gb_per_s": raw[0][1] / statistics.median(tr) / 1e9},
-                "export_vs_raw": statistics.median(tr) / statistics.median(te),
-                "ratio_min_max": [min(r_ / e_ for r_, e_ in zip(tr, te)),
-                                  max(r_ / e_ for r_, e_ in zip(tr, te))],
+                "export_s": _stats.summarize(p.candidate),
+                "raw_s": _stats.summarize(p.baseline),
+                "export_gb_per_s": nb / _stats.median(p.candidate) / 1e9,
+                "raw_gb_per_s": nb / _stats.median(p.baseline) / 1e9,
+                "export_vs_raw": summ,
+                "order": p.order,
             }
-        print(json.dumps(results, indent=1))
+            goals.append(_stats.goal_record(f"{fmt} export/raw speed", ratios, GOAL, ">="))
+            print(_stats.format_goal(goals[-1]), flush=True)
+            if a.profile:
+                results[fmt]["profile_ms_per_sample"] = prof = profile_stages(
+                    src, os.path.join(root, fmt + "-prof"), fmt)
+                print(f"{fmt} profile (ms/sample, 1 thread): " +
+                      ", ".join(f"{k} {v:.3f}" for k, v in prof.items()), flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(raw_out, ignore_errors=True)
+        print(json.dumps({k: {"export_vs_raw_median": v["export_vs_raw"]["median"],
+                              "min": v["export_vs_raw"]["min"], "max": v["export_vs_raw"]["max"],
+                              "export_gb_per_s": v["export_gb_per_s"],
+                              "raw_gb_per_s": v["raw_gb_per_s"]} for k, v in results.items()},
+                         indent=1))
         if a.json:
-            with open(a.json, "w") as f:
-                json.dump(results, f, indent=1)
+            inside = ["export(): plan, manifest, every sample file (tmp + rename, fsync if set), "
+                      "speculators' Arrow dataset + token_freq.pt"]
+            _stats.write_record(
+                a.json, benchmark="bench_export",
+                timed_regions={
+                    "export": _stats.timed_region(inside, ["emptying the output directory"],
+                                                  "time.perf_counter"),
+                    "raw": _stats.timed_region(
+                        ["safe_open of each shard, get_tensor of the same tensors, one writev "
+                         "per sample file padded to the export's size, one file of the "
+                         "export's other bytes, fsync if set"],
+                        ["emptying the output directory"], "time.perf_counter")},
+                results=results, config=config, goals=goals,
+                notes=["ratio = export speed / raw speed of the same pair (raw s / export s)"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -1,0 +1,132 @@
+"""Golden tests of the export's own torch.save writer (hscapture/export.py ``_torch_save``).
+
+SpecForge's ``.ckpt`` files are written without torch.save (no assembled aux tensor, no
+torch CRC pass), so these pin that the bytes ARE torch.save's, for the installed torch: any
+change in torch's zip container (record order, padding, descriptors, zip64 end records,
+serialization id) fails here, not in a trainer. They also prove what other readers need:
+torch.load with mmap=True, Python's zipfile with every CRC checked, and the safetensors
+files of speculators against the safetensors library.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hscapture import export as E
+
+
+def _layers(T: int, H: int, K: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(T, H, generator=g).to(dtype) for _ in range(K)]
+
+
+def _specforge_dict(T: int, H: int, dtype: torch.dtype, meta: dict | None, seed: int = 0):
+    *aux, fin = _layers(T, H, 4, dtype, seed)
+    d = {"input_ids": torch.arange(T, dtype=torch.int64),
+         "loss_mask": (torch.arange(T) % 3 != 0).to(torch.int64),
+         "hidden_state": fin.unsqueeze(0),
+         "aux_hidden_state": E._join(aux, (1, T, 3 * H))}
+    if meta is not None:
+        d[E.META_KEY] = meta
+    # what the export saved before this writer: aux preallocated [1, T, 3H], copied into
+    # (its strides, which differ from cat's only for T = 0)
+    want = {**d, "aux_hidden_state": torch.empty(1, T, 3 * H, dtype=dtype).copy_(
+        torch.cat(aux, dim=-1).unsqueeze(0))}
+    return d, want
+
+
+def _torch_bytes(d: dict) -> bytes:
+    b = io.BytesIO()
+    torch.save(d, b)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("T,H,dtype,meta", [
+    (37, 16, torch.bfloat16, None),                       # rows of 32 bytes
+    (5, 2048, torch.bfloat16, {"row": 3, "split": "train"}),
+    (1, 8, torch.float32, None),
+    (0, 16, torch.float16, None),                         # no tokens: empty records
+    (300, 96, torch.bfloat16, None),                      # several bounce-buffer slices
+])
+def test_the_writer_gives_torch_saves_exact_bytes(T, H, dtype, meta, monkeypatch):
+    monkeypatch.setattr(E, "BOUNCE_BYTES", 4096)   # many slices, a short last one
+    d, want = _specforge_dict(T, H, dtype, meta)
+    out = io.BytesIO()
+    E._torch_save(d, out)
+    assert out.getvalue() == _torch_bytes(want)
+
+
+def test_a_file_loads_with_mmap_passes_every_zip_crc_and_writes_only_the_views_bytes(tmp_path):
+    big = torch.randn(64, 512).bfloat16()
+    view = big[8:40]                                   # a view: torch.save would write `big`
+    d, want = _specforge_dict(32, 512, torch.bfloat16, None, seed=1)
+    d["hidden_state"] = view.unsqueeze(0)
+    want["hidden_state"] = view.clone().unsqueeze(0)
+    p = tmp_path / "data_0.ckpt"
+    with open(p, "wb") as f:                          # the os.writev path of a real file
+        E._torch_save(d, f)
+    assert p.read_bytes() == _torch_bytes(want)
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None                    # every CRC-32 checked
+    got = torch.load(p, mmap=True, weights_only=True)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k])
+
+
+def test_join_interleaves_rows_of_each_source_in_order():
+    ls = _layers(7, 4, 3, torch.float32, 2)
+    j = E._join(ls, (7, 3, 4))
+    assert torch.equal(j.materialize(), torch.stack(ls, dim=1))
+    chunks = b"".join(bytes(b) for b, _ in j.chunks())
+    assert chunks == torch.stack(ls, dim=1).numpy().tobytes()
+    with pytest.raises(E.ExportError, match="one dtype and shape"):
+        E._join([ls[0], ls[1][:3]], (7, 2, 4))
+    with pytest.raises(E.ExportError, match="as shape"):
+        E._join(ls, (7, 3, 5))
+
+
+def test_short_writes_are_resumed_until_every_byte_is_written(tmp_path, monkeypatch):
+    real = os.writev
+    calls = []
+
+    def short(fd, bufs):                  # at most 1000 bytes per call, like a full pipe
+        calls.append(len(bufs))
+        data = b"".join(bytes(b) for b in bufs)[:1000]
+        return real(fd, [data])
+
+    monkeypatch.setattr(E.os, "writev", short)
+    d, want = _specforge_dict(20, 64, torch.bfloat16, None, seed=3)
+    p = tmp_path / "x.ckpt"
+    with open(p, "wb") as f:
+        E._torch_save(d, f)
+    assert len(calls) > 5
+    assert p.read_bytes() == _torch_bytes(want)
+
+
+def test_speculators_file_is_read_by_safetensors_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr(E, "BOUNCE_BYTES", 1000)   # slices of 1 token (and one over it)
+    ls = _layers(9, 128, 4, torch.bfloat16, 4)
+    ids = torch.arange(100, 109, dtype=torch.int64)
+    p = tmp_path / "hs_0.safetensors"
+    with open(p, "wb") as f:
+        E._write_safetensors(f, [("hidden_states", E._join(ls, (9, 4, 128))),
+                                 ("token_ids", ids)])
+    with safe_open(str(p), "pt") as f:
+        assert torch.equal(f.get_tensor("hidden_states"), torch.stack(ls, dim=1))
+        assert torch.equal(f.get_tensor("token_ids"), ids)
+
+
+def test_gzip_path_is_torch_save_through_gzip(tmp_path):
+    import gzip
+
+    d, want = _specforge_dict(11, 32, torch.bfloat16, {"row": 1})
+    b = io.BytesIO()
+    E._save_specforge(d, b, gz=True)
+    assert gzip.decompress(b.getvalue()) == _torch_bytes(want)
