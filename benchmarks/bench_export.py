@@ -82,6 +82,7 @@ def _du(d: str) -> int:
 
 def profile_stages(src: str, out: str, fmt: str, reps: int = 3) -> dict:
     """Milliseconds per sample of each stage, one thread (best of ``reps`` passes)."""
+    from hscapture import _tensor_files as T
     from hscapture import export as E
     from hscapture.reader import open_shards
 
@@ -111,7 +112,7 @@ def profile_stages(src: str, out: str, fmt: str, reps: int = 3) -> dict:
             t3 = time.perf_counter()
             r = ss.load(i, names=names)
             t4 = time.perf_counter()
-            views = [E._bytes_of(r.tensors[k]) for k in names] + [E._bytes_of(r.token_ids)]
+            views = [T._bytes_of(r.tensors[k]) for k in names] + [T._bytes_of(r.token_ids)]
             fd = os.open(os.path.join(out, f"{i}.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                          0o644)
             try:
@@ -152,14 +153,14 @@ def main() -> None:
 
     from safetensors import safe_open
 
-    import hscapture.export as E
+    import hscapture._tensor_files as T
     from hscapture.export import export
     from hscapture.reader import open_shards
 
     if a.crc == "zlib":
         import zlib
 
-        E._crc32, E.CRC32_IMPL = zlib.crc32, "zlib"
+        T._crc32, T.CRC32_IMPL = zlib.crc32, "zlib"
     nw = a.workers or min(4, os.cpu_count() or 1)
     root = tempfile.mkdtemp(dir=a.dir)
     config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,

@@ -38,6 +38,7 @@ __all__ = [
     "CaptureConfigError",
     "InvalidMetaError",
     "UnsupportedEngineError",
+    "ExportError",
 ]
 
 
@@ -164,3 +165,8 @@ class InvalidMetaError(HSCaptureError, ValueError):
 
 class UnsupportedEngineError(HSCaptureError):
     """The installed inference engine version is outside the supported range."""
+
+
+class ExportError(HSCaptureError):
+    """An export cannot be made (layers not captured, no loss mask, output holds another
+    export) or failed while writing (:mod:`hscapture.export`)."""

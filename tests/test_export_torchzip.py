@@ -1,4 +1,4 @@
-"""Golden tests of the export's own torch.save writer (hscapture/export.py ``_torch_save``).
+"""Golden tests of the export's own torch.save writer (hscapture/_tensor_files.py ``_torch_save``, used by hscapture/export.py).
 
 SpecForge's ``.ckpt`` files are written without torch.save (no assembled aux tensor, no
 torch CRC pass), so these pin that the bytes ARE torch.save's, for the installed torch: any
@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from hscapture import _tensor_files as TF
 from hscapture import export as E
 
 
@@ -31,7 +32,7 @@ def _specforge_dict(T: int, H: int, dtype: torch.dtype, meta: dict | None, seed:
     d = {"input_ids": torch.arange(T, dtype=torch.int64),
          "loss_mask": (torch.arange(T) % 3 != 0).to(torch.int64),
          "hidden_state": fin.unsqueeze(0),
-         "aux_hidden_state": E._join(aux, (1, T, 3 * H))}
+         "aux_hidden_state": TF._join(aux, (1, T, 3 * H))}
     if meta is not None:
         d[E.META_KEY] = meta
     # what the export saved before this writer: aux preallocated [1, T, 3H], copied into
@@ -55,10 +56,10 @@ def _torch_bytes(d: dict) -> bytes:
     (300, 96, torch.bfloat16, None),                      # several bounce-buffer slices
 ])
 def test_the_writer_gives_torch_saves_exact_bytes(T, H, dtype, meta, monkeypatch):
-    monkeypatch.setattr(E, "BOUNCE_BYTES", 4096)   # many slices, a short last one
+    monkeypatch.setattr(TF, "BOUNCE_BYTES", 4096)   # many slices, a short last one
     d, want = _specforge_dict(T, H, dtype, meta)
     out = io.BytesIO()
-    E._torch_save(d, out)
+    TF._torch_save(d, out)
     assert out.getvalue() == _torch_bytes(want)
 
 
@@ -70,7 +71,7 @@ def test_a_file_loads_with_mmap_passes_every_zip_crc_and_writes_only_the_views_b
     want["hidden_state"] = view.clone().unsqueeze(0)
     p = tmp_path / "data_0.ckpt"
     with open(p, "wb") as f:                          # the os.writev path of a real file
-        E._torch_save(d, f)
+        TF._torch_save(d, f)
     assert p.read_bytes() == _torch_bytes(want)
     with zipfile.ZipFile(p) as z:
         assert z.testzip() is None                    # every CRC-32 checked
@@ -82,14 +83,14 @@ def test_a_file_loads_with_mmap_passes_every_zip_crc_and_writes_only_the_views_b
 
 def test_join_interleaves_rows_of_each_source_in_order():
     ls = _layers(7, 4, 3, torch.float32, 2)
-    j = E._join(ls, (7, 3, 4))
+    j = TF._join(ls, (7, 3, 4))
     assert torch.equal(j.materialize(), torch.stack(ls, dim=1))
     chunks = b"".join(bytes(b) for b, _ in j.chunks())
     assert chunks == torch.stack(ls, dim=1).numpy().tobytes()
     with pytest.raises(E.ExportError, match="one dtype and shape"):
-        E._join([ls[0], ls[1][:3]], (7, 2, 4))
+        TF._join([ls[0], ls[1][:3]], (7, 2, 4))
     with pytest.raises(E.ExportError, match="as shape"):
-        E._join(ls, (7, 3, 5))
+        TF._join(ls, (7, 3, 5))
 
 
 def test_short_writes_are_resumed_until_every_byte_is_written(tmp_path, monkeypatch):
@@ -101,22 +102,22 @@ def test_short_writes_are_resumed_until_every_byte_is_written(tmp_path, monkeypa
         data = b"".join(bytes(b) for b in bufs)[:1000]
         return real(fd, [data])
 
-    monkeypatch.setattr(E.os, "writev", short)
+    monkeypatch.setattr(TF.os, "writev", short)
     d, want = _specforge_dict(20, 64, torch.bfloat16, None, seed=3)
     p = tmp_path / "x.ckpt"
     with open(p, "wb") as f:
-        E._torch_save(d, f)
+        TF._torch_save(d, f)
     assert len(calls) > 5
     assert p.read_bytes() == _torch_bytes(want)
 
 
 def test_speculators_file_is_read_by_safetensors_exactly(tmp_path, monkeypatch):
-    monkeypatch.setattr(E, "BOUNCE_BYTES", 1000)   # slices of 1 token (and one over it)
+    monkeypatch.setattr(TF, "BOUNCE_BYTES", 1000)   # slices of 1 token (and one over it)
     ls = _layers(9, 128, 4, torch.bfloat16, 4)
     ids = torch.arange(100, 109, dtype=torch.int64)
     p = tmp_path / "hs_0.safetensors"
     with open(p, "wb") as f:
-        E._write_safetensors(f, [("hidden_states", E._join(ls, (9, 4, 128))),
+        E._write_safetensors(f, [("hidden_states", TF._join(ls, (9, 4, 128))),
                                  ("token_ids", ids)])
     with safe_open(str(p), "pt") as f:
         assert torch.equal(f.get_tensor("hidden_states"), torch.stack(ls, dim=1))
