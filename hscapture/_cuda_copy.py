@@ -17,10 +17,12 @@ Guarantees (the same as the torch path in :mod:`hscapture.producer`):
   ``snapshot`` the sources are taken too (CUDA-graph output buffers are overwritten by the
   next replay): device-to-device copies into one staging allocation, in stream order before
   anything the caller enqueues next.
-- Nothing on the caller's stream is a copy of narrow rows: a 2D copy of 4-byte rows (the old
-  way of narrowing int64 ids, one row per token) ran ~1 ms per 4,096 tokens on the copy
-  engine, in the forward's stream order, and slowed a 1B-shape prefill by 5-12 % (H200,
-  ``bench_gpu.py overhead``).
+- No copy of narrow rows: the ids were once narrowed by 2D copies of 4-byte rows on the
+  caller's stream, one driver call per span; one kernel instead cut the hook's time per
+  forward at 64 / 256 requests from 1.54 / 3.22 ms to 0.95 / 2.05 ms (H200, 1B shape,
+  ``bench_hook.py``; 1 request: 0.39 -> 0.41 ms). It did not change the prefill slowdown of
+  ``bench_gpu.py overhead`` (5.2 -> 5.5 % at 1B x 4,096 tokens), whose cause is host time on
+  the critical path (benchmarks/results/h200-2026-12-01d/README.md).
 - Sources and staging stay referenced (``keepalive``) until ``done`` completed.
 
 :func:`eligible` says when this path applies; otherwise the producer uses its torch path.
