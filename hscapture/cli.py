@@ -277,13 +277,15 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
             resolve("zstd", compression_level)   # a missing zstandard fails now, not later
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--compress-level") from None
-    _say_what_we_wait_for(endpoints, connect_timeout, logging.DEBUG if quiet else logging.INFO)
+    level = logging.DEBUG if quiet else logging.INFO
     try:
         res = drain_mod.drain(list(endpoints), out_dir, max_samples=samples,
                               idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
                               max_shard_bytes=shard_size, flush_bytes=flush_every,
                               metadata=metadata, progress=not quiet, compression=compression,
-                              compression_level=compression_level)
+                              compression_level=compression_level,
+                              on_waiting=lambda: _say_what_we_wait_for(endpoints,
+                                                                       connect_timeout, level))
     except SampleTimeoutError as exc:
         raise Failure(f"{exc}; is the producer running, and is the endpoint right? "
                       f"(`hscapture endpoints --live` lists running producers)") from None

@@ -86,6 +86,7 @@ def drain(
     unsubscribe_at_end: bool = False,
     compression: str | None = None,
     compression_level: int | None = None,
+    on_waiting: Callable[[], None] | None = None,
 ) -> DrainResult:
     """Drain samples into ``out_dir`` until ``max_samples``, idle timeout, or a stop request.
 
@@ -93,7 +94,9 @@ def drain(
     finished, never lost. Raises :class:`ShardError` for an unwritable directory or a full disk
     (after finishing every sample written before), :class:`SampleTimeoutError` when no producer
     shows up within ``connect_timeout_s``. ``compression`` / ``compression_level``: see
-    :class:`~hscapture.shards.ShardWriter` (``None``, ``"zstd"``, ``"fp8"``).
+    :class:`~hscapture.shards.ShardWriter` (``None``, ``"zstd"``, ``"fp8"``). ``on_waiting()``
+    runs once the stop handlers are in place, right before the wait for producers: whatever
+    it tells the user ("Ctrl-C to stop") is true from then on.
     """
     writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata,
                          write_threads=write_threads, compression=compression,
@@ -124,6 +127,8 @@ def drain(
 
     primary: BaseException | None = None   # the error that stopped the drain, if any
     try:
+        if on_waiting is not None:
+            on_waiting()
         try:
             sub.wait_ready(timeout=connect_timeout_s, stop=stop.is_set)   # Ctrl-C: at once
         except SampleTimeoutError:
