@@ -67,7 +67,7 @@ def main() -> int:
         subs[path] = Subscriber(ep)
         subs[path].wait_ready(timeout=20)
     os.environ.pop("HSCAPTURE_COPY_PATH", None)
-    assert producers["native"]._native is not None, "native copy path unavailable"
+    assert producers["native"]._copier.native is not None, "native copy path unavailable"
     results, goals = {}, []
     for nrows in [int(x) for x in args.rows.split(",")]:
         T = 2 * nrows * args.tokens

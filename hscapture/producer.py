@@ -25,9 +25,9 @@ import torch
 import zmq
 
 from . import notice as nt
-from . import _cuda_copy
 from . import record as rec
 from ._control import ControlLog
+from ._copies import EntryCopier, recycle_event
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
 from .errors import (
     CaptureConfigError,
@@ -45,7 +45,6 @@ __all__ = ["Producer", "Row", "FULL_POLICIES", "EXIT_CLOSE_TIMEOUT_S"]
 
 FULL_POLICIES = ("drop", "wait")
 _TORCH_NAMES = {getattr(torch, name): name for name in nt.DTYPES}
-_EVENT_POOL = 64        # completed copy events kept for reuse, per device
 #: How long the close at process exit (atexit, or a signal handler) may wait for copies in
 #: flight and the last notices before it gives up the orderly part (see Producer.close).
 EXIT_CLOSE_TIMEOUT_S = 5.0
@@ -203,19 +202,10 @@ class Producer:
         self._flushing = 0                     # flush() calls waiting (under _cond)
         self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._ready: dict[torch.device, Any] = {}       # one reused "forward done" event
-        self._events: dict[torch.device, collections.deque] = {}   # completed copy events
         self._counters: collections.Counter[str] = collections.Counter()
         self._control = ControlLog()
         self._closed = False
-        self._native = None
-        if self._pinned is not None:
-            why = _cuda_copy.native_available()
-            if why:
-                log.info("hscapture: CUDA copies go through torch (native path: %s)", why)
-            else:
-                self._native = _cuda_copy.NativeCopier()
+        self._copier = EntryCopier(self._pinned is not None, self._counters)
         self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
                     "capacity": self._ring.capacity, "time_ns": time.time_ns()})
         self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
@@ -407,8 +397,9 @@ class Producer:
         try:
             buf = self._ring.payload(position)
             rec.write_header(buf, plan)
-            done, keepalive = self._copy_into(buf, position, plan, starts, row_maps, blocks,
-                                              token_ids, snapshot)
+            done, keepalive = self._copier.copy_into(
+                buf, self._ring.payload_address(position), plan, starts, row_maps, blocks,
+                token_ids, snapshot)
         except Exception as exc:
             self._ring.abort(position)
             self._counters["errors"] += 1
@@ -631,98 +622,6 @@ class Producer:
             self._enqueue(_Pending(meta["kind"], position, meta["seq"], n, len(payload),
                                    payload[4:], None, None, meta.get("rows", [])))
 
-    def _side_stream(self, device: torch.device) -> "torch.cuda.Stream":
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device=device)
-        return stream
-
-    def _copy_into(self, buf: memoryview, position: int, plan: Any, starts: list[int],
-                   maps: list[dict[str, Any]], blocks: list[torch.Tensor], token_ids: Any,
-                   snapshot: bool) -> tuple[Any, Any]:
-        """Start copying the rows' token rows of every block, and their token ids, into the
-        entry; return (done event or None, keepalive).
-
-        CUDA, per forward: the token ids are taken (and made int32) with one kernel on the
-        caller's stream; the caller's stream is marked with one reused event that the side
-        stream waits on; per block one gather (none when the rows are one contiguous span:
-        a view) and one device-to-host copy on the side stream; one pooled ``done`` event.
-        Many scattered spans use one ``index_select`` per tensor with an index copied from
-        pinned memory (stream-ordered, no synchronization). Nothing waits for the device.
-
-        With the ring page-locked and the CUDA driver at hand, all of that is instead one
-        native call (:mod:`hscapture._cuda_copy`: 2D copies per block and span, no kernel).
-        """
-        tokens = plan.tokens
-        spans = _spans(starts, maps)
-        dsts = [torch.frombuffer(buf, dtype=b.dtype, count=tokens * int(b.shape[1]),
-                                 offset=off).view(tokens, int(b.shape[1]))
-                for b, off in zip(blocks, plan.block_offsets)]
-        ids_dst = torch.frombuffer(buf, dtype=torch.int32, count=tokens, offset=plan.ids_offset)
-        ids = token_ids if isinstance(token_ids, torch.Tensor) else \
-            torch.from_numpy(np.ascontiguousarray(np.asarray(token_ids).reshape(-1)))
-        if not blocks[0].is_cuda:
-            for dst, src in zip(dsts, blocks):
-                _gather_into(dst, src, spans)
-            _gather_into(ids_dst, ids.reshape(-1).to("cpu").to(torch.int32), spans)
-            return None, None
-        if self._native is not None and _cuda_copy.eligible(blocks, ids):
-            if not ids.is_cuda:
-                _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
-            got = self._native.submit(self._ring.payload_address(position), plan.block_offsets,
-                                      plan.ids_offset, tokens, spans, blocks, ids, snapshot)
-            self._counters["native_copies"] += 1
-            return got
-        self._counters["torch_copies"] += 1
-        device = blocks[0].device
-        caller = torch.cuda.current_stream(device)
-        index = None
-        if len(spans) > _CAT_SPANS:
-            # pinned host -> device on the caller's stream; the host block is held by torch's
-            # caching host allocator until that copy completed
-            index = _cuda_copy.span_index(spans, tokens).to(device, non_blocking=True)
-        if snapshot:
-            # The sources may be overwritten after we return (graph buffers): copy the rows on
-            # the caller's stream, ordered before whatever the caller enqueues next.
-            blocks = [_gather(b, spans, copy=True, index=index) for b in blocks]
-        if ids.is_cuda:
-            # Token ids are tiny and engines reuse or mutate their id tensors right after the
-            # forward (SGLang's speculative path does): always take them on the caller's
-            # stream, in one kernel when they are one span (slice + int32 copy).
-            flat = ids.reshape(-1)
-            if len(spans) == 1:
-                ids = flat[spans[0][0]:spans[0][1]].to(torch.int32, copy=True)
-            else:
-                ids = _gather(flat, spans, index=index).to(torch.int32)
-        if snapshot:
-            spans = [(0, tokens)]
-        ready = self._ready.get(device)
-        if ready is None:
-            ready = self._ready[device] = torch.cuda.Event()
-        # One event per device, re-recorded every forward: a wait enqueued earlier keeps the
-        # record it saw (CUDA semantics), and captures are serialized by the lock.
-        ready.record(caller)
-        side = self._side_stream(device)
-        side.wait_event(ready)      # the copy starts after the forward pass produced the data
-        pool = self._events.get(device)
-        if pool is None:
-            pool = self._events[device] = collections.deque()
-        try:
-            done = pool.pop()        # an event the publisher saw complete (append is atomic)
-        except IndexError:
-            done = torch.cuda.Event()
-        with torch.cuda.stream(side):
-            srcs = [_gather(b, spans, index=index) for b in blocks]
-            for dst, src in zip(dsts, srcs):
-                dst.copy_(src, non_blocking=True)
-            if ids.is_cuda:
-                ids_dst.copy_(ids, non_blocking=True)
-            else:
-                _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
-            done.record(side)
-        # Sources and staging buffers stay referenced until ``done`` completed.
-        return done, (blocks, srcs, ids, index, pool)
-
     # -- internals: publishing -------------------------------------------------------------
 
     def _enqueue(self, item: _Pending | None) -> None:
@@ -848,9 +747,7 @@ class Producer:
             if item.done is not None and not item.done.query():
                 item.done.synchronize()  # waits for the side-stream copy only (GIL released)
             if item.done is not None and item.keepalive is not None:
-                pool = item.keepalive[-1]
-                if len(pool) < _EVENT_POOL:
-                    pool.append(item.done)   # completed: the next capture may record it again
+                recycle_event(item.done, item.keepalive)   # completed: reusable
                 item.done = None
             # SYNC POINT: commit release-stores the record state; the notice goes out after.
             self._ring.commit(item.position)
@@ -992,50 +889,6 @@ def _field_bytes(fields: Mapping[str, Any] | None, count: int) -> dict[str, byte
             else np.asarray(value)
         out[str(name)] = arr.reshape(-1).astype(np.uint8).tobytes()
     return out
-
-
-def _spans(starts: Sequence[int], maps: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """The rows' source token ranges, adjacent ones merged, in row order."""
-    spans: list[tuple[int, int]] = []
-    s0 = e0 = -1
-    for s, m in zip(starts, maps):
-        if s == e0:
-            e0 = s + m["token_count"]
-            continue
-        if e0 >= 0:
-            spans.append((s0, e0))
-        s0, e0 = s, s + m["token_count"]
-    spans.append((s0, e0))
-    return spans
-
-
-#: More spans than this are gathered with one ``index_select`` per tensor (the index goes to
-#: the device from pinned memory, stream-ordered: no synchronization) instead of a slice per
-#: span and a ``torch.cat``.
-_CAT_SPANS = 2
-
-
-def _gather(src: torch.Tensor, spans: list[tuple[int, int]], copy: bool = False,
-            index: torch.Tensor | None = None) -> torch.Tensor:
-    """The rows of ``spans``, contiguous; a fresh tensor if ``copy`` (else maybe a view).
-    ``index`` (the rows as a device index, :func:`._cuda_copy.span_index`) replaces the
-    per-span cat."""
-    if len(spans) == 1:
-        s, e = spans[0]
-        view = src[s:e]
-        if copy:
-            return view.clone(memory_format=torch.contiguous_format)
-        return view if view.is_contiguous() else view.contiguous()
-    if index is not None:
-        return src.index_select(0, index)
-    return torch.cat([src[s:e] for s, e in spans])
-
-
-def _gather_into(dst: torch.Tensor, src: torch.Tensor, spans: list[tuple[int, int]]) -> None:
-    at = 0
-    for s, e in spans:
-        dst[at:at + e - s].copy_(src[s:e])
-        at += e - s
 
 
 def _remove_stale_predecessors(name: str) -> None:

@@ -56,8 +56,8 @@ def pair(endpoint, copy_path):
     copy path the test asked for is the one that ran (when it ran any CUDA copy)."""
     p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=512 << 20,
                  full_policy="wait", wait_timeout_s=30.0)
-    assert (p._native is not None) == (copy_path == "native"), \
-        f"copy path {copy_path!r} requested, native copier {p._native!r}"
+    assert (p._copier.native is not None) == (copy_path == "native"), \
+        f"copy path {copy_path!r} requested, native copier {p._copier.native!r}"
     sub = Subscriber(endpoint)
     try:
         sub.wait_ready(timeout=20)
