@@ -136,6 +136,30 @@ def test_a_waiting_drain_says_at_once_what_it_waits_for_and_ctrl_c_exits_130(tmp
     assert "Traceback" not in rest and "hscapture: hscapture" not in first + rest
 
 
+def test_the_drain_says_it_waits_only_once_ctrl_c_is_its_clean_stop(tmp_path, sock_dir):
+    """What the user is told ("Ctrl-C to stop") is true when it is said: ``on_waiting`` runs
+    with the drain's own SIGINT/SIGTERM handlers installed, and a SIGINT then is the clean stop
+    (stopped_by "signal"), not an exception and not a wait to the connect timeout."""
+    from hscapture import drain as drain_mod
+
+    seen = {}
+    before = signal.getsignal(signal.SIGINT)
+
+    def on_waiting() -> None:
+        seen["int"] = signal.getsignal(signal.SIGINT)
+        seen["term"] = signal.getsignal(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)        # Ctrl-C right after the line
+
+    t0 = time.monotonic()
+    res = drain_mod.drain([f"ipc://{sock_dir}/nobody.sock"], str(tmp_path / "out"),
+                          connect_timeout_s=30, progress=False, on_waiting=on_waiting)
+    assert seen["int"] is not before and seen["int"] is seen["term"], \
+        "the drain's handlers were not installed when it said it waits"
+    assert res.stopped_by == "signal" and res.samples == 0
+    assert time.monotonic() - t0 < 10, "a Ctrl-C during the wait must stop it at once"
+    assert signal.getsignal(signal.SIGINT) is before, "the drain restores the handlers"
+
+
 def test_a_drain_with_no_producer_fails_with_one_clear_line_and_debug_shows_the_traceback(
         tmp_path, sock_dir):
     args = ["drain", "-e", f"ipc://{sock_dir}/nobody.sock", "-o", str(tmp_path / "o"),
