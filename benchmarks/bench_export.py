@@ -165,8 +165,8 @@ def main() -> None:
     root = tempfile.mkdtemp(dir=a.dir)
     config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,
               "warmup": 1, "order": "ABBA", "fsync": a.fsync, "workers": nw,
-              "crc32": getattr(E, "CRC32_IMPL", "torch.save (miniz)"),
-              "bounce_bytes": getattr(E, "BOUNCE_BYTES", None),
+              "crc32": T.CRC32_IMPL,
+              "bounce_bytes": getattr(T, "BOUNCE_BYTES", None),
               "torch": torch.__version__, "scratch": _stats.fs_info(root)}
     results: dict = {}
     goals = []
