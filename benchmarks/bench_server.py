@@ -20,7 +20,9 @@ concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (
   returns at once. This is the proxy for "plugin absent": comparing with a server without the
   plugin needs a restart (another process, another warm-up, other memory), which this bench
   cannot do on one server, so it does not pretend to (no ``--plugin-absent``).
-  ``--experiments`` adds more hook modes (``nocapture``: everything but ``Producer.capture``).
+  ``--experiments`` adds more hook modes (``nocapture``: everything but ``Producer.capture``;
+  ``publisher``: capture, but only the producer's thread commits and announces, so the
+  scheduler thread never pays for a commit or a notice, at the price of GIL hand-offs).
 
 Statistics (benchmarks/_stats.py): after a discarded warm-up round of every mode, the number of
 requests per round is calibrated so that an ``off`` round lasts about ``--round-s`` seconds;

@@ -114,7 +114,9 @@ class Producer:
     - An entry is announced at most ``commit_grace_s`` after its copy completed, at once
       when a later capture, an abort or :meth:`flush` comes first: the capturing thread
       publishes completed entries itself, so a busy engine thread rarely hands the GIL to
-      the publisher thread.
+      the publisher thread. With ``inline_publish`` false (settable at any time) only the
+      publisher thread publishes, as soon as each copy completed (no grace): the capturing
+      thread then never pays for a commit or a notice, at the price of GIL hand-offs.
     - ``close()`` waits for every copy in flight and publishes everything before it unmaps
       the ring; a segment that a durable subscriber has not finished reading is left in
       ``/dev/shm`` for it (``hscapture cleanup`` removes it once read or unsubscribed).
@@ -141,6 +143,7 @@ class Producer:
         wait_for_subscribers_s: float = 30.0,
         durable_expiry_s: float = 0.0,
         commit_grace_s: float = 0.002,
+        inline_publish: bool = True,
     ) -> None:
         from . import _ring
 
@@ -159,6 +162,8 @@ class Producer:
         self.dp_rank = int(dp_rank)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.commit_grace_s = max(0.0, float(commit_grace_s))
+        #: whether the capturing thread publishes completed entries (see the class docstring)
+        self.inline_publish = bool(inline_publish)
         capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
         if control_reserve is None:
             control_reserve = min(4 << 20, capacity // 8) // 64 * 64
@@ -354,7 +359,8 @@ class Producer:
                                             token_ids, layer_map, hidden, dtype, snapshot,
                                             may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
-                self._publish_ready(block=False)
+                if self.inline_publish:
+                    self._publish_ready(block=False)
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
             # publisher thread needs it for heartbeats, and only its commits (and the
@@ -433,7 +439,8 @@ class Producer:
             self._next_seq += 1
             self._counters["aborted"] += 1
             self._control_locked(meta)
-        self._publish_ready(block=False)
+        if self.inline_publish:
+            self._publish_ready(block=False)
 
     def stats(self) -> dict[str, Any]:
         """Counters: captured rows/bytes, dropped, aborted, unrecorded, errors, the ring's own."""
@@ -635,7 +642,8 @@ class Producer:
             # that enqueued it, right after), so a busy engine thread does not hand it the
             # GIL once per capture. (If that thread cannot take the publish lock, the
             # publisher holds it and looks at the queue again before it sleeps.)
-            if item is None or (item.done is not None and len(self._queue) == 1):
+            if item is None or not self.inline_publish or \
+                    (item.done is not None and len(self._queue) == 1):
                 self._cond.notify_all()
 
     def _publish_ready(self, block: bool) -> None:
@@ -731,7 +739,7 @@ class Producer:
                     head.done.synchronize()  # waits for the side-stream copy only (GIL released)
                 except Exception:
                     pass                     # _publish reports the failed copy
-            if self.commit_grace_s:
+            if self.commit_grace_s and self.inline_publish:
                 with self._cond:
                     if self._queue and self._queue[0] is head and \
                             self._queue[-1] is not None and not self._flushing:

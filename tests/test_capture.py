@@ -325,6 +325,39 @@ def test_abort_reports_incomplete_and_a_restart_abort_lets_the_new_attempt_compl
         assert sub.stats()["restarted"] == 1
 
 
+def test_with_inline_publishing_off_only_the_publisher_thread_commits_and_announces(endpoint):
+    """``inline_publish=False`` (the bench's ``publisher`` mode): the capturing thread never
+    commits or sends a notice, the publisher thread publishes every entry (captures and an
+    abort) without waiting for a later capture, and every sample still arrives exact, once;
+    switching it back on at run time publishes inline again."""
+    import threading
+
+    p, sub = _inproc_pair(endpoint, inline_publish=False, commit_grace_s=30.0)
+    by: list[str] = []
+    real = p._publish
+
+    def publish(item):
+        by.append(threading.current_thread().name)
+        return real(item)
+    p._publish = publish
+    with p, sub:
+        _capture(p, "first", 8)   # alone: nothing after it would wake a thread in its grace
+        assert_sample_exact(sub.get("first", timeout=5), "first", 8, HIDDEN, LAYERS)
+        for i in range(20):
+            _capture(p, f"r{i}", 24, chunk=8)
+        p.abort("gone", "client disconnected")
+        for i in range(20):   # no flush: a 30 s grace would show as a timeout here
+            assert_sample_exact(sub.get(f"r{i}", timeout=10), f"r{i}", 24, HIDDEN, LAYERS)
+        with pytest.raises(IncompleteSampleError):
+            sub.get("gone", timeout=10)
+        assert by and set(by) == {"hscapture-publisher"}, set(by)
+        p.inline_publish = True      # (its thread now waits out the 30 s grace first)
+        n = len(by)
+        _capture(p, "inline", 8)
+        assert_sample_exact(sub.get("inline", timeout=10), "inline", 8, HIDDEN, LAYERS)
+        assert by[n:] == [threading.main_thread().name], by[n:]
+
+
 def test_get_times_out_with_a_typed_error_naming_what_arrived(endpoint):
     p, sub = _inproc_pair(endpoint)
     with p, sub:

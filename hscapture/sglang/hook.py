@@ -234,8 +234,9 @@ class SGLangCaptureHook:
         self._timing = HookTiming()
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
-        # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop`` or
-        # ``nocapture``; its path is read once here, the file re-read only when it changed
+        # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop``,
+        # ``nocapture`` or ``publisher`` (the producer's thread alone commits and announces);
+        # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         self._mode, self._mode_checked, self._mode_stamp = "", 0, None
         self._swept = 0.0
@@ -252,8 +253,12 @@ class SGLangCaptureHook:
         wanted: list[tuple[int, Any]] = []
         t0 = time.perf_counter_ns()
         try:
-            if self._mode_file and self._experiment_mode(t0) == "noop":
-                return None
+            if self._mode_file:
+                mode = self._experiment_mode(t0)
+                if mode == "noop":
+                    return None
+                if self.producer is not None:   # "publisher": only its thread publishes
+                    self.producer.inline_publish = mode != "publisher"
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1

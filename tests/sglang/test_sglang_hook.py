@@ -217,3 +217,33 @@ def test_an_invalid_rid_is_counted_and_skipped_and_its_batch_mates_are_captured(
     assert hook.counters.get("errors", 0) == 0      # never an exception in the server
     sub.pump(0.2)
     assert bad.rid not in sub.dropped and bad.rid not in sub.incomplete
+
+
+def test_the_benchmarks_hook_modes_noop_and_publisher_do_what_they_say(rig, tmp_path,
+                                                                        monkeypatch):
+    """bench_server's modes, read from HSCAPTURE_EXPERIMENT_FILE: ``noop`` captures nothing
+    (the hook returns at once); ``publisher`` captures exactly, with the producer's inline
+    publishing off (only its thread commits and announces); no mode turns it back on."""
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig()
+
+    def switch(name: str) -> None:
+        mode.write_text(name)
+        hook._mode_checked = 0        # the hook looks at the file at most every 100 ms
+
+    switch("noop")
+    a = srv.new_req("hscap-noop", 9)
+    srv.extend([(a, 0, 9)])
+    with pytest.raises(SampleTimeoutError):
+        sub.get(a.rid, timeout=0.3)
+    switch("publisher")
+    b = srv.new_req("hscap-publisher", 9)
+    srv.extend([(b, 0, 9)])
+    assert hook.producer.inline_publish is False
+    check(sub.get(b.rid, timeout=10), srv, b)
+    switch("")
+    c = srv.new_req("hscap-inline", 9)
+    srv.extend([(c, 0, 9)])
+    assert hook.producer.inline_publish is True
+    check(sub.get(c.rid, timeout=10), srv, c)
