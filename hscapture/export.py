@@ -651,6 +651,10 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
                         tokens, nbytes, time.perf_counter() - t0, counts, manifest)
 
 
+#: the most tokens in all an Arrow list column with int32 offsets can hold
+_LIST_OFFSETS_MAX = 2**31 - 1
+
+
 def _write_dataset(ss: ShardSet, plan: _Plan, out: str, fsync: bool) -> int:
     """The speculators Arrow dataset (row i = sample i) and token_freq.pt; returns bytes."""
     import numpy as np
@@ -669,14 +673,21 @@ def _write_dataset(ss: ShardSet, plan: _Plan, out: str, fsync: bool) -> int:
         ids_parts.append(ids.numpy())
         mask_parts.append(mask.numpy())
         lens.append(s.num_tokens)
-    offsets = np.zeros(len(lens) + 1, dtype=np.int32)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
+    # Arrow list offsets are int32 (what datasets writes for a Sequence): past 2**31 - 1
+    # tokens in all they would wrap, so such a dataset's token columns are large_list
+    # (int64 offsets; datasets' LargeList), never wrapped offsets
+    if offsets[-1] <= _LIST_OFFSETS_MAX:
+        lists, offsets = pa.ListArray, offsets.astype(np.int32)
+    else:
+        lists = pa.LargeListArray
     all_ids, all_mask = np.concatenate(ids_parts), np.concatenate(mask_parts)
     u, c = np.unique(all_ids[all_mask != 0], return_counts=True)   # one pass, not per sample
     freq = dict(zip(u.tolist(), c.tolist()))
     columns = {
-        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(all_ids)),
-        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(all_mask)),
+        "input_ids": lists.from_arrays(pa.array(offsets), pa.array(all_ids)),
+        "loss_mask": lists.from_arrays(pa.array(offsets), pa.array(all_mask)),
         "seq_len": pa.array(np.asarray(lens, dtype=np.int64)),
     }
     if any(m is not None for m in metas):

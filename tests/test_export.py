@@ -140,6 +140,30 @@ def test_speculators_export_reads_back_through_speculators_loaders_field_by_fiel
     assert "vLLM" in m["conventions"]["speculators"]
 
 
+def test_speculators_dataset_past_int32_offsets_is_large_list_and_reads_back_exactly(
+        shard_dir, samples, tmp_path, monkeypatch):
+    """More tokens in all than Arrow's int32 list offsets hold (2**31 - 1; lowered here to
+    just below the samples' total) make the token columns large_list instead of wrapping
+    the offsets (which numpy did silently); speculators' own loader reads them exactly."""
+    import hscapture.export as E
+
+    total = sum(s.num_tokens for s in samples)
+    monkeypatch.setattr(E, "_LIST_OFFSETS_MAX", total - 1)
+    out = tmp_path / "sp"
+    export(shard_dir, out, "speculators", progress=False, fsync=False)
+    ds = ArrowDataset(max_len=4096, datapath=str(out), on_missing="raise")
+    assert "LargeList" in repr(ds.data.features["input_ids"]), ds.data.features
+    for i, s in enumerate(samples):
+        item = ds[i]
+        assert torch.equal(item["input_ids"], s.token_ids.to(torch.int64))
+        assert torch.equal(item["loss_mask"], s.fields["loss_mask"].to(torch.int64))
+        assert int(ds.data[i]["seq_len"]) == s.num_tokens
+    monkeypatch.setattr(E, "_LIST_OFFSETS_MAX", total)          # exactly at the limit: list
+    export(shard_dir, tmp_path / "sp2", "speculators", progress=False, fsync=False)
+    ds2 = ArrowDataset(max_len=4096, datapath=str(tmp_path / "sp2"), on_missing="raise")
+    assert "LargeList" not in repr(ds2.data.features["input_ids"])
+
+
 def test_speculators_refuses_a_capture_without_the_prenorm_final_layer(tmp_path):
     d = tmp_path / "shards"
     write_shards(d, [make_sample(i, last_residual=False) for i in range(3)])
