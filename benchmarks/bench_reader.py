@@ -4,8 +4,8 @@ Both sides read the index once outside the timer and open shard handles inside i
 read the same samples (every layer + token ids) in the same random order from the
 same shard files, page cache warm; the safe_open side keeps one handle per shard open and knows
 each sample's tensor names in advance (the best a hand-written reader can do). Also times the
-old load_sample (index reread + name scan per call) on a subset. Reps alternate; median and
-min-max are reported.
+old load_sample (index reread + name scan per call) on a subset. Reps run in pairs whose
+order alternates (ABBA); median and min-max of the paired ratios are reported.
 
     python benchmarks/bench_reader.py --samples 600 --tokens 256 --hidden 1024 --layers 4
 """
@@ -109,9 +109,13 @@ def main() -> None:
 
         ours(), direct()  # warm the page cache
         res: dict[str, list[float]] = {"reader": [], "safe_open": [], "legacy_load_sample": []}
-        for _ in range(a.reps):
-            res["reader"].append(ours())
-            res["safe_open"].append(direct())
+        for i in range(a.reps):    # ABBA: which side goes first alternates
+            if i % 2 == 0:
+                res["reader"].append(ours())
+                res["safe_open"].append(direct())
+            else:
+                res["safe_open"].append(direct())
+                res["reader"].append(ours())
         res["legacy_load_sample"].append(legacy())
         out = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "layers": a.layers,
                "bytes": nbytes, "reps": a.reps, "touch": touch}
