@@ -79,20 +79,17 @@ class EntryCopier:
         """
         tokens = plan.tokens
         spans = _spans(starts, maps)
-        dsts = [torch.frombuffer(buf, dtype=b.dtype, count=tokens * int(b.shape[1]),
-                                 offset=off).view(tokens, int(b.shape[1]))
-                for b, off in zip(blocks, plan.block_offsets)]
-        ids_dst = torch.frombuffer(buf, dtype=torch.int32, count=tokens, offset=plan.ids_offset)
         ids = token_ids if isinstance(token_ids, torch.Tensor) else \
             torch.from_numpy(np.ascontiguousarray(np.asarray(token_ids).reshape(-1)))
         if not blocks[0].is_cuda:
-            for dst, src in zip(dsts, blocks):
+            for dst, src in zip(_block_views(buf, plan, blocks), blocks):
                 _gather_into(dst, src, spans)
-            _gather_into(ids_dst, ids.reshape(-1).to("cpu").to(torch.int32), spans)
+            _gather_into(_ids_view(buf, plan), ids.reshape(-1).to("cpu").to(torch.int32), spans)
             return None, None
         if self.native is not None and _cuda_copy.eligible(blocks, ids):
+            # the native call writes through addresses: no tensor views of the entry needed
             if not ids.is_cuda:
-                _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
+                _gather_into(_ids_view(buf, plan), ids.reshape(-1).to(torch.int32), spans)
             got = self.native.submit(payload_address, plan.block_offsets, plan.ids_offset,
                                      tokens, spans, blocks, ids, snapshot)
             self._counters["native_copies"] += 1
@@ -137,15 +134,28 @@ class EntryCopier:
             done = torch.cuda.Event()
         with torch.cuda.stream(side):
             srcs = [_gather(b, spans, index=index) for b in blocks]
-            for dst, src in zip(dsts, srcs):
+            for dst, src in zip(_block_views(buf, plan, blocks), srcs):
                 dst.copy_(src, non_blocking=True)
             if ids.is_cuda:
-                ids_dst.copy_(ids, non_blocking=True)
+                _ids_view(buf, plan).copy_(ids, non_blocking=True)
             else:
-                _gather_into(ids_dst, ids.reshape(-1).to(torch.int32), spans)
+                _gather_into(_ids_view(buf, plan), ids.reshape(-1).to(torch.int32), spans)
             done.record(side)
         # Sources and staging buffers stay referenced until ``done`` completed.
         return done, (blocks, srcs, ids, index, pool)
+
+
+def _block_views(buf: memoryview, plan: Any, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The entry's block regions as ``[tokens, cols]`` tensors over ``buf``."""
+    t = plan.tokens
+    return [torch.frombuffer(buf, dtype=b.dtype, count=t * int(b.shape[1]),
+                             offset=off).view(t, int(b.shape[1]))
+            for b, off in zip(blocks, plan.block_offsets)]
+
+
+def _ids_view(buf: memoryview, plan: Any) -> torch.Tensor:
+    """The entry's int32 token-id region as a tensor over ``buf``."""
+    return torch.frombuffer(buf, dtype=torch.int32, count=plan.tokens, offset=plan.ids_offset)
 
 
 def recycle_event(done: Any, keepalive: Any) -> None:
