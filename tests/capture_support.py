@@ -47,13 +47,16 @@ def assert_sample_exact(sample, rid: str, tokens: int, hidden: int, layers: list
 def start_producer(spec: dict, cwd: str | os.PathLike) -> subprocess.Popen:
     """Start ``produce(spec)`` in a new Python process (cwd outside the source tree)."""
     return subprocess.Popen([sys.executable, str(HERE / "capture_support.py"), "produce",
-                             json.dumps(spec)], cwd=cwd, stdout=subprocess.PIPE, text=True)
+                             json.dumps(spec)], cwd=cwd, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
 
 
 def produce(spec: dict) -> None:
     """Capture ``spec['requests']`` ([rid, tokens, chunk]) from ``spec['threads']`` threads.
 
     Prints one JSON line per event to stdout: ``ready`` (epoch), ``dropped`` rids, ``done``.
+    ``spec['hold']``: after ``dropped``, wait until stdin is closed (or a line arrives) before
+    closing the producer, so a test decides when the producer's end reaches the subscriber.
     """
     from hscapture import Producer
 
@@ -106,6 +109,8 @@ def produce(spec: dict) -> None:
         t.join()
     p.flush()
     print(json.dumps({"event": "dropped", "rids": sorted(set(dropped))}), flush=True)
+    if spec.get("hold"):
+        sys.stdin.readline()     # stays up (ring attached) until the test closes our stdin
     if spec.get("linger_s"):
         time.sleep(spec["linger_s"])
     if spec.get("hard_exit"):

@@ -586,8 +586,10 @@ def test_stream_releases_a_ring_slot_only_after_its_copy_event_completed(endpoin
     import hscapture
     from capture_support import assert_sample_exact, start_producer
 
-    proc = start_producer(_stream_spec(endpoint, [["e0", 300, 300], ["e1", 300, 300]]),
-                          tmp_path)
+    # the producer stays up until _finish: its end would detach the ring (consumer None)
+    # between the two deliveries, racing the release check below
+    proc = start_producer(_stream_spec(endpoint, [["e0", 300, 300], ["e1", 300, 300]],
+                                       hold=True), tmp_path)
     feed = hscapture.stream(endpoint, device="cuda", max_samples=2, idle_timeout_s=30,
                             prefetch=4)
     try:
