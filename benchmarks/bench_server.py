@@ -25,7 +25,10 @@ concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (
   scheduler thread never pays for a commit or a notice, at the price of GIL hand-offs).
 
 Statistics (benchmarks/_stats.py): after a discarded warm-up round of every mode, the number of
-requests per round is calibrated so that an ``off`` round lasts about ``--round-s`` seconds;
+requests per round is calibrated on up to three more ``off`` rounds of the now warm server so
+that an ``off`` round lasts about ``--round-s`` seconds (calibrating on the cold first round
+made 1.5 s rounds last 0.2 s: one wave of requests, whose ramp and tail swamped the ratio; the
+median round wall per mode is printed and recorded);
 then ``--pairs`` blocks run, each block one adjacent pair (baseline, candidate) per candidate
 mode, baseline-first and candidate-first alternating across blocks (ABBA). Each pair gives
 one ratio candidate/off from two rounds run back to back, so the server's slow drift (the
@@ -37,6 +40,16 @@ stricter "whole spread" verdict too. With 20 pairs the interval runs from the 6t
 smallest ratio (95.9 %), about +-1.25 sigma/sqrt(20) x 1.96 ~ +-0.55 sigma: pairs whose ratios
 scatter by 3 % resolve a 2 % difference, where the min-max of 5 long rounds never can. Time:
 about pairs x candidates x 2 x --round-s per mix, plus ~1 s per hook-mode switch.
+
+The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
+(SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
+front end (tokenizer manager and this Python client, ~800 requests/s) rather than the
+scheduler: its "off" rounds varied 2x from round to round; with 8 per request they do not.
+
+``--profile-dir DIR``: after each mix's pairs, one more ``off`` and one ``on`` round under
+SGLang's own torch profiler (``POST /start_profile``), traces into ``DIR/<mix>-<mode>/``; the
+hook is one ``hscapture.hook`` range in them. The hook's time per capturing forward, and the
+part of it inside ``Producer.capture_rows``, is printed per mode at the end (HSCAPTURE_STATS_FILE).
 
 A subscriber runs in another process for the whole run (zero-copy: it checks the token count
 and a CRC of the token ids of every sample, releases it at once and copies no hidden state
@@ -65,14 +78,34 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _stats  # noqa: E402
 
 MIXES = {"short": (200, 400), "long": (2500, 3500)}
+#: the modes whose requests are captured, so every one of their rids must be accounted for
+CAPTURING = ("on", "on:publisher")
 _CHILDREN: list[subprocess.Popen] = []
 
 
-def post(url: str, payload: dict, timeout: float = 120.0) -> dict:
-    req = urllib.request.Request(f"{url}/generate", data=json.dumps(payload).encode(),
+def post(url: str, payload: dict, timeout: float = 120.0, route: str = "generate") -> Any:
+    req = urllib.request.Request(f"{url}/{route}", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
+        body = resp.read()
+    return json.loads(body) if route == "generate" else body.decode(errors="replace")
+
+
+def wait_for_trace(folder: str, timeout_s: float = 120.0) -> str | None:
+    """The ``*.trace.json.gz`` SGLang's profiler writes into ``folder`` once its steps are
+    done, when its size stopped changing (it is written by the scheduler); None at timeout."""
+    deadline, last = time.monotonic() + timeout_s, (None, -1)
+    while time.monotonic() < deadline:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".trace.json.gz")) \
+            if os.path.isdir(folder) else []
+        if names:
+            path = os.path.join(folder, names[0])
+            size = os.path.getsize(path)
+            if last == (path, size) and size > 0:
+                return path
+            last = (path, size)
+        time.sleep(0.5)      # polling a file another process writes: no event to wait on
+    return None
 
 
 def ids_crc(ids: Sequence[int]) -> int:
@@ -81,18 +114,28 @@ def ids_crc(ids: Sequence[int]) -> int:
     return zlib.crc32(np.asarray(ids, dtype="<i4").tobytes())
 
 
-def run_round(url: str, prompts: list[list[int]], rids: list[str], concurrency: int
-              ) -> tuple[float, list[Any]]:
+def run_round(url: str, prompts: list[list[int]], rids: list[str], concurrency: int,
+              batch: int = 1) -> tuple[float, list[Any]]:
+    """Send every prompt (``batch`` prompts per HTTP request: SGLang's batch form of
+    ``/generate``, one list of ``input_ids`` and one of ``rid``), ``concurrency`` HTTP
+    requests in flight; return (wall seconds, output ids per prompt)."""
     outs: list = [None] * len(prompts)
+    groups = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
 
-    def one(i: int) -> None:
-        r = post(url, {"input_ids": prompts[i], "rid": rids[i],
-                       "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
-        outs[i] = r.get("output_ids")
+    def one(g: list[int]) -> None:
+        sampling = {"max_new_tokens": 1, "temperature": 0.0}
+        if batch == 1:
+            outs[g[0]] = post(url, {"input_ids": prompts[g[0]], "rid": rids[g[0]],
+                                    "sampling_params": sampling}).get("output_ids")
+            return
+        got = post(url, {"input_ids": [prompts[i] for i in g], "rid": [rids[i] for i in g],
+                         "sampling_params": sampling})
+        for i, r in zip(g, got):
+            outs[i] = r.get("output_ids")
 
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as ex:
-        list(ex.map(one, range(len(prompts))))
+        list(ex.map(one, groups))
     return time.perf_counter() - t0, outs
 
 
@@ -227,6 +270,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--requests", default="short=256,long=64",
                     help="requests per round and mix before calibration (the warm-up round)")
+    ap.add_argument("--batch", default="short=1,long=1",
+                    help="prompts per HTTP request, per mix (SGLang's batch /generate): more "
+                         "than 1 takes the HTTP front end out of the short mix's bottleneck")
     ap.add_argument("--round-s", type=float, default=1.0,
                     help="target seconds per 'off' round: the warm-up calibrates the number of "
                          "requests to it (0: use --requests as given)")
@@ -238,12 +284,23 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=32000, help="token ids are drawn from [3, vocab)")
+    ap.add_argument("--profile-dir", default=None,
+                    help="after each mix's pairs, one 'off' and one 'on' round more under "
+                         "SGLang's torch profiler (POST /start_profile, CPU+GPU, no stacks), "
+                         "traces into DIR/<mix>-<mode>/ (benchmarks/server_trace.py reads them)")
+    ap.add_argument("--profile-steps", type=int, default=40,
+                    help="forward steps each profiled round records")
+    ap.add_argument("--profile-stack", action="store_true",
+                    help="record Python stacks too (with_stack: every Python call becomes an "
+                         "event, so the scheduler runs several times slower under it; for "
+                         "where the time goes INSIDE the hook, not for how long it takes)")
     args = ap.parse_args()
 
     endpoint = args.endpoint or os.environ.get("HSCAPTURE_ENDPOINT", "").replace("{dp_rank}", "0")
     exp_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
     stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
     nreq = dict(kv.split("=") for kv in args.requests.split(","))
+    batch = {**{m: "1" for m in MIXES}, **dict(kv.split("=") for kv in args.batch.split(","))}
     rng = random.Random(args.seed)
     workdir = os.path.dirname(os.path.abspath(args.out))
     samples_file = os.path.join(workdir, "server-samples.jsonl")
@@ -301,9 +358,9 @@ def main() -> int:
         rids = [f"{'hscap' if mode.startswith('on') else 'plain'}-{mix}-{mode.replace(':', '-')}"
                 f"-{tag}-{i}" for i in range(len(prompts))]
         before = hook_stats().get("timing", {})
-        dt, outs = run_round(args.url, prompts, rids, args.concurrency)
+        dt, outs = run_round(args.url, prompts, rids, args.concurrency, int(batch[mix]))
         after = hook_stats().get("timing", {})
-        if mode == "on":
+        if mode in CAPTURING:
             for r, p in zip(rids, prompts):
                 expected[r] = (len(p), ids_crc(p))
         tokens = sum(map(len, prompts))
@@ -320,11 +377,18 @@ def main() -> int:
                     for _ in range(k)]
 
         prompts = more(int(nreq[mix]))
-        warm = {m: one_round(mix, m, "warmup", prompts) for m in modes}   # discarded
+        # warm-up, discarded (the first round compiles and allocates)
+        warm = {m: one_round(mix, m, "warmup", prompts) for m in modes}
         if args.round_s > 0:
-            scale = args.round_s / warm["off"]["wall_s"]
-            n = max(args.concurrency, int(len(prompts) * scale))
-            prompts = prompts[:n] if n <= len(prompts) else prompts + more(n - len(prompts))
+            # calibrated on rounds of a WARM server: one cold round can take 10x as long
+            # and would shrink every round to a fraction of --round-s (it did: 0.2 s rounds
+            # for --round-s 1.5, where the ramp-up and the tail of the round dominate)
+            for attempt in range(3):
+                wall = one_round(mix, "off", f"calib{attempt}", prompts)["wall_s"]
+                if 0.75 * args.round_s <= wall <= 1.33 * args.round_s:
+                    break
+                n = max(args.concurrency, int(len(prompts) * args.round_s / wall))
+                prompts = prompts[:n] if n <= len(prompts) else prompts + more(n - len(prompts))
         tokens = sum(map(len, prompts))
         print(f"[bench_server] {mix}: {len(prompts)} requests ({tokens} prompt tokens) per "
               f"round, ~{args.round_s:g} s; {args.pairs} blocks of pairs {modes[1:]} vs off",
@@ -346,7 +410,12 @@ def main() -> int:
                                # differ on near-tied logits (tests/server compares with
                                # equal batches)
                                "same_output_ids_warmup": warm["on"]["outputs"] ==
-                               warm["off"]["outputs"]}
+                               warm["off"]["outputs"],
+                               "median_wall_s": {m: _stats.median([r["wall_s"] for r in rounds
+                                                                   if r["mode"] == m])
+                                                 for m in modes}}
+        print(f"[bench_server] {mix}: median round wall (s) "
+              f"{ {m: round(v, 3) for m, v in res['median_wall_s'].items()} }", flush=True)
         for cand in modes[1:]:
             s = _stats.pair_summary(pair_ratios(rounds, cand), args.goal if cand == "on"
                                     else None, ">=", seed=args.seed)
@@ -360,6 +429,21 @@ def main() -> int:
                          f"{'MET' if s['met'] else 'MISSED'} (whole spread: "
                          f"{'met' if s['met_whole_spread'] else 'missed'})")
             print(line, flush=True)
+        if args.profile_dir:
+            res["profiles"] = {}
+            for mode in ("off", "on"):
+                folder = os.path.join(os.path.abspath(args.profile_dir), f"{mix}-{mode}")
+                set_mode("")
+                post(args.url, {"output_dir": folder, "num_steps": args.profile_steps,
+                                "activities": ["CPU", "GPU"], "with_stack": args.profile_stack,
+                                "record_shapes": False, "profile_id": f"{mix}-{mode}"},
+                     route="start_profile")
+                r = one_round(mix, mode, "profile", prompts)
+                trace = wait_for_trace(folder)
+                res["profiles"][mode] = {"trace": trace, "wall_s": r["wall_s"],
+                                         "tok_per_s": r["tok_per_s"]}
+                print(f"[bench_server] {mix}: profiled {mode} round {r['wall_s']:.3f} s, "
+                      f"trace {trace}", flush=True)
         mixes[mix] = res
 
     set_mode("")
@@ -394,6 +478,11 @@ def main() -> int:
         print(f"[bench_server] FAIL: delivery account does not close: missing "
               f"{ver['missing_rids']}, wrong {ver['wrong']}, unrequested {ver['unrequested']}",
               flush=True)
+    for mode, t in (hook_stats().get("timing", {}).get("by_mode") or {}).items():
+        print(f"[bench_server] hook time per capturing forward, mode {mode or 'on'!r}: p50 "
+              f"{t['hook']['p50_us']:.0f} us, p90 {t['hook']['p90_us']:.0f} (n={t['hook']['n']}); "
+              f"inside Producer.capture_rows p50 {t['producer']['p50_us']:.0f} us, p90 "
+              f"{t['producer']['p90_us']:.0f}", flush=True)
     goals = [{"name": f"server/{mix}/on_vs_off", **{k: v for k, v in r["pairs"]["on/off"].items()
                                                    if k != "values"}}
              for mix, r in mixes.items()]

@@ -351,3 +351,54 @@ def test_bench_server_subscriber_drains_to_the_producers_head_and_accounts_for_e
                                                                 "rejected")})
     assert v["ok"] and v["received"] == 40, v
     assert tail["drain"]["ended"].startswith("caught up"), tail["drain"]
+
+
+def test_bench_server_round_sends_batches_and_maps_every_output_to_its_prompt():
+    """``run_round`` with ``batch`` > 1 posts SGLang's batch form of /generate (lists of
+    input_ids and rids, ``batch`` per request, the last one shorter) and hands back each
+    prompt's output ids in prompt order: here a real HTTP server on loopback answers each
+    prompt with its own first id and its rid's length, so a misrouted answer shows."""
+    import http.server
+    import json as _json
+    import threading
+
+    bs = _bench_server()
+    seen: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids, rids = body["input_ids"], body["rid"]
+            if isinstance(rids, str):
+                out: object = {"output_ids": [ids[0], len(rids)]}
+                seen.append(1)
+            else:
+                assert len(ids) == len(rids)
+                out = [{"output_ids": [p[0], len(r)]} for p, r in zip(ids, rids)]
+                seen.append(len(ids))
+            data = _json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        prompts = [[100 + i, 7] for i in range(11)]
+        rids = ["r" * (i + 1) for i in range(11)]
+        _, outs = bs.run_round(url, prompts, rids, concurrency=3, batch=4)
+        assert outs == [[100 + i, i + 1] for i in range(11)]
+        assert sorted(seen) == [3, 4, 4]
+        seen.clear()
+        _, outs = bs.run_round(url, prompts[:2], rids[:2], concurrency=2, batch=1)
+        assert outs == [[100, 1], [101, 2]] and seen == [1, 1]
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -247,3 +247,50 @@ def test_the_benchmarks_hook_modes_noop_and_publisher_do_what_they_say(rig, tmp_
     srv.extend([(c, 0, 9)])
     assert hook.producer.inline_publish is True
     check(sub.get(c.rid, timeout=10), srv, c)
+
+
+def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_path,
+                                                                       monkeypatch):
+    """The hook's timing keeps each benchmark mode's capturing calls apart (modes alternate
+    within one bench_server run), and for modes that capture, the part spent inside
+    ``Producer.capture_rows``, never more than the hook's own time."""
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig()
+
+    def run(name: str, rid: str, n: int) -> None:
+        mode.write_text(name)
+        hook._mode_checked = 0
+        for i in range(n):
+            r = srv.new_req(f"{rid}-{i}", 9)
+            srv.extend([(r, 0, 9)])
+
+    run("", "hscap-on", 3)
+    run("nocapture", "hscap-nocap", 2)
+    by_mode = hook._timing.summary()["by_mode"]
+    assert set(by_mode) == {"", "nocapture"}
+    assert by_mode[""]["hook"]["n"] == 3 and by_mode[""]["producer"]["n"] == 3
+    assert by_mode["nocapture"]["hook"]["n"] == 2 and by_mode["nocapture"]["producer"]["n"] == 0
+    on = by_mode[""]
+    assert 0 < on["producer"]["p50_us"] <= on["hook"]["p99_us"]
+
+
+def test_under_torch_profiler_each_hook_call_is_one_named_range(rig):
+    """While torch's profiler records (SGLang's /start_profile), every hook call shows up as
+    one ``hscapture.hook`` range, so a server trace says how long the hook took per forward;
+    outside a profile nothing is recorded (the check is one C call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hook, sub, srv = rig()
+    a = srv.new_req("hscap-outside", 9)
+    srv.extend([(a, 0, 9)])
+    check(sub.get(a.rid, timeout=10), srv, a)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(2):
+            r = srv.new_req(f"hscap-profiled-{i}", 9)
+            srv.extend([(r, 0, 9)])
+    names = [e.name for e in prof.events() if e.name == "hscapture.hook"]
+    assert len(names) == 2
+    for i in range(2):
+        r_id = f"hscap-profiled-{i}"
+        assert sub.get(r_id, timeout=10).num_tokens == 9
