@@ -402,3 +402,54 @@ def test_bench_server_round_sends_batches_and_maps_every_output_to_its_prompt():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# -- server_trace: reading SGLang's profiler traces ----------------------------------------
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), max_size=25))
+def test_server_trace_union_counts_every_covered_instant_once(spans):
+    import server_trace
+
+    intervals = [(s, s + d) for s, d in spans]
+    covered = {t for s, e in intervals for t in range(s, e)}     # unit cells [t, t+1)
+    assert server_trace.union_us(intervals) == len(covered)
+
+
+def test_server_trace_summary_and_the_hooks_exclusive_time(tmp_path):
+    """A hand-made trace: two overlapping kernels and a later one (busy 30 of 40 us), one
+    copy, two steps, one hook range holding a Python call that holds a torch op: the
+    summary and the per-call exclusive times are what the events say."""
+    import gzip
+
+    import server_trace
+
+    def x(name, cat, ts, dur, tid=1):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid,
+                "pid": 1}
+
+    events = [x("k1", "kernel", 100, 10, 7), x("k2", "kernel", 105, 10, 8),
+              x("k3", "kernel", 125, 15, 7),
+              x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 110, 4, 9),
+              x("step[EXTEND bs=2 toks=64]", "user_annotation", 90, 30),
+              x("step[EXTEND bs=1 toks=8]", "user_annotation", 121, 10),
+              x("hscapture.hook", "user_annotation", 200, 50),
+              x("hook.py(1): _publish", "python_function", 205, 40),
+              x("aten::copy_", "cpu_op", 210, 15),
+              {"ph": "M", "name": "process_name", "pid": 1}]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    ev = server_trace.load(str(path))
+    assert len(ev) == len(events) - 1           # the metadata event has no duration
+    s = server_trace.summarize(ev)
+    assert s["kernels"] == 3
+    assert s["kernel_busy_ms"] == pytest.approx(0.030)
+    assert s["kernel_span_ms"] == pytest.approx(0.040)
+    assert s["gpu_busy_share"] == pytest.approx(0.75)
+    assert s["copies"] == {"Memcpy DtoH (Device -> Pinned)": {"n": 1, "total_ms": 0.004}}
+    assert s["annotations"]["step[...]"]["n"] == 2
+    assert s["annotations"]["step[...]"]["total_ms"] == pytest.approx(0.040)
+    rows = {r["name"]: r for r in server_trace.hook_exclusive(ev)}
+    assert rows["hook.py(1): _publish"]["exclusive_us"] == pytest.approx(25)
+    assert rows["hook.py(1): _publish"]["inclusive_us"] == pytest.approx(40)
+    assert rows["aten::copy_"]["exclusive_us"] == pytest.approx(15)
