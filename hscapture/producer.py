@@ -113,10 +113,13 @@ class Producer:
       captures back instead.
     - An entry is announced at most ``commit_grace_s`` after its copy completed, at once
       when a later capture, an abort or :meth:`flush` comes first: the capturing thread
-      publishes completed entries itself, so a busy engine thread rarely hands the GIL to
-      the publisher thread. With ``inline_publish`` false (settable at any time) only the
-      publisher thread publishes, as soon as each copy completed (no grace): the capturing
-      thread then never pays for a commit or a notice, at the price of GIL hand-offs.
+      publishes completed entries itself, and the publisher thread steps in only once no
+      capture came for ``commit_grace_s`` (it sleeps through steady traffic, so a busy
+      engine thread does not hand it the GIL once per capture: each hand-off costs the
+      engine's thread a context switch and the other thread's burst). With
+      ``inline_publish`` false (settable at any time) only the publisher thread publishes,
+      as soon as each copy completed (no grace): the capturing thread then never pays for a
+      commit or a notice, at the price of GIL hand-offs.
     - ``close()`` waits for every copy in flight and publishes everything before it unmaps
       the ring; a segment that a durable subscriber has not finished reading is left in
       ``/dev/shm`` for it (``hscapture cleanup`` removes it once read or unsubscribed).
@@ -142,7 +145,7 @@ class Producer:
         wait_for_subscribers: int = 0,
         wait_for_subscribers_s: float = 30.0,
         durable_expiry_s: float = 0.0,
-        commit_grace_s: float = 0.002,
+        commit_grace_s: float = 0.05,
         inline_publish: bool = True,
     ) -> None:
         from . import _ring
@@ -205,6 +208,7 @@ class Producer:
         self._queued = 0                       # entries put on the queue (under _cond)
         self._published = 0                    # entries committed + announced (_progress)
         self._flushing = 0                     # flush() calls waiting (under _cond)
+        self._last_enqueue = 0.0               # time.monotonic() of the last entry queued
         self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
         self._counters: collections.Counter[str] = collections.Counter()
@@ -366,6 +370,10 @@ class Producer:
             # publisher thread needs it for heartbeats, and only its commits (and the
             # subscribers' releases) free space. The next try takes a fresh sequence number.
             time.sleep(0.0005)
+            if self.inline_publish:
+                # what completed frees space once announced and read: do not leave it to the
+                # publisher thread's grace
+                self._publish_ready(block=False)
             self._ring.reap()
 
     def _capture_locked(self, row_maps: list[dict[str, Any]], starts: list[int],
@@ -418,6 +426,15 @@ class Producer:
         self._enqueue(_Pending("batch", position, seq, len(row_maps), plan.length,
                                plan.meta_bytes, done, keepalive, row_maps))
         return True
+
+    def publish_completed(self) -> None:
+        """Commit and announce, in order and without blocking, every queued entry whose copy
+        has completed. For an engine's thread between captures (e.g. at decode steps): with
+        it, an entry is announced at the first step after its copy completed instead of
+        after the publisher thread's ``commit_grace_s``. A no-op (one check) when nothing is
+        queued or ``inline_publish`` is off."""
+        if self._queue and self.inline_publish:
+            self._publish_ready(block=False)
 
     def abort(self, rid: str, reason: str, *, restart: bool = False,
               extra: Mapping[str, Any] | None = None) -> None:
@@ -634,6 +651,7 @@ class Producer:
     def _enqueue(self, item: _Pending | None) -> None:
         with self._cond:
             self._queue.append(item)
+            self._last_enqueue = time.monotonic()
             if item is not None:
                 self._queued += 1
             # The publisher thread sleeps only while the queue is empty (or in its commit
@@ -712,13 +730,15 @@ class Producer:
         """Commit entries in order once their copies completed, then announce them.
 
         GIL economy (this thread shares the interpreter with the engine's scheduler thread,
-        and taking the GIL back from a busy thread can cost up to the interpreter's switch
-        interval, 5 ms): the capturing thread publishes whatever completed at each capture
-        (:meth:`_publish_ready`), so under load this thread mostly sleeps. It waits for the
-        oldest copy with the GIL released (``synchronize``), then gives the capturing thread
-        ``commit_grace_s`` to publish it inline before doing it itself; so an entry is
-        announced at most ``commit_grace_s`` after its copy completed, and at once when the
-        next capture comes first.
+        and every time it takes the GIL the scheduler thread waits for it and pays a context
+        switch): the capturing thread publishes whatever completed at each capture
+        (:meth:`_publish_ready`), and this thread leaves an entry to it while captures keep
+        coming, i.e. until none came for ``commit_grace_s``; only then does it wait for the
+        oldest copy (``synchronize``, the GIL released) and publish. Through steady traffic it
+        wakes once per ``commit_grace_s`` (not once per capture), and an entry is announced at
+        the first capture after its copy completed, or at most ``commit_grace_s`` after that
+        when none comes (the last capture before it came earlier still). ``flush``, ``close``
+        and ``inline_publish = False`` cut the grace.
         """
         last_hb = 0.0
         while True:
@@ -734,16 +754,19 @@ class Producer:
                 if head is None:
                     self._queue.popleft()
                     break
+                if self.commit_grace_s and self.inline_publish and \
+                        self._queue[-1] is not None and not self._flushing:
+                    idle = time.monotonic() - self._last_enqueue
+                    if idle < self.commit_grace_s:
+                        # captures are still coming: the next one publishes this entry
+                        self._cond.wait(min(self.commit_grace_s - idle,
+                                            self.heartbeat_interval_s))
+                        continue
             if head.done is not None and not _completed(head.done):
                 try:
                     head.done.synchronize()  # waits for the side-stream copy only (GIL released)
                 except Exception:
                     pass                     # _publish reports the failed copy
-            if self.commit_grace_s and self.inline_publish:
-                with self._cond:
-                    if self._queue and self._queue[0] is head and \
-                            self._queue[-1] is not None and not self._flushing:
-                        self._cond.wait(self.commit_grace_s)
             self._publish_ready(block=True)
         self._safe(self._heartbeat)
         with self._pub_lock:

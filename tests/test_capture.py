@@ -608,3 +608,45 @@ def test_a_producer_removes_the_segment_its_killed_predecessor_left(endpoint, tm
     with Producer(endpoint, producer_id="reborn", capacity=1 << 20) as p:
         assert not os.path.exists(f"/dev/shm/{old}")
         assert p.segment != old and os.path.exists(f"/dev/shm/{p.segment}")
+
+
+def test_the_publisher_thread_publishes_only_once_captures_stopped_for_the_grace(endpoint):
+    """The commit grace runs from the LAST capture, not from when the publisher thread looked:
+    through steady captures that thread sleeps (the capturing thread publishes), so it never
+    takes the GIL from a busy engine thread once per capture. Entries the capturing thread
+    could not publish (its publish lock was taken) are published by the publisher thread only
+    after no capture came for ``commit_grace_s`` (exactly: by the monotonic clock), and then
+    without any further capture or flush. The captures are spaced on purpose (the scenario),
+    nothing here waits by sleeping."""
+    import threading
+
+    grace = 0.6
+    p, sub = _inproc_pair(endpoint, commit_grace_s=grace)
+    published: list[tuple[str, float, float]] = []   # (thread, when, last enqueue then)
+    real = p._publish
+
+    def publish(item):
+        published.append((threading.current_thread().name, time.monotonic(),
+                          p._last_enqueue))
+        return real(item)
+    p._publish = publish
+    with p, sub:
+        for i in range(5):                       # steady: published inline, by this thread
+            _capture(p, f"steady{i}", 8)
+        for i in range(5):
+            assert_sample_exact(sub.get(f"steady{i}", timeout=10), f"steady{i}", 8, HIDDEN,
+                                LAYERS)
+        assert {t for t, _, _ in published} == {threading.main_thread().name}
+        n = len(published)
+        with p._pub_lock:                        # the capture cannot publish inline
+            _capture(p, "held-a", 8)
+        time.sleep(grace / 2)                    # the next capture comes within the grace
+        with p._pub_lock:
+            _capture(p, "held-b", 8)
+        for rid in ("held-a", "held-b"):         # no capture, no flush: the thread's job
+            assert_sample_exact(sub.get(rid, timeout=10), rid, 8, HIDDEN, LAYERS)
+        late = published[n:]
+        assert [t for t, _, _ in late] == ["hscapture-publisher"] * 2, late
+        for _, when, last in late:
+            assert when - last >= grace, f"published {when - last:.3f} s after the last " \
+                                         f"capture, inside the {grace} s grace"

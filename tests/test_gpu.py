@@ -472,6 +472,43 @@ def test_the_native_path_takes_the_hooks_captures_and_ineligible_ones_fall_back(
         s.release()
 
 
+def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(endpoint):
+    """CUDA copies complete between captures (a device synchronize, not a sleep): each capture
+    publishes the previous entry, the publisher thread publishes none of them (it would take
+    the GIL from the engine's thread once per capture), and once the captures stop it
+    publishes the last one by itself, no sooner than the commit grace after that capture."""
+    import threading
+
+    grace = 0.5
+    p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=64 << 20,
+                 commit_grace_s=grace)
+    sub = Subscriber(endpoint)
+    by: list[tuple[str, float, float]] = []
+    real = p._publish
+
+    def publish(item):
+        by.append((threading.current_thread().name, time.monotonic(), p._last_enqueue))
+        return real(item)
+    p._publish = publish
+    try:
+        sub.wait_ready(timeout=20)
+        src = torch.randn(256, 512, device="cuda").to(torch.bfloat16)
+        ids = torch.arange(256, device="cuda")
+        for i in range(8):
+            assert p.capture(f"s{i}", [src], layers=[1], token_ids=ids)
+            torch.cuda.synchronize()                   # this capture's copy has completed
+        for i in range(8):                             # no flush: the last is the thread's
+            s = sub.get(f"s{i}", timeout=20)
+            assert_bits_equal(s.tensors["layer_1"], src, f"s{i}")
+            s.release()
+        names = [t for t, _, _ in by]
+        assert names == [threading.main_thread().name] * 7 + ["hscapture-publisher"], names
+        assert by[-1][1] - by[-1][2] >= grace
+    finally:
+        sub.close()
+        p.close()
+
+
 def test_the_capturing_thread_announces_completed_copies_and_flush_cuts_the_grace(endpoint):
     """With a commit grace far longer than the test, an entry whose copy completed is
     announced by the next capture (inline, no publisher-thread hand-off), and flush() does

@@ -65,8 +65,13 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function as _record_function
+
+try:  # one C call: is torch's profiler recording? (a private name, so guarded)
+    from torch._C._autograd import _profiler_enabled
+except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
+    def _profiler_enabled() -> bool:
+        return False
 
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
@@ -83,10 +88,13 @@ _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill d
 #: how often the forward hook looks for requests that stopped between chunks (the scheduler's
 #: chunked-abort hook reports aborts at once; this catches requests released silently)
 _SWEEP_INTERVAL_S = 0.05
-#: how long the producer's publisher thread leaves a completed copy for the scheduler thread to
-#: publish at its next forward (no GIL hand-off) before publishing it itself: longer than the
-#: forward of a small model, so a busy server publishes inline (notices come at most this late)
-COMMIT_GRACE_S = 0.005
+#: how long the scheduler may go without a capture before the producer's publisher thread
+#: publishes a completed copy itself (Producer ``commit_grace_s``): longer than a forward step
+#: (8-12 ms for a 1B model at 2,048-token chunks, tens of ms at 8B), so a busy server publishes
+#: each entry at its next forward and the publisher thread sleeps through the traffic instead
+#: of taking the GIL from the scheduler thread several times a step; an entry is announced at
+#: most this long after its copy completed
+COMMIT_GRACE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,8 @@ class SGLangCaptureHook:
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
         # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop``,
-        # ``nocapture`` or ``publisher`` (the producer's thread alone commits and announces);
+        # ``nocapture``, ``publisher`` (the producer's thread alone commits and announces) or
+        # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         self._mode, self._mode_checked, self._mode_stamp = "", 0, None
@@ -270,6 +279,8 @@ class SGLangCaptureHook:
                     return None
                 if self.producer is not None:   # "publisher": only its thread publishes
                     self.producer.inline_publish = mode != "publisher"
+                    # "grace=S": the publisher thread's commit grace is S seconds
+                    self.producer.commit_grace_s = _grace_of(mode)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1
@@ -409,7 +420,10 @@ class SGLangCaptureHook:
             self._swept = now      # a request stopped between chunks is reported within this
             self._sweep()
         if _mode_name(batch) not in CAPTURE_MODES:
-            return  # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing
+            # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing; announce what
+            # the last captures' copies finished (else it waits for the commit grace)
+            self.producer.publish_completed()
+            return
         dec = batch.decoding_reqs
         decoding = {id(r) for r in dec} if dec else None
         cfg = self.config
@@ -421,6 +435,7 @@ class SGLangCaptureHook:
             if (prefix and type(rid) is str and rid.startswith(prefix)) or (param and wants(r)):
                 wanted.append((i, r))
         if not wanted:
+            self.producer.publish_completed()
             return
         self.counters["batches"] += 1
         self._publish_batch(result, worker, batch, wanted)
@@ -501,9 +516,10 @@ class SGLangCaptureHook:
                 accepted.append(got[1])
         if not maps:
             return
-        blocks = [hidden[:real_tokens]]
+        # (a slice is one torch dispatch, and it releases the GIL: only where rows are padded)
+        blocks = [hidden if int(hidden.shape[0]) == real_tokens else hidden[:real_tokens]]
         if last is not None:
-            blocks.append(last[:real_tokens])
+            blocks.append(last if int(last.shape[0]) == real_tokens else last[:real_tokens])
         ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens, offsets)
         if self._mode == "nocapture":
             ok = True
@@ -737,8 +753,10 @@ class HookTiming:
         self.total_ns = 0
         self.max_ns = 0
         self.rows = 0
-        self._recent: dict[str, collections.deque[int]] = {}
-        self._producer: dict[str, collections.deque[int]] = {}
+        self._recent: collections.defaultdict[str, collections.deque[int]] = \
+            collections.defaultdict(lambda: collections.deque(maxlen=4096))
+        self._producer: collections.defaultdict[str, collections.deque[int]] = \
+            collections.defaultdict(lambda: collections.deque(maxlen=4096))
 
     def add(self, ns: int, rows: int, mode: str = "") -> None:
         self.calls += 1
@@ -746,16 +764,10 @@ class HookTiming:
         self.rows += rows
         self.max_ns = max(self.max_ns, ns)
         if rows:
-            got = self._recent.get(mode)
-            if got is None:
-                got = self._recent[mode] = collections.deque(maxlen=4096)
-            got.append(ns)
+            self._recent[mode].append(ns)
 
     def add_producer(self, ns: int, mode: str = "") -> None:
-        got = self._producer.get(mode)
-        if got is None:
-            got = self._producer[mode] = collections.deque(maxlen=4096)
-        got.append(ns)
+        self._producer[mode].append(ns)
 
     def summary(self) -> dict[str, Any]:
         def pct(values: Iterable[int]) -> dict[str, float]:
@@ -771,6 +783,19 @@ class HookTiming:
                 "p50_us": now["p50_us"], "p90_us": now["p90_us"], "p99_us": now["p99_us"],
                 "by_mode": {m: {"hook": pct(v), "producer": pct(self._producer.get(m, ()))}
                             for m, v in self._recent.items()}}
+
+
+def _grace_of(mode: str) -> float:
+    """The commit grace a benchmark mode asks for: ``grace=S`` -> S seconds (a malformed or
+    negative S, and every other mode: :data:`COMMIT_GRACE_S`)."""
+    if mode.startswith("grace="):
+        try:
+            got = float(mode[6:])
+        except ValueError:
+            return COMMIT_GRACE_S
+        if got >= 0.0:
+            return got
+    return COMMIT_GRACE_S
 
 
 def _mode_name(batch: Any) -> str:

@@ -294,3 +294,59 @@ def test_under_torch_profiler_each_hook_call_is_one_named_range(rig):
     for i in range(2):
         r_id = f"hscap-profiled-{i}"
         assert sub.get(r_id, timeout=10).num_tokens == 9
+
+
+def test_the_benchmarks_grace_mode_sets_the_producers_commit_grace_and_nothing_else(
+        rig, tmp_path, monkeypatch):
+    """``grace=S`` (bench_server's ``on:grace=S``) captures exactly with the producer's commit
+    grace at S seconds; a malformed or negative S, and leaving the mode, restore the hook's
+    default (longer than a forward step)."""
+    from hscapture.sglang.hook import COMMIT_GRACE_S
+
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig()
+    assert hook.producer.commit_grace_s == COMMIT_GRACE_S
+
+    def run(name: str, rid: str) -> float:
+        mode.write_text(name)
+        hook._mode_checked = 0
+        r = srv.new_req(rid, 9)
+        srv.extend([(r, 0, 9)])
+        check(sub.get(r.rid, timeout=10), srv, r)
+        return hook.producer.commit_grace_s
+
+    assert run("grace=0.005", "hscap-g1") == 0.005
+    assert run("grace=oops", "hscap-g2") == COMMIT_GRACE_S
+    assert run("grace=-1", "hscap-g3") == COMMIT_GRACE_S
+    assert run("grace=0.2", "hscap-g4") == 0.2
+    assert run("", "hscap-g5") == COMMIT_GRACE_S
+
+
+def test_a_decode_step_announces_what_the_last_prefill_left_pending(rig):
+    """A forward that captures nothing (a decode step, a prefill of requests that did not opt
+    in) publishes completed entries on the scheduler's thread, so a sample is announced at the
+    next step, not after the producer's commit grace (30 s here: a timeout would show)."""
+    import threading
+
+    hook, sub, srv = rig()
+    hook.producer.commit_grace_s = 30.0
+    by: list[str] = []
+    real = hook.producer._publish
+
+    def publish(item):
+        by.append(threading.current_thread().name)
+        return real(item)
+    hook.producer._publish = publish
+    a = srv.new_req("hscap-pending", 9)
+    with hook.producer._pub_lock:        # the capture's own inline publish cannot run
+        srv.extend([(a, 0, 9)])
+    assert by == []
+    srv.decode([a])
+    check(sub.get(a.rid, timeout=10), srv, a)
+    b = srv.new_req("hscap-pending-2", 9)
+    with hook.producer._pub_lock:
+        srv.extend([(b, 0, 9)])
+    srv.extend([(srv.new_req("plain-request", 5), 0, 5)])   # opted out: captures nothing
+    check(sub.get(b.rid, timeout=10), srv, b)
+    assert by == [threading.main_thread().name] * 2, by
