@@ -22,7 +22,9 @@ concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (
   cannot do on one server, so it does not pretend to (no ``--plugin-absent``).
   ``--experiments`` adds more hook modes (``nocapture``: everything but ``Producer.capture``;
   ``publisher``: capture, but only the producer's thread commits and announces, so the
-  scheduler thread never pays for a commit or a notice, at the price of GIL hand-offs).
+  scheduler thread never pays for a commit or a notice, at the price of GIL hand-offs;
+  ``grace=S``: capture with the producer's commit grace at S seconds instead of the hook's
+  default, e.g. ``grace=0.005``, the value before the grace became longer than a step).
 
 Statistics (benchmarks/_stats.py): after a discarded warm-up round of every mode, the number of
 requests per round is calibrated on up to three more ``off`` rounds of the now warm server so
@@ -78,8 +80,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _stats  # noqa: E402
 
 MIXES = {"short": (200, 400), "long": (2500, 3500)}
-#: the modes whose requests are captured, so every one of their rids must be accounted for
-CAPTURING = ("on", "on:publisher")
+def captures(mode: str) -> bool:
+    """Whether a mode's requests are captured (so every one of their rids must be accounted
+    for): ``on``, ``on:publisher`` and ``on:grace=S``; not ``off``, ``on:noop``,
+    ``on:nocapture``."""
+    return mode == "on" or mode == "on:publisher" or mode.startswith("on:grace=")
 _CHILDREN: list[subprocess.Popen] = []
 
 
@@ -360,7 +365,7 @@ def main() -> int:
         before = hook_stats().get("timing", {})
         dt, outs = run_round(args.url, prompts, rids, args.concurrency, int(batch[mix]))
         after = hook_stats().get("timing", {})
-        if mode in CAPTURING:
+        if captures(mode):
             for r, p in zip(rids, prompts):
                 expected[r] = (len(p), ids_crc(p))
         tokens = sum(map(len, prompts))

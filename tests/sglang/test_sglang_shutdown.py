@@ -72,6 +72,8 @@ CHILD = textwrap.dedent(r"""
     sub.close()                                      # durable: detached with 1 unread entry
     print("READY " + json.dumps({"segment": p.segment, "endpoint": p.endpoint,
                                  "pid": os.getpid()}), flush=True)
+    import faulthandler                               # a hang in the ending shows its stacks
+    faulthandler.dump_traceback_later(45, exit=False)  # (before the parent's 60 s give up)
     how = os.environ["END"]
     if how == "exit":
         sys.stdin.readline()                         # the parent has looked: exit now
@@ -120,6 +122,11 @@ def _end(proc: subprocess.Popen, sig: int | None) -> int:
         proc.stdin.flush()
     try:
         return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the child did not end within 60 s of {sig!r}; its stderr "
+                             f"(every thread's stack dumped at 45 s):\n"
+                             f"{proc.stderr.read()[-8000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
