@@ -275,9 +275,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--requests", default="short=256,long=64",
                     help="requests per round and mix before calibration (the warm-up round)")
-    ap.add_argument("--batch", default="short=1,long=1",
-                    help="prompts per HTTP request, per mix (SGLang's batch /generate): more "
-                         "than 1 takes the HTTP front end out of the short mix's bottleneck")
+    ap.add_argument("--batch", default="short=8,long=1",
+                    help="prompts per HTTP request, per mix (SGLang's batch /generate); with "
+                         "1 the short mix measures the HTTP front end, not the scheduler")
     ap.add_argument("--round-s", type=float, default=1.0,
                     help="target seconds per 'off' round: the warm-up calibrates the number of "
                          "requests to it (0: use --requests as given)")
