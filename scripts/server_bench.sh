@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The real-server benchmark (benchmarks/bench_server.py) at both model shapes, one server each,
+# back to back, on the GPU host, from the project root, with the SGLang bundle in .sgl/
+# (../shared/sglang-gpu/README.md builds it); fits one 600 s device call (carry .sgl):
+#
+#   bash scripts/server_bench.sh OUT [EXPERIMENTS]
+#
+# 1B shape (make_llama.py --shape 1b: hidden 2048, 16 layers), aux layers 1 7 12, 2,048-token
+# chunks, --mem-fraction-static 0.5; then the tiny Llama of .sgl/bin/make_tiny.py (hidden 512,
+# 4 layers), aux layers 0 1 2, 256-token chunks. Both: capture-only EAGLE-3 mode, radix cache
+# off, CUDA graphs and the overlap scheduler at SGLang's defaults, a 4 GiB ring, the short and
+# long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
+# modes EXPERIMENTS (default grace=0.005,nocapture: the publisher thread's old 5 ms grace, and
+# everything but Producer.capture) as candidates. Environment: PAIRS (8), ROUND_S (1.2),
+# SHAPES (1b,tiny). OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
+# Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
+set -u
+OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
+EXPERIMENTS=${2:-grace=0.005,nocapture}
+SHAPES=${SHAPES:-1b,tiny}
+export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
+export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
+export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/tmp/hsc-bench-mode
+export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
+export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS"
+COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
+rc=0
+run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang flags...]
+  local shape=$1 deadline=$2 model=$3; shift 3
+  [[ ",$SHAPES," == *",$shape,"* ]] || return 0
+  mkdir -p "$OUT/$shape"
+  rm -f "$HSCAPTURE_STATS_FILE" "$HSCAPTURE_EXPERIMENT_FILE"
+  echo "=== server bench: $shape"
+  MODEL=$model DEADLINE_S=$deadline SERVE_LOG_DIR="/tmp/hsc-serve-$shape" bash .sgl/bin/serve.sh \
+    "${COMMON[@]}" "$@" -- bash scripts/gpu_round.sh "$OUT/$shape" bench_server \
+    > "$OUT/$shape/serve.out" 2>&1
+  local r=$?
+  grep -v " block " "$OUT/$shape/serve.out" | tail -16
+  echo "--- $shape: exit $r"
+  [ "$r" = 0 ] || rc=1
+}
+if [[ ",$SHAPES," == *",1b,"* && ! -d /tmp/llama1b ]]; then
+  python3 benchmarks/make_llama.py /tmp/llama1b --shape 1b > "$OUT/make_llama.log" 2>&1 || rc=1
+fi
+run 1b "${DEADLINE_1B:-300}" /tmp/llama1b --return-aux-hidden-state-layer-ids 1 7 12 \
+  --chunked-prefill-size 2048 --mem-fraction-static 0.5
+run tiny "${DEADLINE_TINY:-270}" "" --return-aux-hidden-state-layer-ids 0 1 2 \
+  --chunked-prefill-size 256 --mem-fraction-static 0.3
+exit $rc
