@@ -25,6 +25,7 @@ DIR. Nothing here is timed; it reads what the server measured.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -97,7 +98,6 @@ def hook_exclusive(events: Sequence[dict[str, Any]], top: int = 25) -> list[dict
     incl: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
     starts = [e["ts"] for e in mine]
-    import bisect
     for h in hooks:
         a, b = h["ts"], h["ts"] + h["dur"]
         inside = mine[bisect.bisect_left(starts, a):bisect.bisect_right(starts, b)]
