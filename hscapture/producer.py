@@ -145,7 +145,7 @@ class Producer:
         wait_for_subscribers: int = 0,
         wait_for_subscribers_s: float = 30.0,
         durable_expiry_s: float = 0.0,
-        commit_grace_s: float = 0.05,
+        commit_grace_s: float = 0.005,
         inline_publish: bool = True,
     ) -> None:
         from . import _ring

@@ -10,13 +10,13 @@
 # 4 layers), aux layers 0 1 2, 256-token chunks. Both: capture-only EAGLE-3 mode, radix cache
 # off, CUDA graphs and the overlap scheduler at SGLang's defaults, a 4 GiB ring, the short and
 # long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
-# modes EXPERIMENTS (default grace=0.005,nocapture: the publisher thread's old 5 ms grace, and
-# everything but Producer.capture) as candidates. Environment: PAIRS (8), ROUND_S (1.2),
+# modes EXPERIMENTS (default grace=0.05: the publisher thread's 50 ms grace of before, vs 5 ms;
+# also nocapture: everything but Producer.capture) as candidates. Environment: PAIRS (8), ROUND_S (1.2),
 # SHAPES (1b,tiny). OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
 set -u
 OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
-EXPERIMENTS=${2:-grace=0.005,nocapture}
+EXPERIMENTS=${2:-grace=0.05}
 SHAPES=${SHAPES:-1b,tiny}
 export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'

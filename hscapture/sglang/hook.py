@@ -89,12 +89,13 @@ _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill d
 #: chunked-abort hook reports aborts at once; this catches requests released silently)
 _SWEEP_INTERVAL_S = 0.05
 #: how long the scheduler may go without a capture before the producer's publisher thread
-#: publishes a completed copy itself (Producer ``commit_grace_s``): longer than a forward step
-#: (8-12 ms for a 1B model at 2,048-token chunks, tens of ms at 8B), so a busy server publishes
-#: each entry at its next forward and the publisher thread sleeps through the traffic instead
-#: of taking the GIL from the scheduler thread several times a step; an entry is announced at
-#: most this long after its copy completed
-COMMIT_GRACE_S = 0.05
+#: publishes a completed copy itself (Producer ``commit_grace_s``); an entry is announced at
+#: most this long after its copy completed. Measured in a real server (H200, 1B shape,
+#: bench_server, 8 pairs, benchmarks/results/h200-2026-12-01f): with 5 ms the publisher thread
+#: announces most entries between forwards, and the hook's time per capturing forward fell
+#: from p50 425 to 363 us against 50 ms (where the next forward's capture announced them
+#: inline); long-mix on/off 0.995 [0.982-1.005] with 5 ms vs 0.975 [0.912-0.995] with 50 ms.
+COMMIT_GRACE_S = 0.005
 
 
 @dataclass(frozen=True)
