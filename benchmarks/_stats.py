@@ -133,16 +133,24 @@ def abba_order(names: Sequence[str], blocks: int) -> list[tuple[int, str, str]]:
 
     In block ``b`` the pair for candidate ``j`` runs baseline-first when ``b + j`` is even,
     candidate-first otherwise (ABBA across blocks), so a linear drift cancels between
-    consecutive blocks and every pair is two rounds run back to back."""
+    consecutive blocks and every pair is two rounds run back to back. The candidates' order
+    inside a block rotates by one per block, so over ``k`` blocks each candidate's pair
+    holds each position of the block once: a position effect (what the round before a pair
+    was, a mode switch before it) is spread over the candidates instead of favouring one
+    (with a fixed order the second candidate beat the first in two H200 runs, whichever
+    mode it was: benchmarks/results/h200-2026-12-01f)."""
     if len(names) < 2:
         raise ValueError(f"abba_order: expected a baseline and at least one candidate, "
                          f"found {list(names)}")
     if blocks < 1:
         raise ValueError(f"abba_order: expected blocks >= 1, found {blocks}")
-    base = names[0]
+    base, cands = names[0], list(names[1:])
+    k = len(cands)
     out = []
     for b in range(blocks):
-        for j, cand in enumerate(names[1:]):
+        for i in range(k):
+            j = (b + i) % k
+            cand = cands[j]
             out.append((b, base, cand) if (b + j) % 2 == 0 else (b, cand, base))
     return out
 

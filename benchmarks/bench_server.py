@@ -32,7 +32,11 @@ that an ``off`` round lasts about ``--round-s`` seconds (calibrating on the cold
 made 1.5 s rounds last 0.2 s: one wave of requests, whose ramp and tail swamped the ratio; the
 median round wall per mode is printed and recorded);
 then ``--pairs`` blocks run, each block one adjacent pair (baseline, candidate) per candidate
-mode, baseline-first and candidate-first alternating across blocks (ABBA). Each pair gives
+mode, baseline-first and candidate-first alternating across blocks (ABBA), the candidates'
+order rotating by one per block; before every round the bench waits for a fresh report of
+the hook's stats file (up to ~1 s of tiny requests), so each round follows the same pause
+(with pauses only at mode switches, the second candidate of a block beat the first in two
+runs, whichever mode it was). Each pair gives
 one ratio candidate/off from two rounds run back to back, so the server's slow drift (the
 "off" rounds alone vary 10-20 % between rounds) largely cancels inside a pair. The goal
 (``--goal``, default on/off >= 0.98) is judged on the LOWER END OF THE 95 % DISTRIBUTION-FREE
@@ -41,7 +45,7 @@ printed); the min-max of the ratios and a bootstrap interval are reported beside
 stricter "whole spread" verdict too. With 20 pairs the interval runs from the 6th to the 15th
 smallest ratio (95.9 %), about +-1.25 sigma/sqrt(20) x 1.96 ~ +-0.55 sigma: pairs whose ratios
 scatter by 3 % resolve a 2 % difference, where the min-max of 5 long rounds never can. Time:
-about pairs x candidates x 2 x --round-s per mix, plus ~1 s per hook-mode switch.
+about pairs x candidates x 2 x (--round-s + ~1 s of settling) per mix.
 
 The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
 (SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
@@ -334,17 +338,28 @@ def main() -> int:
     current_mode = [None]
 
     def set_mode(mode: str) -> None:
-        """Switch the hook's mode and wait until the hook reports it (its stats file, written
-        at most once a second on the scheduler's thread, names the mode it ran with): tiny
-        plain requests keep the server stepping until then."""
-        if not exp_file or current_mode[0] == mode:
+        """Switch the hook's mode if it differs, then wait until the hook has written its
+        stats file, naming that mode, AFTER this call began (the file is written at most
+        once a second, on the scheduler's thread; tiny plain requests keep the server
+        stepping until then). Every round starts this way, mode switch or not, so every
+        round follows the same kind of pause (with a pause only before mode switches, the
+        rounds after one ran differently from the rounds after none: a position effect)."""
+        if not exp_file:
             return
-        with open(exp_file, "w") as f:
-            f.write(mode)
+        if current_mode[0] != mode:
+            with open(exp_file, "w") as f:
+                f.write(mode)
+        since = time.time_ns()
         deadline = time.monotonic() + 30
-        while hook_stats().get("mode", "") != mode:
+        while True:
+            try:
+                fresh = os.stat(stats_file).st_mtime_ns > since
+            except OSError:
+                fresh = False
+            if fresh and hook_stats().get("mode", "") == mode:
+                break
             if time.monotonic() > deadline:
-                raise SystemExit(f"the hook did not switch to mode {mode!r} within 30 s "
+                raise SystemExit(f"the hook did not report mode {mode!r} within 30 s "
                                  f"(stats file {stats_file!r})")
             post(args.url, {"input_ids": [5, 6, 7], "rid": f"plain-mode-{time.monotonic_ns()}",
                             "sampling_params": {"max_new_tokens": 1}})
@@ -497,7 +512,7 @@ def main() -> int:
             ["every request of the round sent (concurrency --concurrency) until the last "
              "response received: tokenizer-less HTTP, scheduling, prefill, the hook, the copy "
              "into the ring, 1 sampled token"],
-            ["the subscriber's work (another process)", "hook mode switches between rounds",
+            ["the subscriber's work (another process)", "the settling before each round (hook mode switch, a fresh stats report)",
              "warm-up rounds"], "time.perf_counter")},
         results={"mixes": mixes, "verification": ver, "hook_final": hook_stats(),
                  "modes": modes, "goal_judged_on": "lower end of the 95 % distribution-free "

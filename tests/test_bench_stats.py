@@ -249,6 +249,21 @@ def test_abba_order_pairs_every_candidate_with_the_baseline_and_alternates(cands
         assert firsts == [(b + j) % 2 == 0 for b in range(blocks)]   # ABBA across blocks
 
 
+@given(st.integers(1, 4), st.integers(1, 12))
+def test_abba_order_rotates_the_candidates_so_each_holds_each_position_equally(k, blocks):
+    cands = [f"on:{i}" for i in range(k)]
+    order = _stats.abba_order(["off", *cands], blocks)
+    for b in range(blocks):
+        mine = [next(x for x in (f, s) if x != "off") for bb, f, s in order if bb == b]
+        assert sorted(mine) == sorted(cands)                  # each candidate once a block
+        assert mine == cands[b % k:] + cands[:b % k]          # rotated by one per block
+    if blocks % k == 0:
+        for c in cands:
+            spots = [[next(x for x in (f, s) if x != "off") for bb, f, s in order
+                      if bb == b].index(c) for b in range(blocks)]
+            assert all(spots.count(p) == blocks // k for p in range(k))
+
+
 def test_abba_order_refuses_nothing_to_compare():
     with pytest.raises(ValueError, match="candidate"):
         _stats.abba_order(["off"], 3)
