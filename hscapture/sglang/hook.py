@@ -91,10 +91,11 @@ _SWEEP_INTERVAL_S = 0.05
 #: how long the scheduler may go without a capture before the producer's publisher thread
 #: publishes a completed copy itself (Producer ``commit_grace_s``); an entry is announced at
 #: most this long after its copy completed. Measured in a real server (H200, 1B shape,
-#: bench_server, 8 pairs, benchmarks/results/h200-2026-12-01f): with 5 ms the publisher thread
-#: announces most entries between forwards, and the hook's time per capturing forward fell
-#: from p50 425 to 363 us against 50 ms (where the next forward's capture announced them
-#: inline); long-mix on/off 0.995 [0.982-1.005] with 5 ms vs 0.975 [0.912-0.995] with 50 ms.
+#: bench_server, two runs, benchmarks/results/h200-2026-12-01f): with 5 ms the publisher
+#: thread announces most entries between forwards, and the hook's time per capturing forward
+#: was p50 363 / 320 us against 425 / 357 us with 50 ms (where the next forward's capture
+#: announced them inline). Their throughput ratios differed by less than the benchmark's
+#: position effect of those runs.
 COMMIT_GRACE_S = 0.005
 
 
