@@ -476,7 +476,12 @@ def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(
     """CUDA copies complete between captures (a device synchronize, not a sleep): each capture
     publishes the previous entry, the publisher thread publishes none of them (it would take
     the GIL from the engine's thread once per capture), and once the captures stop it
-    publishes the last one by itself, no sooner than the commit grace after that capture."""
+    publishes the last one by itself, no sooner than the commit grace after that capture.
+
+    The last capture's copy is held back by a GPU spin on the caller's stream (the side
+    stream waits for it), so that capture cannot announce its own entry right away (a small
+    copy otherwise completes before the capture's inline publish looks at it: the H200 run
+    of this test's first version saw exactly that)."""
     import threading
 
     grace = 0.5
@@ -492,15 +497,23 @@ def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(
     p._publish = publish
     try:
         sub.wait_ready(timeout=20)
+        cycles = int(_cycles_per_second() * 0.2)
         src = torch.randn(256, 512, device="cuda").to(torch.bfloat16)
         ids = torch.arange(256, device="cuda")
+        spin_done = torch.cuda.Event()
         for i in range(8):
+            if i == 7:
+                torch.cuda._sleep(cycles)              # the last copy queues behind this
+                spin_done.record()
             assert p.capture(f"s{i}", [src], layers=[1], token_ids=ids)
-            torch.cuda.synchronize()                   # this capture's copy has completed
+            if i < 7:
+                torch.cuda.synchronize()               # this capture's copy has completed
+        still_spinning = not spin_done.query()
         for i in range(8):                             # no flush: the last is the thread's
             s = sub.get(f"s{i}", timeout=20)
             assert_bits_equal(s.tensors["layer_1"], src, f"s{i}")
             s.release()
+        assert still_spinning, "the GPU spin ended before the last capture returned: void"
         names = [t for t, _, _ in by]
         assert names == [threading.main_thread().name] * 7 + ["hscapture-publisher"], names
         assert by[-1][1] - by[-1][2] >= grace
