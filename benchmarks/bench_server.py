@@ -47,6 +47,14 @@ smallest ratio (95.9 %), about +-1.25 sigma/sqrt(20) x 1.96 ~ +-0.55 sigma: pair
 scatter by 3 % resolve a 2 % difference, where the min-max of 5 long rounds never can. Time:
 about pairs x candidates x 2 x (--round-s + ~1 s of settling) per mix.
 
+``--load steady`` (:class:`SteadyLoad`) measures windows of ``--round-s`` seconds inside a
+continuous load instead of rounds: a round ends with its last answer, so it carries the
+ramp and the tail of one wave of requests, and in the short mix the "off" rounds alone varied
+1.8x between adjacent rounds (H200, 1B, benchmarks/results/h200-2026-12-01f). Per
+measurement: pause the load until nothing is in flight, switch the hook's mode, resume
+under the new mode, wait until ``--concurrency`` of its requests were answered (the ramp),
+then count the prompt tokens answered in the window. Not yet run on the GPU host.
+
 The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
 (SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
 front end (tokenizer manager and this Python client, ~800 requests/s) rather than the
@@ -148,6 +156,139 @@ def run_round(url: str, prompts: list[list[int]], rids: list[str], concurrency: 
     return time.perf_counter() - t0, outs
 
 
+class SteadyLoad:
+    """``--load steady``: ``concurrency`` HTTP requests in flight (``batch`` prompts each,
+    cycling through ``prompts``), each tagged with the mode current when it was sent;
+    throughput is measured over windows of time inside that steady load, not over rounds.
+
+    Why: a round ends with its last response, so it carries the ramp-up and the tail of one
+    wave of requests; in the short mix the "off" rounds alone ran at 133k-236k prompt
+    tokens/s from one round to the next (H200, 1B, benchmarks/results/h200-2026-12-01f).
+
+    One measurement (:meth:`pause`, switch the hook's mode, :meth:`resume`, :meth:`window`):
+    ``pause`` stops sending and returns once nothing is in flight (so a hook-mode switch
+    never catches a request of another mode: an "on" request served by a ``noop`` hook would
+    be missing, an ``on:noop`` one served by a capturing hook unrequested); ``resume`` sends
+    under the new mode and returns once ``concurrency`` of its requests were answered (every
+    sender is on its second request: the server's queue is full again, the ramp is over);
+    ``window`` counts the prompt tokens of that mode's requests answered during the window.
+    ``on_sent(mode, rids, prompts)`` is called once per request before it is sent (the
+    bench's account of what must be delivered); an HTTP error stops the load and is raised
+    by the next call; :meth:`stop` waits for every request in flight."""
+
+    def __init__(self, url: str, prompts: list[list[int]], concurrency: int, batch: int,
+                 rid_of: Any, on_sent: Any = None) -> None:
+        import threading
+
+        self._url, self._prompts, self._batch = url, prompts, max(1, int(batch))
+        self._rid_of, self._on_sent = rid_of, on_sent
+        self._cond = threading.Condition()
+        self._mode: str | None = None            # None: paused, nothing is sent
+        self._next = 0
+        self._inflight = 0
+        self._done: list[tuple[float, str, int]] = []   # (perf_counter at answer, mode, tokens)
+        self._error: BaseException | None = None
+        self._stopping = False
+        self.concurrency = max(1, int(concurrency))
+        self._threads = [threading.Thread(target=self._worker, name=f"load-{i}", daemon=True)
+                         for i in range(self.concurrency)]
+        for t in self._threads:
+            t.start()
+
+    def pause(self, timeout_s: float = 300.0) -> float:
+        """Send nothing more; return the seconds until no request was in flight."""
+        t0 = time.perf_counter()
+        with self._cond:
+            self._mode = None
+            if not self._cond.wait_for(lambda: self._error is not None or not self._inflight,
+                                       timeout_s):
+                raise TimeoutError(f"steady load: {self._inflight} requests still in flight "
+                                   f"after {timeout_s:g} s")
+            self._raise()
+        return time.perf_counter() - t0
+
+    def resume(self, mode: str, timeout_s: float = 300.0) -> float:
+        """Send under ``mode``; return the seconds until ``concurrency`` of its requests were
+        answered (the ramp-up, excluded from the next window)."""
+        t0 = time.perf_counter()
+        with self._cond:
+            if self._inflight:
+                raise RuntimeError("steady load: resume() without pause()")
+            first = len(self._done)
+            self._mode = mode
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._error is not None or
+                                       len(self._done) - first >= self.concurrency, timeout_s):
+                raise TimeoutError(f"steady load: fewer than {self.concurrency} {mode!r} "
+                                   f"requests answered within {timeout_s:g} s")
+            self._raise()
+        return time.perf_counter() - t0
+
+    def window(self, seconds: float) -> dict[str, Any]:
+        """Measure for ``seconds`` (a timed wait on the load's condition: the measuring
+        interval, nothing waits on it for correctness): :func:`window_rate` of the current
+        mode over the window."""
+        with self._cond:
+            mode, t_a, first = self._mode, time.perf_counter(), len(self._done)
+            if mode is None:
+                raise RuntimeError("steady load: window() while paused")
+            self._cond.wait_for(lambda: self._error is not None, max(0.0, seconds))
+            t_b = time.perf_counter()
+            self._raise()
+            done = self._done[first:]
+        return window_rate(done, mode, t_a, t_b)
+
+    def stop(self, timeout_s: float = 300.0) -> None:
+        """Send nothing more; wait for every request in flight (raises if one failed)."""
+        with self._cond:
+            self._stopping = True
+            self._mode = None
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout_s)
+        with self._cond:
+            self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"steady load: a request failed: {self._error!r}") from self._error
+
+    def _worker(self) -> None:
+        n = len(self._prompts)
+        sampling = {"max_new_tokens": 1, "temperature": 0.0}
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._error is not None or
+                                    self._mode is not None)
+                if self._stopping or self._error is not None:
+                    return
+                mode, k = self._mode, self._next
+                self._next += 1
+                group = [self._prompts[(k * self._batch + j) % n] for j in range(self._batch)]
+                rids = self._rid_of(mode, k, len(group))
+                self._inflight += 1
+                if self._on_sent is not None:
+                    self._on_sent(mode, rids, group)
+            try:
+                if self._batch == 1:
+                    post(self._url, {"input_ids": group[0], "rid": rids[0],
+                                     "sampling_params": sampling})
+                else:
+                    post(self._url, {"input_ids": group, "rid": rids,
+                                     "sampling_params": sampling})
+            except BaseException as exc:    # noqa: BLE001 - recorded, raised by the caller
+                with self._cond:
+                    self._inflight -= 1
+                    self._error = self._error or exc
+                    self._cond.notify_all()
+                return
+            t = time.perf_counter()
+            with self._cond:
+                self._inflight -= 1
+                self._done.append((t, mode, sum(map(len, group))))
+                self._cond.notify_all()
+
+
 # -- pure bookkeeping (tested in tests/test_bench_stats.py) --------------------------------
 
 def pair_ratios(rounds: Sequence[Mapping[str, Any]], candidate: str, baseline: str = "off"
@@ -167,6 +308,22 @@ def pair_ratios(rounds: Sequence[Mapping[str, Any]], candidate: str, baseline: s
                              f"round, found {sorted(sides)}")
         out.append(sides[candidate] / sides[baseline])
     return out
+
+
+def window_rate(done: Iterable[tuple[float, str, int]], mode: str | None, t_a: float,
+                t_b: float) -> dict[str, Any]:
+    """One steady-load window: of the answered requests ``(time, mode, prompt tokens)``,
+    those of ``mode`` answered in ``[t_a, t_b]``; prompt tokens per second over the window's
+    length. Raises ValueError for an empty or reversed window."""
+    if not t_b > t_a:
+        raise ValueError(f"window_rate: expected t_b > t_a, found [{t_a}, {t_b}]")
+    n = tokens = 0
+    for t, m, k in done:
+        if m == mode and t_a <= t <= t_b:
+            n += 1
+            tokens += k
+    return {"tok_per_s": tokens / (t_b - t_a), "wall_s": t_b - t_a, "requests": n,
+            "tokens": tokens}
 
 
 def reason_of(text: str) -> str:
@@ -282,6 +439,10 @@ def main() -> int:
     ap.add_argument("--batch", default="short=8,long=1",
                     help="prompts per HTTP request, per mix (SGLang's batch /generate); with "
                          "1 the short mix measures the HTTP front end, not the scheduler")
+    ap.add_argument("--load", choices=("rounds", "steady"), default="rounds",
+                    help="rounds: a fixed set of requests per measurement, timed first sent to "
+                         "last answered; steady: a continuous load, measured over windows of "
+                         "--round-s seconds (SteadyLoad)")
     ap.add_argument("--round-s", type=float, default=1.0,
                     help="target seconds per 'off' round: the warm-up calibrates the number of "
                          "requests to it (0: use --requests as given)")
@@ -389,6 +550,72 @@ def main() -> int:
                          "hook_ms": after.get("total_ms", 0) - before.get("total_ms", 0),
                          "p50_us": after.get("p50_us"), "p90_us": after.get("p90_us")}}
 
+    def summarize(mix: str, rounds: list[dict[str, Any]], res: dict[str, Any]) -> None:
+        """Per candidate: the paired ratios' summary into ``res["pairs"]``, printed."""
+        for cand in modes[1:]:
+            s = _stats.pair_summary(pair_ratios(rounds, cand), args.goal if cand == "on"
+                                    else None, ">=", seed=args.seed)
+            res["pairs"][f"{cand}/off"] = s
+            line = (f"[bench_server] {mix}: {cand}/off median {s['median']:.4f}, "
+                    f"{s['ci_coverage']:.1%} CI of the median [{s['ci'][0]:.4f}, "
+                    f"{s['ci'][1]:.4f}] (n={s['n']} pairs), min-max [{s['min']:.3f}, "
+                    f"{s['max']:.3f}]")
+            if "met" in s:
+                line += (f"; goal >= {args.goal:g} judged on {s['judged_on']}: "
+                         f"{'MET' if s['met'] else 'MISSED'} (whole spread: "
+                         f"{'met' if s['met_whole_spread'] else 'missed'})")
+            print(line, flush=True)
+
+    def steady_mix(mix: str, prompts: list[list[int]]) -> dict[str, Any]:
+        """The pairs of one mix under a continuous load (``--load steady``): per measurement
+        pause the load, switch the hook's mode, resume, wait out the ramp, measure a window
+        of ``--round-s`` seconds. One warm-up measurement per mode first, discarded."""
+        def rid_of(mode: str, k: int, n: int) -> list[str]:
+            return [f"{'hscap' if mode.startswith('on') else 'plain'}-{mix}-"
+                    f"{mode.replace(':', '-')}-s{k}-{i}" for i in range(n)]
+
+        def on_sent(mode: str, rids: list[str], group: list[list[int]]) -> None:
+            if captures(mode):
+                for r, p in zip(rids, group):
+                    expected[r] = (len(p), ids_crc(p))
+
+        load = SteadyLoad(args.url, prompts, args.concurrency, int(batch[mix]), rid_of, on_sent)
+
+        def measure(mode: str) -> dict[str, Any]:
+            drained = load.pause()
+            set_mode(mode.partition(":")[2])
+            ramp = load.resume(mode)
+            r = load.window(args.round_s)
+            r.update(mode=mode, drain_s=drained, ramp_s=ramp)
+            return r
+
+        rounds: list[dict[str, Any]] = []
+        try:
+            for m in modes:
+                measure(m)
+            print(f"[bench_server] {mix}: steady load, {args.concurrency} x {batch[mix]} "
+                  f"prompts in flight, windows of {args.round_s:g} s; {args.pairs} blocks of "
+                  f"pairs {modes[1:]} vs off", flush=True)
+            for block, first, second in _stats.abba_order(modes, args.pairs):
+                cand = second if first == "off" else first
+                for mode in (first, second):
+                    r = measure(mode)
+                    r.update(block=block, pair=f"b{block}-{cand}")
+                    rounds.append(r)
+                ratio = pair_ratios(rounds[-2:], cand)[0]
+                print(f"[bench_server] {mix} block {block:3d} {first:>8s} then {second:<8s} "
+                      f"{cand}/off {ratio:.3f} ({rounds[-2]['requests']} / "
+                      f"{rounds[-1]['requests']} requests answered)", flush=True)
+        finally:
+            load.stop()
+        res: dict[str, Any] = {"load": "steady", "prompt_pool": len(prompts),
+                               "rounds": rounds, "pairs": {},
+                               "median_window_tok_per_s": {
+                                   m: _stats.median([r["tok_per_s"] for r in rounds
+                                                     if r["mode"] == m]) for m in modes}}
+        summarize(mix, rounds, res)
+        return res
+
     for mix in args.mix.split(","):
         lo, hi = MIXES[mix]
 
@@ -397,6 +624,9 @@ def main() -> int:
                     for _ in range(k)]
 
         prompts = more(int(nreq[mix]))
+        if args.load == "steady":
+            mixes[mix] = steady_mix(mix, prompts)
+            continue
         # warm-up, discarded (the first round compiles and allocates)
         warm = {m: one_round(mix, m, "warmup", prompts) for m in modes}
         if args.round_s > 0:
@@ -436,19 +666,7 @@ def main() -> int:
                                                  for m in modes}}
         print(f"[bench_server] {mix}: median round wall (s) "
               f"{ {m: round(v, 3) for m, v in res['median_wall_s'].items()} }", flush=True)
-        for cand in modes[1:]:
-            s = _stats.pair_summary(pair_ratios(rounds, cand), args.goal if cand == "on"
-                                    else None, ">=", seed=args.seed)
-            res["pairs"][f"{cand}/off"] = s
-            line = (f"[bench_server] {mix}: {cand}/off median {s['median']:.4f}, "
-                    f"{s['ci_coverage']:.1%} CI of the median [{s['ci'][0]:.4f}, "
-                    f"{s['ci'][1]:.4f}] (n={s['n']} pairs), min-max [{s['min']:.3f}, "
-                    f"{s['max']:.3f}]")
-            if "met" in s:
-                line += (f"; goal >= {args.goal:g} judged on {s['judged_on']}: "
-                         f"{'MET' if s['met'] else 'MISSED'} (whole spread: "
-                         f"{'met' if s['met_whole_spread'] else 'missed'})")
-            print(line, flush=True)
+        summarize(mix, rounds, res)
         if args.profile_dir:
             res["profiles"] = {}
             for mode in ("off", "on"):
@@ -512,8 +730,19 @@ def main() -> int:
             ["every request of the round sent (concurrency --concurrency) until the last "
              "response received: tokenizer-less HTTP, scheduling, prefill, the hook, the copy "
              "into the ring, 1 sampled token"],
-            ["the subscriber's work (another process)", "the settling before each round (hook mode switch, a fresh stats report)",
-             "warm-up rounds"], "time.perf_counter")},
+            ["the subscriber's work (another process)",
+             "the settling before each round (hook mode switch, a fresh stats report)",
+             "warm-up rounds"], "time.perf_counter")} if args.load == "rounds" else
+        {"window": _stats.timed_region(
+            ["--round-s seconds of a continuous load of --concurrency requests in flight, all "
+             "of one mode; prompt tokens of the requests answered inside the window: "
+             "tokenizer-less HTTP, scheduling, prefill, the hook, the copy into the ring, 1 "
+             "sampled token"],
+            ["the subscriber's work (another process)",
+             "per measurement: the drain of the previous mode's requests, the hook mode "
+             "switch and a fresh stats report, the ramp until --concurrency requests of the "
+             "new mode were answered", "one warm-up measurement per mode"],
+            "time.perf_counter")},
         results={"mixes": mixes, "verification": ver, "hook_final": hook_stats(),
                  "modes": modes, "goal_judged_on": "lower end of the 95 % distribution-free "
                  "confidence interval of the median paired ratio on/off"},

@@ -12,7 +12,8 @@
 # long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
 # modes EXPERIMENTS (default grace=0.05: the publisher thread's 50 ms grace of before, vs 5 ms;
 # also nocapture: everything but Producer.capture) as candidates. Environment: PAIRS (8), ROUND_S (1.2),
-# SHAPES (1b,tiny). OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
+# SHAPES (1b,tiny), LOAD (rounds; steady: windows inside a continuous load, bench_server's
+# SteadyLoad, not yet run on the GPU host; a measurement then takes ~2-3 s plus ROUND_S). OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
 set -u
 OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
@@ -22,7 +23,7 @@ export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
 export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/tmp/hsc-bench-mode
 export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
-export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS"
+export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS --load ${LOAD:-rounds}"
 COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
 rc=0
 run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang flags...]

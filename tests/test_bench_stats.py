@@ -419,6 +419,151 @@ def test_bench_server_round_sends_batches_and_maps_every_output_to_its_prompt():
         srv.server_close()
 
 
+class _LoopbackSGLang:
+    """A real HTTP server on loopback answering SGLang's /generate (single and batch form)
+    for the steady-load tests: it records every request's rids, its mode (read from the
+    rid, laid out as :func:`_rid_of` does: ``hscap|plain-short-MODE-sK-i``), and
+    how many were in flight; requests whose mode is in ``hold``
+    wait until ``release`` is set; a rid in ``fail`` gets HTTP 500."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json as _json
+        import threading
+
+        self.lock = threading.Lock()
+        self.arrivals: list[tuple[str, list[str]]] = []   # (mode, rids) in arrival order
+        self.inflight = 0
+        self.hold: set[str] = set()
+        self.release = threading.Event()
+        self.fail: set[str] = set()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                rids = body["rid"] if isinstance(body["rid"], list) else [body["rid"]]
+                mode = _mode_of(rids[0])
+                with outer.lock:
+                    outer.arrivals.append((mode, rids))
+                    outer.inflight += 1
+                if mode in outer.hold:
+                    outer.release.wait(30)
+                code = 500 if outer.fail & set(rids) else 200
+                data = _json.dumps([{"output_ids": [1]} for _ in rids]
+                                   if isinstance(body["rid"], list)
+                                   else {"output_ids": [1]}).encode()
+                with outer.lock:     # done before its answer leaves (the client sees it after)
+                    outer.inflight -= 1
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def _mode_of(rid: str) -> str:
+    import re
+
+    return re.fullmatch(r"(?:hscap|plain)-short-(.+)-s\d+-\d+", rid).group(1)
+
+
+def _rid_of(mode: str, k: int, n: int) -> list[str]:
+    return [f"{'hscap' if mode.startswith('on') else 'plain'}-short-{mode.replace(':', '-')}"
+            f"-s{k}-{i}" for i in range(n)]
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.sampled_from(["off", "on"]),
+                          st.integers(1, 500)), max_size=40),
+       st.floats(0, 5), st.floats(0.01, 5))
+def test_steady_window_counts_exactly_its_modes_answers_inside_it(done, t_a, length):
+    bs = _bench_server()
+    t_b = t_a + length
+    got = bs.window_rate(done, "on", t_a, t_b)
+    inside = [k for t, m, k in done if m == "on" and t_a <= t <= t_b]
+    assert got["requests"] == len(inside) and got["tokens"] == sum(inside)
+    assert math.isclose(got["tok_per_s"], sum(inside) / (t_b - t_a))
+    with pytest.raises(ValueError, match="t_b > t_a"):
+        bs.window_rate(done, "on", t_b, t_a)
+
+
+def test_steady_load_switches_modes_only_with_nothing_in_flight_and_accounts_every_request():
+    """``pause`` returns with nothing in flight at the server; after ``resume(B)`` no
+    request of the old mode arrives; ``on_sent`` names exactly the rids the server saw, once
+    each; ``stop`` leaves nothing in flight; every window counts only its own mode."""
+    bs = _bench_server()
+    srv = _LoopbackSGLang()
+    sent: list[tuple[str, str]] = []
+    prompts = [[5] * (10 + i) for i in range(7)]
+    try:
+        load = bs.SteadyLoad(srv.url, prompts, concurrency=4, batch=3, rid_of=_rid_of,
+                             on_sent=lambda m, rids, g: sent.extend((m, r) for r in rids))
+        for mode in ("off", "on", "on:noop", "off"):
+            load.pause()
+            with srv.lock:
+                assert srv.inflight == 0, "pause() returned with requests in flight"
+                mark = len(srv.arrivals)
+            ramp = load.resume(mode)
+            assert ramp >= 0
+            w = load.window(0.05)
+            with srv.lock:
+                later = [m for m, _ in srv.arrivals[mark:]]
+            assert later and set(later) == {mode.replace(":", "-")}, later
+            assert w["tokens"] == 0 or w["requests"] > 0
+        load.stop()
+        with srv.lock:
+            assert srv.inflight == 0
+            seen = [r for _, rids in srv.arrivals for r in rids]
+        assert sorted(seen) == sorted(r for _, r in sent) and len(set(seen)) == len(seen)
+        assert all(_mode_of(r) == m.replace(":", "-") for m, r in sent)
+    finally:
+        srv.close()
+
+
+def test_steady_load_resume_waits_out_the_ramp_and_an_http_error_stops_it():
+    """``resume`` returns only once ``concurrency`` requests of the new mode were answered
+    (held here until released: it must still be waiting); a failed request makes the next
+    call raise, and ``stop`` then returns."""
+    import threading
+
+    bs = _bench_server()
+    srv = _LoopbackSGLang()
+    try:
+        load = bs.SteadyLoad(srv.url, [[5, 6, 7]], concurrency=3, batch=1, rid_of=_rid_of)
+        srv.hold.add("on")
+        back: list[float] = []
+        t = threading.Thread(target=lambda: back.append(load.resume("on")), daemon=True)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and not back, "resume() returned before any answer"
+        srv.release.set()
+        t.join(30)
+        assert back and back[0] >= 0.3
+        load.pause()
+        srv.fail.add("hscap-short-on-s100-0")      # a request sent later fails
+        with pytest.raises(RuntimeError, match="request failed"):
+            load.resume("on")
+            for _ in range(200):                   # until request 100 was sent and failed
+                load.window(0.01)
+        with pytest.raises(RuntimeError, match="request failed"):
+            load.stop()
+    finally:
+        srv.close()
+
+
 # -- server_trace: reading SGLang's profiler traces ----------------------------------------
 
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), max_size=25))
