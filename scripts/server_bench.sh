@@ -10,14 +10,17 @@
 # 4 layers), aux layers 0 1 2, 256-token chunks. Both: capture-only EAGLE-3 mode, radix cache
 # off, CUDA graphs and the overlap scheduler at SGLang's defaults, a 4 GiB ring, the short and
 # long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
-# modes EXPERIMENTS (default grace=0.05: the publisher thread's 50 ms grace of before, vs 5 ms;
-# also nocapture: everything but Producer.capture) as candidates. Environment: PAIRS (8), ROUND_S (1.2),
-# SHAPES (1b,tiny), LOAD (rounds; steady: windows inside a continuous load, bench_server's
-# SteadyLoad, not yet run on the GPU host; a measurement then takes ~2-3 s plus ROUND_S). OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
+# modes EXPERIMENTS (default noop: the plugin-absent proxy; also e.g. grace=0.05, a 50 ms
+# commit grace, or nocapture: everything but Producer.capture) as candidates. Environment:
+# PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny), LOAD (rounds; steady: windows inside a
+# continuous load, bench_server's SteadyLoad, not yet run on the GPU host; a measurement then
+# takes ~2-3 s plus ROUND_S). With two candidates the tiny shape did not finish both mixes in
+# its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
+# OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
 set -u
 OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
-EXPERIMENTS=${2:-grace=0.05}
+EXPERIMENTS=${2:-noop}
 SHAPES=${SHAPES:-1b,tiny}
 export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
