@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -28,6 +28,7 @@ from . import notice as nt
 from . import record as rec
 from ._control import ControlLog
 from ._copies import EntryCopier, recycle_event
+from ._publish_queue import STOP, Pending, PublishQueue, completed
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
 from .errors import (
     CaptureConfigError,
@@ -73,21 +74,6 @@ class Row:
     cached_prefix: int = 0
     extra: Mapping[str, Any] | None = None
     fields: Mapping[str, bytes] | None = None
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One entry for the publisher thread, in reservation (= sequence) order."""
-
-    kind: str
-    position: int
-    seq: int
-    n: int
-    length: int
-    meta_bytes: bytes
-    done: Any = None          # torch.cuda.Event after the copy, or None (already in the ring)
-    keepalive: Any = None     # sources and staging kept alive until ``done`` completed
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -203,14 +189,7 @@ class Producer:
             raise
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
-        self._cond = threading.Condition()     # guards the queue; wakes the publisher thread
-        self._progress = threading.Condition()  # flush / close wait on it
-        self._pub_lock = threading.Lock()      # one publisher at a time; every socket send
-        self._queue: collections.deque[_Pending | None] = collections.deque()
-        self._queued = 0                       # entries put on the queue (under _cond)
-        self._published = 0                    # entries committed + announced (_progress)
-        self._flushing = 0                     # flush() calls waiting (under _cond)
-        self._last_enqueue = 0.0               # time.monotonic() of the last entry queued
+        self._pubq = PublishQueue()            # entries until committed + announced
         self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
         self._counters: collections.Counter[str] = collections.Counter()
@@ -425,7 +404,7 @@ class Producer:
             return False
         self._counters["captured_rows"] += len(row_maps)
         self._counters["captured_bytes"] += plan.length
-        self._enqueue(_Pending("batch", position, seq, len(row_maps), plan.length,
+        self._enqueue(Pending("batch", position, seq, len(row_maps), plan.length,
                                plan.meta_bytes, done, keepalive, row_maps))
         return True
 
@@ -435,7 +414,7 @@ class Producer:
         it, an entry is announced at the first step after its copy completed instead of
         after the publisher thread's ``commit_grace_s``. A no-op (one check) when nothing is
         queued or ``inline_publish`` is off."""
-        if self._queue and self.inline_publish:
+        if self._pubq.pending and self.inline_publish:
             self._publish_ready(block=False)
 
     def abort(self, rid: str, reason: str, *, restart: bool = False,
@@ -486,20 +465,9 @@ class Producer:
         return True
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every entry so far has been committed and announced."""
-        with self._cond:
-            target = self._queued
-            self._flushing += 1          # cuts the publisher's commit grace short
-            self._cond.notify_all()
-        try:
-            with self._progress:
-                if not self._progress.wait_for(lambda: self._published >= target, timeout_s):
-                    raise TimeoutError(
-                        f"Producer.flush: {target - self._published} entries still pending "
-                        f"after {timeout_s:g}s (a copy that never completes?)")
-        finally:
-            with self._cond:
-                self._flushing -= 1
+        """Wait until every entry so far has been committed and announced (cutting the
+        publisher thread's commit grace short). Raises TimeoutError after ``timeout_s``."""
+        self._pubq.wait_published(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Publish everything pending (waiting for copies in flight), say ``bye``, unmap, and
@@ -525,11 +493,12 @@ class Producer:
             self._closed = True          # no capture can start after this
         finally:
             self._lock.release()
-        if not self._pub_lock.acquire(timeout=-1 if timeout_s is None
-                                      else min(1.0, max(0.0, timeout_s))):
+        send_lock = self._pubq.send_lock
+        if not send_lock.acquire(timeout=-1 if timeout_s is None
+                                 else min(1.0, max(0.0, timeout_s))):
             self._abandon("the publish lock is held (a publish in progress on this thread?)")
             return
-        self._pub_lock.release()
+        send_lock.release()
         self._enqueue(None)
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
@@ -645,49 +614,23 @@ class Producer:
             self._ring.payload(position)[:len(payload)] = payload
             self._control.pop()
             n = len(meta["rows"]) if meta["kind"] == "drop" else 1
-            self._enqueue(_Pending(meta["kind"], position, meta["seq"], n, len(payload),
+            self._enqueue(Pending(meta["kind"], position, meta["seq"], n, len(payload),
                                    payload[4:], None, None, meta.get("rows", [])))
 
     # -- internals: publishing -------------------------------------------------------------
 
-    def _enqueue(self, item: _Pending | None) -> None:
-        with self._cond:
-            self._queue.append(item)
-            self._last_enqueue = time.monotonic()
-            if item is not None:
-                self._queued += 1
-            # The publisher thread sleeps only while the queue is empty (or in its commit
-            # grace, which close cuts short): wake it for close, and for a first entry whose
-            # copy is still running (an entry already complete is published by the thread
-            # that enqueued it, right after), so a busy engine thread does not hand it the
-            # GIL once per capture. (If that thread cannot take the publish lock, the
-            # publisher holds it and looks at the queue again before it sleeps.)
-            if item is None or not self.inline_publish or \
-                    (item.done is not None and len(self._queue) == 1):
-                self._cond.notify_all()
+    def _enqueue(self, item: Pending | None) -> None:
+        # with inline publishing off, every entry is the publisher thread's: wake it for each
+        self._pubq.put(item, wake=not self.inline_publish)
 
     def _publish_ready(self, block: bool) -> None:
         """Commit and announce, in order, every entry at the queue's front whose copy has
         completed. The capturing thread calls it after each capture without blocking (when
         the publisher thread is at it, it returns at once), the publisher thread blocking."""
-        if not self._pub_lock.acquire(blocking=block):
-            return
-        n = 0
-        try:
-            while True:
-                with self._cond:
-                    item = self._queue[0] if self._queue else None
-                    if item is None or (item.done is not None and not _completed(item.done)):
-                        break
-                    self._queue.popleft()
-                self._safe(self._publish, item)
-                n += 1
-        finally:
-            self._pub_lock.release()
-        if n:
-            with self._progress:
-                self._published += n
-                self._progress.notify_all()
+        self._pubq.publish_ready(block, self._publish_one)
+
+    def _publish_one(self, item: Pending) -> None:
+        self._safe(self._publish, item)
 
     def _send(self, msg: dict[str, Any]) -> None:
         msg.setdefault("v", nt.PROTOCOL_VERSION)
@@ -703,8 +646,7 @@ class Producer:
             recorded = min(self._control.recorded_through(self._next_seq), self._announced)
             self._flush_backlog_locked()
             if not self._control.heard and ring["live_consumers"]:
-                with self._cond:
-                    in_flight = list(self._queue)
+                in_flight = self._pubq.in_flight()
                 unheard = self._control.take_unheard(_first_attach(self._ring.name), in_flight)
                 if unheard is not None:
                     self._write_unheard_locked(*unheard)
@@ -714,7 +656,7 @@ class Producer:
                   "unrecorded": self._control.unrecorded,
                   "backlog": self._control.backlog_rows, "recorded_through": recorded,
                   "errors": self._counters["errors"], "time_ns": time.time_ns()}
-        with self._pub_lock:
+        with self._pubq.send_lock:
             self._send(hb)
 
     def _write_unheard_locked(self, rows: list[dict[str, Any]], overflow: int) -> None:
@@ -726,7 +668,7 @@ class Producer:
             self._control.unheard_lost(len(rows) + overflow)
             return
         self._ring.payload(position)[:len(payload)] = payload
-        self._enqueue(_Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
+        self._enqueue(Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
 
     def _publish_loop(self) -> None:
         """Commit entries in order once their copies completed, then announce them.
@@ -748,34 +690,24 @@ class Producer:
             if now - last_hb >= self.heartbeat_interval_s:
                 self._safe(self._heartbeat)
                 last_hb = now
-            with self._cond:
-                if not self._queue:
-                    self._cond.wait(self.heartbeat_interval_s)
-                    continue
-                head = self._queue[0]
-                if head is None:
-                    self._queue.popleft()
-                    break
-                if self.commit_grace_s and self.inline_publish and \
-                        self._queue[-1] is not None and not self._flushing:
-                    idle = time.monotonic() - self._last_enqueue
-                    if idle < self.commit_grace_s:
-                        # captures are still coming: the next one publishes this entry
-                        self._cond.wait(min(self.commit_grace_s - idle,
-                                            self.heartbeat_interval_s))
-                        continue
-            if head.done is not None and not _completed(head.done):
+            head = self._pubq.next_for_publisher(
+                self.commit_grace_s if self.inline_publish else 0.0, self.heartbeat_interval_s)
+            if head is STOP:
+                break
+            if head is None:
+                continue
+            if head.done is not None and not completed(head.done):
                 try:
                     head.done.synchronize()  # waits for the side-stream copy only (GIL released)
                 except Exception:
                     pass                     # _publish reports the failed copy
             self._publish_ready(block=True)
         self._safe(self._heartbeat)
-        with self._pub_lock:
+        with self._pubq.send_lock:
             self._safe(self._send, {"kind": "bye", "next_seq": self._announced,
                                     "time_ns": time.time_ns()})
 
-    def _publish(self, item: _Pending) -> None:
+    def _publish(self, item: Pending) -> None:
         try:
             if item.done is not None and not item.done.query():
                 item.done.synchronize()  # waits for the side-stream copy only (GIL released)
@@ -858,14 +790,6 @@ class Producer:
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def _completed(event: Any) -> bool:
-    """``event.query()``; True when the query itself fails (the publish reports the copy)."""
-    try:
-        return bool(event.query())
-    except Exception:
-        return True
 
 
 def _check_source_range(rid: str, start: int, count: int, t_src: int) -> None:

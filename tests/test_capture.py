@@ -627,7 +627,7 @@ def test_the_publisher_thread_publishes_only_once_captures_stopped_for_the_grace
 
     def publish(item):
         published.append((threading.current_thread().name, time.monotonic(),
-                          p._last_enqueue))
+                          p._pubq.last_enqueue))
         return real(item)
     p._publish = publish
     with p, sub:
@@ -638,10 +638,10 @@ def test_the_publisher_thread_publishes_only_once_captures_stopped_for_the_grace
                                 LAYERS)
         assert {t for t, _, _ in published} == {threading.main_thread().name}
         n = len(published)
-        with p._pub_lock:                        # the capture cannot publish inline
+        with p._pubq.send_lock:                        # the capture cannot publish inline
             _capture(p, "held-a", 8)
         time.sleep(grace / 2)                    # the next capture comes within the grace
-        with p._pub_lock:
+        with p._pubq.send_lock:
             _capture(p, "held-b", 8)
         for rid in ("held-a", "held-b"):         # no capture, no flush: the thread's job
             assert_sample_exact(sub.get(rid, timeout=10), rid, 8, HIDDEN, LAYERS)

@@ -492,7 +492,7 @@ def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(
     real = p._publish
 
     def publish(item):
-        by.append((threading.current_thread().name, time.monotonic(), p._last_enqueue))
+        by.append((threading.current_thread().name, time.monotonic(), p._pubq.last_enqueue))
         return real(item)
     p._publish = publish
     try:

@@ -339,13 +339,13 @@ def test_a_decode_step_announces_what_the_last_prefill_left_pending(rig):
         return real(item)
     hook.producer._publish = publish
     a = srv.new_req("hscap-pending", 9)
-    with hook.producer._pub_lock:        # the capture's own inline publish cannot run
+    with hook.producer._pubq.send_lock:        # the capture's own inline publish cannot run
         srv.extend([(a, 0, 9)])
     assert by == []
     srv.decode([a])
     check(sub.get(a.rid, timeout=10), srv, a)
     b = srv.new_req("hscap-pending-2", 9)
-    with hook.producer._pub_lock:
+    with hook.producer._pubq.send_lock:
         srv.extend([(b, 0, 9)])
     srv.extend([(srv.new_req("plain-request", 5), 0, 5)])   # opted out: captures nothing
     check(sub.get(b.rid, timeout=10), srv, b)

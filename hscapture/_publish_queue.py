@@ -1,0 +1,168 @@
+"""The queue between a producer's captures and their announcement: WHEN an entry may be
+committed and announced, and WHICH thread does it.
+
+What committing and announcing mean (the ring's commit, the notice, a failed copy turned into
+a drop entry) is the producer's (:mod:`hscapture.producer`); this module only orders and hands
+out the entries, and coordinates the two threads that publish them.
+
+Guarantees:
+
+- Entries leave the queue in the order they were put on it (the producer puts them in
+  reservation order, which is sequence order), each exactly once.
+- An entry leaves only once its copy completed: ``done`` is None (the bytes are in the ring)
+  or ``done.query()`` is true; a ``query`` that raises counts as completed, so the publish
+  reports the failed copy instead of waiting forever.
+- One publisher at a time: :attr:`PublishQueue.send_lock` is held while entries are
+  published, and the producer holds it for every other socket send (ZeroMQ sockets are not
+  thread-safe).
+- :meth:`PublishQueue.wait_published` returns once every entry queued before the call was
+  published (or raises :class:`TimeoutError` saying how many were not).
+
+GIL economy (the publisher thread shares the interpreter with the engine's thread, and every
+time it takes the GIL the engine's thread waits for it): the capturing thread publishes what
+completed right after each capture (:meth:`PublishQueue.publish_ready` without blocking), the
+publisher thread steps in (:meth:`PublishQueue.next_for_publisher`) only once no entry was
+queued for the commit grace, and is woken by an enqueue only when it has to act.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Pending", "PublishQueue", "STOP", "completed"]
+
+
+@dataclass(slots=True)
+class Pending:
+    """One entry for the publisher, in reservation (= sequence) order."""
+
+    kind: str
+    position: int
+    seq: int
+    n: int
+    length: int
+    meta_bytes: bytes
+    done: Any = None          # the copy's completion event (CUDA), or None (already in the ring)
+    keepalive: Any = None     # sources and staging kept alive until ``done`` completed
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: :meth:`PublishQueue.next_for_publisher`'s answer once the close marker was reached
+STOP = object()
+
+
+def completed(event: Any) -> bool:
+    """``event.query()``; True when the query itself fails (the publish reports the copy)."""
+    try:
+        return bool(event.query())
+    except Exception:
+        return True
+
+
+class PublishQueue:
+    """The entries waiting to be committed and announced, and the locks of publishing."""
+
+    def __init__(self) -> None:
+        #: one publisher at a time; also held for every socket send
+        self.send_lock = threading.Lock()
+        self._cond = threading.Condition()      # guards the queue; wakes the publisher thread
+        self._progress = threading.Condition()  # wait_published waits on it
+        self._items: collections.deque[Pending | None] = collections.deque()
+        self._queued = 0                        # entries put on the queue (under _cond)
+        self._published = 0                     # entries handed to ``publish`` (_progress)
+        self._flushing = 0                      # wait_published calls waiting (under _cond)
+        #: time.monotonic() of the last entry queued
+        self.last_enqueue = 0.0
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything is queued (a racy peek, for a cheap "nothing to do")."""
+        return bool(self._items)
+
+    def put(self, item: Pending | None, wake: bool = False) -> None:
+        """Queue ``item`` (None: the close marker, after which nothing is put). The publisher
+        thread is woken for the close marker, for ``wake``, and for a first entry whose copy
+        is still running (a complete one is published by the thread that put it, right
+        after); otherwise it keeps sleeping, so a busy engine thread does not hand it the GIL
+        once per capture. (If that thread cannot take the send lock, the publisher holds it
+        and looks at the queue again before it sleeps.)"""
+        with self._cond:
+            self._items.append(item)
+            self.last_enqueue = time.monotonic()
+            if item is not None:
+                self._queued += 1
+            if item is None or wake or (item.done is not None and len(self._items) == 1):
+                self._cond.notify_all()
+
+    def in_flight(self) -> list[Pending | None]:
+        """The queued entries, oldest first (a copy)."""
+        with self._cond:
+            return list(self._items)
+
+    def publish_ready(self, block: bool, publish: Callable[[Pending], None]) -> None:
+        """Hand every entry at the queue's front whose copy completed to ``publish``, in
+        order, under the send lock; with ``block`` false, return at once when another thread
+        holds that lock (it is publishing). ``publish`` must not raise."""
+        if not self.send_lock.acquire(blocking=block):
+            return
+        n = 0
+        try:
+            while True:
+                with self._cond:
+                    item = self._items[0] if self._items else None
+                    if item is None or (item.done is not None and not completed(item.done)):
+                        break
+                    self._items.popleft()
+                publish(item)
+                n += 1
+        finally:
+            self.send_lock.release()
+        if n:
+            with self._progress:
+                self._published += n
+                self._progress.notify_all()
+
+    def wait_published(self, timeout_s: float) -> None:
+        """Wait until every entry queued so far was published; while waiting, the publisher
+        thread's commit grace is cut short. Raises TimeoutError after ``timeout_s``."""
+        with self._cond:
+            target = self._queued
+            self._flushing += 1
+            self._cond.notify_all()
+        try:
+            with self._progress:
+                if not self._progress.wait_for(lambda: self._published >= target, timeout_s):
+                    raise TimeoutError(
+                        f"Producer.flush: {target - self._published} entries still pending "
+                        f"after {timeout_s:g}s (a copy that never completes?)")
+        finally:
+            with self._cond:
+                self._flushing -= 1
+
+    def next_for_publisher(self, grace_s: float, wait_s: float) -> Pending | object | None:
+        """For the publisher thread: the head entry to wait for and publish now; None when
+        there is nothing to do yet (it waited up to ``wait_s`` for an entry, or up to the rest
+        of the grace); :data:`STOP` once the close marker is at the head (removed).
+
+        The grace (``grace_s`` > 0): while entries keep being queued, i.e. until none was
+        queued for ``grace_s``, the head is left to the capturing thread; a pending close or
+        :meth:`wait_published` cuts it short."""
+        with self._cond:
+            if not self._items:
+                self._cond.wait(wait_s)
+                return None
+            head = self._items[0]
+            if head is None:
+                self._items.popleft()
+                return STOP
+            if grace_s and self._items[-1] is not None and not self._flushing:
+                idle = time.monotonic() - self.last_enqueue
+                if idle < grace_s:
+                    # entries are still coming: the next capture publishes this one
+                    self._cond.wait(min(grace_s - idle, wait_s))
+                    return None
+            return head

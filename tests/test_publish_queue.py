@@ -1,0 +1,119 @@
+"""hscapture._publish_queue: the order in which entries may be published, and by whom."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hscapture._publish_queue import STOP, Pending, PublishQueue, completed
+
+
+class Copy:
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+class Broken:
+    def query(self) -> bool:
+        raise RuntimeError("the device is gone")
+
+
+def _entry(seq: int, done=None) -> Pending:
+    return Pending("batch", 64 * seq, seq, 1, 64, b"", done)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.data())
+def test_entries_leave_in_queue_order_and_only_behind_completed_copies(done_flags, data):
+    """Whatever completes when, ``publish_ready`` hands out a prefix of the queue, in order,
+    every entry once, and stops at the first copy still running."""
+    q = PublishQueue()
+    copies = [Copy(f) for f in done_flags]
+    for i, c in enumerate(copies):
+        q.put(_entry(i, c))
+    out: list[int] = []
+    for _ in range(3):
+        q.publish_ready(False, lambda e: out.append(e.seq))
+        first_running = next((i for i, c in enumerate(copies) if not c.done), len(copies))
+        assert out == list(range(first_running))
+        for i in data.draw(st.lists(st.integers(0, len(copies) - 1), max_size=4)):
+            copies[i].done = True
+    for c in copies:
+        c.done = True
+    q.publish_ready(True, lambda e: out.append(e.seq))
+    assert out == list(range(len(copies))) and not q.pending
+
+
+def test_a_copy_whose_query_fails_counts_as_completed_so_the_publish_reports_it():
+    assert completed(Broken()) and completed(Copy(True)) and not completed(Copy(False))
+    q = PublishQueue()
+    q.put(_entry(0, Broken()))
+    got: list[int] = []
+    q.publish_ready(True, lambda e: got.append(e.seq))
+    assert got == [0]
+
+
+def test_the_capturing_thread_does_not_publish_while_another_thread_holds_the_send_lock():
+    q = PublishQueue()
+    q.put(_entry(0))
+    got: list[int] = []
+    with q.send_lock:
+        q.publish_ready(False, lambda e: got.append(e.seq))   # returns at once
+    assert got == [] and q.pending
+    q.publish_ready(False, lambda e: got.append(e.seq))
+    assert got == [0]
+
+
+def test_the_publisher_thread_waits_out_the_grace_then_takes_the_head_and_stops_at_close():
+    q = PublishQueue()
+    assert q.next_for_publisher(0.0, 0.01) is None            # nothing queued: waited, None
+    head = _entry(0, Copy(False))
+    q.put(head)
+    assert q.next_for_publisher(60.0, 0.01) is None           # inside the grace: left alone
+    q.last_enqueue = time.monotonic() - 61                    # (as if 61 s passed: no sleep)
+    assert q.next_for_publisher(60.0, 0.01) is head
+    assert q.next_for_publisher(0.0, 0.01) is head            # no grace: at once
+    q.put(None)                                               # close cuts the grace
+    q.last_enqueue = time.monotonic()
+    assert q.next_for_publisher(60.0, 0.01) is head
+    head.done.done = True
+    q.publish_ready(True, lambda e: None)
+    assert q.next_for_publisher(60.0, 0.01) is STOP and not q.pending
+
+
+def test_wait_published_cuts_the_grace_and_says_how_many_are_pending_when_it_times_out():
+    q = PublishQueue()
+    released = threading.Event()
+    q.put(_entry(0, Copy(False)))
+    q.put(_entry(1))
+    seen: list[object] = []
+
+    def publisher() -> None:      # the producer's loop, in short (synchronize = released)
+        while True:
+            head = q.next_for_publisher(3600.0, 0.01)
+            if head is STOP:
+                return
+            if head is not None:
+                seen.append(head)
+                if not completed(head.done):
+                    released.wait(30)
+                q.publish_ready(True, lambda e: None)
+
+    t = threading.Thread(target=publisher, daemon=True)
+    t.start()
+    with pytest.raises(TimeoutError, match="2 entries still pending"):
+        q.wait_published(0.2)
+    assert seen, "wait_published did not cut the publisher's hour-long grace"
+    q.in_flight()[0].done.done = True
+    released.set()
+    q.wait_published(10)
+    q.put(None)
+    t.join(10)
+    assert not t.is_alive()
