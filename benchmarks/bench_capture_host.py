@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 
 import _stats  # noqa: E402
 
-STAGES = (("self", "_check_blocks", "checks"), ("rec", "plan_batch", "entry meta"),
+STAGES = (("producer", "_check_blocks", "checks"), ("rec", "plan_batch", "entry meta"),
           ("self", "_reserve", "reserve"), ("rec", "write_header", "header"),
           ("copier", "copy_into", "copies"), ("self", "_enqueue", "enqueue"),
           ("self", "_publish_ready", "inline publish"), ("self", "_send", "notice send"))
@@ -115,7 +115,7 @@ def main() -> int:
 
     if a.breakdown:
         acc: dict[str, list[int]] = collections.defaultdict(list)
-        owners = {"self": prod, "rec": P.rec, "copier": prod._copier}
+        owners = {"self": prod, "producer": P, "rec": P.rec, "copier": prod._copier}
         saved = []
         for owner, name, label in STAGES:
             obj = owners[owner]

@@ -278,7 +278,7 @@ class Producer:
         """
         rows = list(rows)
         blocks = list(blocks)
-        narrowest, dtype, t_src = self._check_blocks(blocks, token_ids)
+        narrowest, dtype, t_src = _check_blocks(blocks, token_ids)
         _check_rows(rows, t_src)
         return self._capture([_row_map(r) for r in rows], [r.src_start for r in rows],
                              blocks, layers, layer_kinds, token_ids, layer_map,
@@ -312,7 +312,7 @@ class Producer:
         what :meth:`capture_batch` returns.
         """
         blocks = list(blocks)
-        narrowest, dtype, t_src = self._check_blocks(blocks, token_ids)
+        narrowest, dtype, t_src = _check_blocks(blocks, token_ids)
         if not rows or len(rows) != len(src_starts):
             raise CaptureConfigError(
                 f"capture_rows: expected one source start per row and at least one row, "
@@ -543,29 +543,6 @@ class Producer:
 
     # -- internals: capture --------------------------------------------------------------
 
-    def _check_blocks(self, blocks: list[torch.Tensor], token_ids: Any
-                      ) -> tuple[int, str, int]:
-        """(narrowest block width, dtype name, source token rows) of valid sources."""
-        if not blocks:
-            raise CaptureConfigError("expected at least one block, found none")
-        first = blocks[0]
-        if first.dim() != 2:
-            raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(first.shape)}")
-        t_src = int(first.shape[0])
-        for i, b in enumerate(blocks):
-            if b.dim() != 2 or int(b.shape[0]) != t_src or b.dtype != first.dtype \
-                    or b.device != first.device:
-                raise CaptureConfigError(
-                    f"block {i}: expected [{t_src}, cols] {first.dtype} on {first.device}, "
-                    f"found {tuple(b.shape)} {b.dtype} on {b.device}")
-        hidden = min(int(b.shape[1]) for b in blocks)
-        n_ids = int(token_ids.numel() if isinstance(token_ids, torch.Tensor)
-                    else np.asarray(token_ids).size)
-        if n_ids != t_src:
-            raise CaptureConfigError(
-                f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
-        return hidden, _dtype_name(first.dtype), t_src
-
     def _capture_split(self, maps: list[dict[str, Any]], starts: list[int],
                        blocks: list[torch.Tensor], layers: list[int], kinds: list[str],
                        token_ids: Any, layer_map: Any, hidden: int, dtype: str,
@@ -790,6 +767,29 @@ class Producer:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str, int]:
+    """(narrowest block width, dtype name, source token rows) of valid sources."""
+    if not blocks:
+        raise CaptureConfigError("expected at least one block, found none")
+    first = blocks[0]
+    if first.dim() != 2:
+        raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(first.shape)}")
+    t_src = int(first.shape[0])
+    for i, b in enumerate(blocks):
+        if b.dim() != 2 or int(b.shape[0]) != t_src or b.dtype != first.dtype \
+                or b.device != first.device:
+            raise CaptureConfigError(
+                f"block {i}: expected [{t_src}, cols] {first.dtype} on {first.device}, "
+                f"found {tuple(b.shape)} {b.dtype} on {b.device}")
+    hidden = min(int(b.shape[1]) for b in blocks)
+    n_ids = int(token_ids.numel() if isinstance(token_ids, torch.Tensor)
+                else np.asarray(token_ids).size)
+    if n_ids != t_src:
+        raise CaptureConfigError(
+            f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
+    return hidden, _dtype_name(first.dtype), t_src
 
 
 def _check_source_range(rid: str, start: int, count: int, t_src: int) -> None:
