@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -368,6 +369,16 @@ def test_bench_server_subscriber_drains_to_the_producers_head_and_accounts_for_e
     assert tail["drain"]["ended"].startswith("caught up"), tail["drain"]
 
 
+def _answer(handler: Any, code: int, obj: Any) -> None:
+    """Send ``obj`` as the JSON answer of an ``http.server`` request handler."""
+    data = json.dumps(obj).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def test_bench_server_round_sends_batches_and_maps_every_output_to_its_prompt():
     """``run_round`` with ``batch`` > 1 posts SGLang's batch form of /generate (lists of
     input_ids and rids, ``batch`` per request, the last one shorter) and hands back each
@@ -391,12 +402,7 @@ def test_bench_server_round_sends_batches_and_maps_every_output_to_its_prompt():
                 assert len(ids) == len(rids)
                 out = [{"output_ids": [p[0], len(r)]} for p, r in zip(ids, rids)]
                 seen.append(len(ids))
-            data = _json.dumps(out).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            _answer(self, 200, out)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -449,17 +455,11 @@ class _LoopbackSGLang:
                     outer.inflight += 1
                 if mode in outer.hold:
                     outer.release.wait(30)
-                code = 500 if outer.fail & set(rids) else 200
-                data = _json.dumps([{"output_ids": [1]} for _ in rids]
-                                   if isinstance(body["rid"], list)
-                                   else {"output_ids": [1]}).encode()
                 with outer.lock:     # done before its answer leaves (the client sees it after)
                     outer.inflight -= 1
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _answer(self, 500 if outer.fail & set(rids) else 200,
+                        [{"output_ids": [1]} for _ in rids] if isinstance(body["rid"], list)
+                        else {"output_ids": [1]})
 
             def log_message(self, *args: object) -> None:
                 pass
