@@ -103,8 +103,8 @@ class Producer:
       capture came for ``commit_grace_s`` (through captures closer together than that it
       sleeps, so the engine's thread does not hand it the GIL once per capture; with the
       default 5 ms and an engine stepping every ~9 ms it publishes between steps, which
-      measured cheaper for the engine's thread than 50 ms: benchmarks/results/
-      h200-2026-12-01f). With
+      measured cheaper for the engine's thread than 50 ms, in the H200 runs of
+      ``benchmarks/results/h200-2026-12-01f``). With
       ``inline_publish`` false (settable at any time) only the publisher thread publishes,
       as soon as each copy completed (no grace): the capturing thread then never pays for a
       commit or a notice, at the price of GIL hand-offs.
@@ -405,7 +405,7 @@ class Producer:
         self._counters["captured_rows"] += len(row_maps)
         self._counters["captured_bytes"] += plan.length
         self._enqueue(Pending("batch", position, seq, len(row_maps), plan.length,
-                               plan.meta_bytes, done, keepalive, row_maps))
+                              plan.meta_bytes, done, keepalive, row_maps))
         return True
 
     def publish_completed(self) -> None:
@@ -592,7 +592,7 @@ class Producer:
             self._control.pop()
             n = len(meta["rows"]) if meta["kind"] == "drop" else 1
             self._enqueue(Pending(meta["kind"], position, meta["seq"], n, len(payload),
-                                   payload[4:], None, None, meta.get("rows", [])))
+                                  payload[4:], None, None, meta.get("rows", [])))
 
     # -- internals: publishing -------------------------------------------------------------
 
