@@ -169,8 +169,8 @@ class SteadyLoad:
     ``pause`` stops sending and returns once nothing is in flight (so a hook-mode switch
     never catches a request of another mode: an "on" request served by a ``noop`` hook would
     be missing, an ``on:noop`` one served by a capturing hook unrequested); ``resume`` sends
-    under the new mode and returns once ``concurrency`` of its requests were answered (every
-    sender is on its second request: the server's queue is full again, the ramp is over);
+    under the new mode and returns once ``concurrency`` of its requests were answered (about
+    one turnover of the requests in flight: the ramp from the drained server is over);
     ``window`` counts the prompt tokens of that mode's requests answered during the window.
     ``on_sent(mode, rids, prompts)`` is called once per request before it is sent (the
     bench's account of what must be delivered); an HTTP error stops the load and is raised
