@@ -648,18 +648,11 @@ class Producer:
         self._enqueue(Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
 
     def _publish_loop(self) -> None:
-        """Commit entries in order once their copies completed, then announce them.
-
-        GIL economy (this thread shares the interpreter with the engine's scheduler thread,
-        and every time it takes the GIL the scheduler thread waits for it and pays a context
-        switch): the capturing thread publishes whatever completed at each capture
-        (:meth:`_publish_ready`), and this thread leaves an entry to it while captures keep
-        coming, i.e. until none came for ``commit_grace_s``; only then does it wait for the
-        oldest copy (``synchronize``, the GIL released) and publish. Through steady traffic it
-        wakes once per ``commit_grace_s`` (not once per capture), and an entry is announced at
-        the first capture after its copy completed, or at most ``commit_grace_s`` after that
-        when none comes (the last capture before it came earlier still). ``flush``, ``close``
-        and ``inline_publish = False`` cut the grace.
+        """Commit entries in order once their copies completed, then announce them: the
+        publisher thread's side of :mod:`hscapture._publish_queue` (whose docstring says why
+        it leaves entries to the capturing thread for ``commit_grace_s`` after the last
+        capture). It waits for the oldest copy with the GIL released (``synchronize``);
+        ``flush``, ``close`` and ``inline_publish = False`` cut the grace.
         """
         last_hb = 0.0
         while True:
