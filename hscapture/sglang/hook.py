@@ -273,7 +273,7 @@ class SGLangCaptureHook:
         if batch is None:
             batch = kwargs.get("batch")
         wanted: list[tuple[int, Any]] = []
-        t0 = time.perf_counter_ns()
+        t0 = self._timing.start()
         try:
             if self._mode_file:
                 mode = self._experiment_mode(t0)
@@ -293,7 +293,7 @@ class SGLangCaptureHook:
                            len(getattr(batch, "reqs", None) or ()), exc_info=True)
             self._abort_rows(wanted, f"capture hook error: {type(exc).__name__}: {exc}")
         finally:
-            self._timing.add(time.perf_counter_ns() - t0, len(wanted), self._mode)
+            self._timing.add(self._timing.mark("after") - t0, len(wanted), self._mode)
             if self._stats_file and t0 - self._stats_written > 1_000_000_000:
                 self._stats_written = t0
                 self._write_stats()
@@ -440,6 +440,7 @@ class SGLangCaptureHook:
             self.producer.publish_completed()
             return
         self.counters["batches"] += 1
+        self._timing.mark("select")
         self._publish_batch(result, worker, batch, wanted)
 
     def _publish_batch(self, result: Any, worker: Any, batch: Any,
@@ -518,6 +519,8 @@ class SGLangCaptureHook:
                 accepted.append(got[1])
         if not maps:
             return
+        timing = self._timing
+        timing.mark("rows")
         # (a slice is one torch dispatch, and it releases the GIL: only where rows are padded)
         blocks = [hidden if int(hidden.shape[0]) == real_tokens else hidden[:real_tokens]]
         if last is not None:
@@ -526,11 +529,11 @@ class SGLangCaptureHook:
         if self._mode == "nocapture":
             ok = True
         else:
-            t = time.perf_counter_ns()
+            t = timing.mark("ids")
             ok = self.producer.capture_rows(maps, starts, blocks, layers=cap_layers,
                                             layer_kinds=kinds, token_ids=ids,
                                             layer_map=layer_map, hidden=h, snapshot=snapshot)
-            self._timing.add_producer(time.perf_counter_ns() - t, self._mode)
+            timing.add_producer(timing.mark("capture") - t, self._mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
         inflight, done, completed = self._inflight, self._done, 0
         for rid, attempt, req, is_last in accepted:
@@ -748,9 +751,17 @@ class HookTiming:
     it spent inside ``Producer.capture_rows`` (the rest is the hook's own reading of the
     batch). Percentiles are over the last 4,096 capturing calls of each benchmark mode (the
     mode ``HSCAPTURE_EXPERIMENT_FILE`` names; ``""`` outside benchmarks), so modes that
-    alternate in one run do not mix."""
+    alternate in one run do not mix. Each capturing call is also cut into phases at
+    :meth:`mark` (``select``: the experiment mode and picking the opted-in rows; ``rows``: the
+    batch's checks and the row maps; ``ids``: the token ids and blocks; ``capture``:
+    ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the
+    summary's ``phases_mean_us`` is each phase's mean per capturing call."""
 
     def __init__(self) -> None:
+        self._last = 0
+        self._marks: list[tuple[str, int]] = []
+        self._phases: collections.defaultdict[str, collections.Counter[str]] = \
+            collections.defaultdict(collections.Counter)
         self.calls = 0
         self.total_ns = 0
         self.max_ns = 0
@@ -760,6 +771,19 @@ class HookTiming:
         self._producer: collections.defaultdict[str, collections.deque[int]] = \
             collections.defaultdict(lambda: collections.deque(maxlen=4096))
 
+    def start(self) -> int:
+        """The clock at the start of a hook call (ns); forgets the last call's marks."""
+        self._marks.clear()
+        self._last = now = time.perf_counter_ns()
+        return now
+
+    def mark(self, phase: str) -> int:
+        """End ``phase`` of this call now; returns the clock (ns)."""
+        now = time.perf_counter_ns()
+        self._marks.append((phase, now - self._last))
+        self._last = now
+        return now
+
     def add(self, ns: int, rows: int, mode: str = "") -> None:
         self.calls += 1
         self.total_ns += ns
@@ -767,6 +791,11 @@ class HookTiming:
         self.max_ns = max(self.max_ns, ns)
         if rows:
             self._recent[mode].append(ns)
+            if len(self._marks) > 2:        # a call that reached its row maps: phases count
+                sums = self._phases[mode]
+                sums["calls"] += 1
+                for phase, dt in self._marks:
+                    sums[phase] += dt
 
     def add_producer(self, ns: int, mode: str = "") -> None:
         self._producer[mode].append(ns)
@@ -783,8 +812,17 @@ class HookTiming:
         return {"calls": self.calls, "rows": self.rows, "total_ms": self.total_ns / 1e6,
                 "max_us": self.max_ns / 1e3, "capturing_calls_recent": now["n"],
                 "p50_us": now["p50_us"], "p90_us": now["p90_us"], "p99_us": now["p99_us"],
-                "by_mode": {m: {"hook": pct(v), "producer": pct(self._producer.get(m, ()))}
+                "by_mode": {m: {"hook": pct(v), "producer": pct(self._producer.get(m, ())),
+                                "phases_mean_us": _means(self._phases.get(m))}
                             for m, v in self._recent.items()}}
+
+
+def _means(sums: "collections.Counter[str] | None") -> dict[str, float]:
+    """Each phase's mean per call (µs) of a :class:`HookTiming` phase sum."""
+    if not sums or not sums["calls"]:
+        return {}
+    n = sums["calls"]
+    return {k: v / n / 1e3 for k, v in sums.items() if k != "calls"} | {"calls": n}
 
 
 def _grace_of(mode: str) -> float:

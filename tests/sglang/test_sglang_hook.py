@@ -273,6 +273,19 @@ def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_
     assert by_mode["nocapture"]["hook"]["n"] == 2 and by_mode["nocapture"]["producer"]["n"] == 0
     on = by_mode[""]
     assert 0 < on["producer"]["p50_us"] <= on["hook"]["p99_us"]
+    # every capturing call cut into phases that add up to the call, per mode
+    phases = on["phases_mean_us"]
+    assert phases["calls"] == 3
+    assert set(phases) == {"calls", "select", "rows", "ids", "capture", "after"}
+    assert all(v > 0 for v in phases.values())
+    assert by_mode["nocapture"]["phases_mean_us"]["calls"] == 2
+    assert "capture" not in by_mode["nocapture"]["phases_mean_us"]
+    total = sum(v for k, v in phases.items() if k != "calls")
+    assert total * 3 <= hook._timing.total_ns / 1e3 + 1e-6
+    # and the producer's share of it, cut the same way (cumulative ns over its captures)
+    st = hook.producer.stats()
+    assert st["captures"] == 3
+    assert all(st[f"time_{p}_ns"] > 0 for p in ("plan", "reserve", "copy", "publish"))
 
 
 def test_under_torch_profiler_each_hook_call_is_one_named_range(rig):
