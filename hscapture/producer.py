@@ -348,9 +348,10 @@ class Producer:
                                             may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
                 if self.inline_publish:
-                    t = time.perf_counter_ns()
+                    t, c = time.perf_counter_ns(), time.thread_time_ns()
                     self._publish_ready(block=False)
                     counters["time_publish_ns"] += time.perf_counter_ns() - t
+                    counters["time_publish_cpu_ns"] += time.thread_time_ns() - c
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
             # publisher thread needs it for heartbeats, and only its commits (and the
@@ -461,7 +462,8 @@ class Producer:
         written: ``time_lock_ns`` waiting for the capture lock, ``time_plan_ns`` encoding the
         entry's metadata, ``time_reserve_ns`` reserving ring space and writing the header,
         ``time_copy_ns`` submitting the copies, ``time_publish_ns`` announcing entries whose
-        copies completed, inline after a capture)."""
+        copies completed, inline after a capture, of it ``time_publish_cpu_ns`` the thread's
+        CPU time: the notice's send releases the GIL, so another thread may take it there)."""
         out: dict[str, Any] = dict(self._counters)
         with self._lock:
             out.update(ring=self._ring.stats() if not self._closed else {}, epoch=self.epoch,

@@ -755,10 +755,12 @@ class HookTiming:
     :meth:`mark` (``select``: the experiment mode and picking the opted-in rows; ``rows``: the
     batch's checks and the row maps; ``ids``: the token ids and blocks; ``capture``:
     ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the
-    summary's ``phases_mean_us`` is each phase's mean per capturing call."""
+    summary's ``phases_mean_us`` is each phase's mean per capturing call, beside
+    ``thread_cpu``, the calling thread's CPU time per such call (the rest of the wall time it
+    waited: for the GIL, a lock, the driver)."""
 
     def __init__(self) -> None:
-        self._last = 0
+        self._last = self._cpu0 = 0
         self._marks: list[tuple[str, int]] = []
         self._phases: collections.defaultdict[str, collections.Counter[str]] = \
             collections.defaultdict(collections.Counter)
@@ -774,6 +776,7 @@ class HookTiming:
     def start(self) -> int:
         """The clock at the start of a hook call (ns); forgets the last call's marks."""
         self._marks.clear()
+        self._cpu0 = time.thread_time_ns()
         self._last = now = time.perf_counter_ns()
         return now
 
@@ -794,6 +797,9 @@ class HookTiming:
             if len(self._marks) > 2:        # a call that reached its row maps: phases count
                 sums = self._phases[mode]
                 sums["calls"] += 1
+                # the calling thread's CPU time: wall minus it is time spent waiting (for the
+                # GIL another thread held, a lock, the driver)
+                sums["thread_cpu"] += time.thread_time_ns() - self._cpu0
                 for phase, dt in self._marks:
                     sums[phase] += dt
 
