@@ -13,8 +13,9 @@
 # modes EXPERIMENTS (default noop: the plugin-absent proxy; also e.g. grace=0.05, a 50 ms
 # commit grace, or nocapture: everything but Producer.capture) as candidates. Environment:
 # PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny), LOAD (rounds; steady: windows inside a
-# continuous load, bench_server's SteadyLoad, not yet run on the GPU host; a measurement then
-# takes ~2-3 s plus ROUND_S). With two candidates the tiny shape did not finish both mixes in
+# continuous load, bench_server's SteadyLoad; a measurement then takes ~3 s plus ROUND_S),
+# CONCURRENCY (HTTP requests in flight: 64, with LOAD=steady 16, which keeps 128 short
+# prompts queued and lets a pause drain in well under a second). With two candidates the tiny shape did not finish both mixes in
 # its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
 # OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
@@ -26,7 +27,9 @@ export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
 export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/tmp/hsc-bench-mode
 export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
-export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS --load ${LOAD:-rounds}"
+LOAD=${LOAD:-rounds}
+[ "$LOAD" = steady ] && CONCURRENCY=${CONCURRENCY:-16}
+export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64}"
 COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
 rc=0
 run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang flags...]
