@@ -53,7 +53,11 @@ ramp and the tail of one wave of requests, and in the short mix the "off" rounds
 1.8x between adjacent rounds (H200, 1B, benchmarks/results/h200-2026-12-01f). Per
 measurement: pause the load until nothing is in flight, switch the hook's mode, resume
 under the new mode, wait until ``--concurrency`` of its requests were answered (the ramp),
-then count the prompt tokens answered in the window. Not yet run on the GPU host.
+then count the prompt tokens answered in the window. On the H200 (results h200-2026-12-01g),
+``--concurrency 16`` (x 8 prompts): a measurement took ~5 s; the tiny server's pairs were tight
+for one candidate (0.999-1.035) but not for ``noop`` (0.90-1.14); at 1B adjacent ``off``
+windows varied 1.7x, probably because 16 in flight did not keep that faster server saturated
+(untested); 64 made every pause drain for seconds.
 
 The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
 (SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
