@@ -155,6 +155,9 @@ class Producer:
         self.commit_grace_s = max(0.0, float(commit_grace_s))
         #: whether the capturing thread publishes completed entries (see the class docstring)
         self.inline_publish = bool(inline_publish)
+        #: whether captures time their stages into the ``time_*`` counters of :meth:`stats`
+        #: (~2 us a capture; off unless a benchmark or an engine's stats report asks)
+        self.timed = False
         capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
         if control_reserve is None:
             control_reserve = min(4 << 20, capacity // 8) // 64 * 64
@@ -338,20 +341,23 @@ class Producer:
         if layer_map is not None:
             layer_map = [[int(b), int(c)] for b, c in layer_map]
         deadline = time.monotonic() + self.wait_timeout_s if self.full_policy == "wait" else 0.0
-        counters = self._counters
+        counters, timed = self._counters, self.timed
         while True:
-            t = time.perf_counter_ns()
+            t = time.perf_counter_ns() if timed else 0
             with self._lock:
-                counters["time_lock_ns"] += time.perf_counter_ns() - t
+                if timed:
+                    counters["time_lock_ns"] += time.perf_counter_ns() - t
                 done = self._capture_locked(maps, starts, blocks, block_cols, layers, kinds,
                                             token_ids, layer_map, hidden, dtype, snapshot,
                                             may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
-                if self.inline_publish:
+                if self.inline_publish and timed:
                     t, c = time.perf_counter_ns(), time.thread_time_ns()
                     self._publish_ready(block=False)
                     counters["time_publish_ns"] += time.perf_counter_ns() - t
                     counters["time_publish_cpu_ns"] += time.thread_time_ns() - c
+                elif self.inline_publish:
+                    self._publish_ready(block=False)
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
             # publisher thread needs it for heartbeats, and only its commits (and the
@@ -372,7 +378,8 @@ class Producer:
         if self._closed:
             raise CaptureConfigError("capture on a closed Producer")
         seq = self._next_seq
-        t0 = time.perf_counter_ns()
+        timed = self.timed
+        t0 = time.perf_counter_ns() if timed else 0
         try:
             plan = rec.plan_batch(
                 producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
@@ -381,7 +388,7 @@ class Producer:
                 layer_map=layer_map, check=False)
         except HSCaptureError as exc:
             raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
-        t1 = time.perf_counter_ns()
+        t1 = time.perf_counter_ns() if timed else 0
         position = self._reserve(plan.length, plan.tag)
         if position == -1 and self.full_policy == "wait" and may_wait:
             return None
@@ -400,7 +407,7 @@ class Producer:
         try:
             buf = self._ring.payload(position)
             rec.write_header(buf, plan)
-            t2 = time.perf_counter_ns()
+            t2 = time.perf_counter_ns() if timed else 0
             done, keepalive = self._copier.copy_into(
                 buf, self._ring.payload_address(position), plan, starts, row_maps, blocks,
                 token_ids, snapshot)
@@ -416,12 +423,11 @@ class Producer:
         counters["captured_bytes"] += plan.length
         self._enqueue(Pending("batch", position, seq, len(row_maps), plan.length,
                               plan.meta_bytes, done, keepalive, row_maps))
-        # where a capture's time goes, for benchmarks (cumulative ns; divide by captures)
-        t3 = time.perf_counter_ns()
-        counters["captures"] += 1
-        counters["time_plan_ns"] += t1 - t0
-        counters["time_reserve_ns"] += t2 - t1
-        counters["time_copy_ns"] += t3 - t2
+        if timed:   # where a capture's time goes (cumulative ns; divide by captures)
+            counters["captures"] += 1
+            counters["time_plan_ns"] += t1 - t0
+            counters["time_reserve_ns"] += t2 - t1
+            counters["time_copy_ns"] += time.perf_counter_ns() - t2
         return True
 
     def publish_completed(self) -> None:
@@ -458,8 +464,8 @@ class Producer:
 
     def stats(self) -> dict[str, Any]:
         """Counters: captured rows/bytes, dropped, aborted, unrecorded, errors, the ring's own;
-        and where the capturing thread's time went (cumulative ns over ``captures`` entries
-        written: ``time_lock_ns`` waiting for the capture lock, ``time_plan_ns`` encoding the
+        and, while ``timed`` is set, where the capturing thread's time went (cumulative ns
+        over ``captures`` entries written: ``time_lock_ns`` waiting for the capture lock, ``time_plan_ns`` encoding the
         entry's metadata, ``time_reserve_ns`` reserving ring space and writing the header,
         ``time_copy_ns`` submitting the copies, ``time_publish_ns`` announcing entries whose
         copies completed, inline after a capture, of it ``time_publish_cpu_ns`` the thread's

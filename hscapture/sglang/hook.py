@@ -247,7 +247,6 @@ class SGLangCaptureHook:
         self._done: dict[str, tuple[int, Callable[[], Any]]] = {}
         self._logged: set[str] = set()
         self._layers: tuple[int, ...] | None = None
-        self._timing = HookTiming()
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
         # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop``,
@@ -255,6 +254,9 @@ class SGLangCaptureHook:
         # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
+        # per-phase timing (a few us a forward) only where someone reads it: a stats file or
+        # a benchmark's mode file
+        self._timing = HookTiming(phases=bool(self._stats_file or self._mode_file))
         self._mode, self._mode_checked, self._mode_stamp = "", 0, None
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
@@ -403,6 +405,7 @@ class SGLangCaptureHook:
             try:
                 self.producer = self._producer_factory(
                     self.config, self.ranks, self.config.model or _sglang_model_path())
+                self.producer.timed = self._timing.phases
             except Exception as exc:
                 self._disable(f"cannot start the producer: {type(exc).__name__}: {exc}")
                 return False
@@ -754,7 +757,8 @@ class HookTiming:
     it spent inside ``Producer.capture_rows`` (the rest is the hook's own reading of the
     batch). Percentiles are over the last 4,096 capturing calls of each benchmark mode (the
     mode ``HSCAPTURE_EXPERIMENT_FILE`` names; ``""`` outside benchmarks), so modes that
-    alternate in one run do not mix. Each capturing call is also cut into phases at
+    alternate in one run do not mix. With ``phases`` (the hook sets it when a stats file or a
+    benchmark mode file is configured) each capturing call is also cut into phases at
     :meth:`mark` (``select``: the experiment mode and picking the opted-in rows; ``rows``: the
     batch's checks and the row maps; ``ids``: the token ids and blocks; ``capture``:
     ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the
@@ -762,7 +766,9 @@ class HookTiming:
     ``thread_cpu``, the calling thread's CPU time per such call (the rest of the wall time it
     waited: for the GIL, a lock, the driver)."""
 
-    def __init__(self) -> None:
+    def __init__(self, phases: bool = False) -> None:
+        #: whether calls are cut into phases (:meth:`mark`); without, marks only read the clock
+        self.phases = phases
         self._last = self._cpu0 = 0
         self._marks: list[tuple[str, int]] = []
         self._phases: collections.defaultdict[str, collections.Counter[str]] = \
@@ -778,16 +784,18 @@ class HookTiming:
 
     def start(self) -> int:
         """The clock at the start of a hook call (ns); forgets the last call's marks."""
-        self._marks.clear()
-        self._cpu0 = time.thread_time_ns()
+        if self.phases:
+            self._marks.clear()
+            self._cpu0 = time.thread_time_ns()
         self._last = now = time.perf_counter_ns()
         return now
 
     def mark(self, phase: str) -> int:
-        """End ``phase`` of this call now; returns the clock (ns)."""
+        """End ``phase`` of this call now (with :attr:`phases`); returns the clock (ns)."""
         now = time.perf_counter_ns()
-        self._marks.append((phase, now - self._last))
-        self._last = now
+        if self.phases:
+            self._marks.append((phase, now - self._last))
+            self._last = now
         return now
 
     def add(self, ns: int, rows: int, mode: str = "") -> None:

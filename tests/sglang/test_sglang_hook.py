@@ -288,6 +288,22 @@ def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_
     assert all(st[f"time_{p}_ns"] > 0 for p in ("plan", "reserve", "copy", "publish"))
 
 
+def test_without_a_stats_or_mode_file_the_hook_keeps_no_phase_timing(rig, monkeypatch):
+    """The per-phase clocks cost a few microseconds a forward: only a benchmark (a mode file)
+    or a stats report pays them. Otherwise the hook keeps its wall time per call only and the
+    producer counts no ``time_*`` stages."""
+    monkeypatch.delenv("HSCAPTURE_EXPERIMENT_FILE", raising=False)
+    monkeypatch.delenv("HSCAPTURE_STATS_FILE", raising=False)
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-untimed", 9)
+    srv.extend([(r, 0, 9)])
+    check(sub.get(r.rid, timeout=10), srv, r)
+    assert hook._timing.phases is False and hook.producer.timed is False
+    on = hook._timing.summary()["by_mode"][""]
+    assert on["hook"]["n"] == 1 and on["phases_mean_us"] == {}
+    assert not any(k.startswith("time_") for k in hook.producer.stats())
+
+
 def test_under_torch_profiler_each_hook_call_is_one_named_range(rig):
     """While torch's profiler records (SGLang's /start_profile), every hook call shows up as
     one ``hscapture.hook`` range, so a server trace says how long the hook took per forward;
