@@ -2,7 +2,7 @@
 """Host time of one ``Producer.capture_rows`` call, with the calling thread's caches warm and cold.
 
     python benchmarks/bench_capture_host.py [--calls 300] [--reps 5] [--sweep-mib 64]
-                                            [--breakdown] [--out FILE]
+                                            [--rows 1] [--breakdown] [--meta-ab] [--out FILE]
 
 Why: the H200 runs (benchmarks/results/h200-2026-12-01d/) found that what capture costs an
 engine is host time on the thread that runs the forward: a transformers prefill loop
@@ -23,7 +23,10 @@ A subscriber (another thread's poll in this process, after every call, untimed) 
 entry. Modes alternate within each repetition (ABBA), ``--reps`` counted after a warm-up; per
 repetition the median of ``--calls`` calls; reported: median of those and min-max.
 ``--breakdown`` adds, per mode, the median time of each producer stage (wrapped timers, which
-add ~0.3 us per stage; the totals of that pass are not the figures).
+add ~0.3 us per stage; the totals of that pass are not the figures). ``--meta-ab`` adds cold
+calls with the entry meta planned natively (``hscapture._meta``, the default) vs by
+record.py's Python reference, alternating in this one process (ABBA), as a paired ratio.
+``--rows`` rows per call (16 tokens each; an SGLang forward of the 1B short mix has ~4-8).
 
 On a GPU host the CUDA copy paths differ (``bench_capture_call.py`` measures those); the
 rest of the path is this one.
@@ -58,6 +61,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sweep-mib", type=int, default=64)
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--meta-ab", action="store_true")
+    ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--out", default="bench-results/bench_capture_host.json")
     a = ap.parse_args()
     if a.reps < 5:
@@ -75,9 +80,11 @@ def main() -> int:
     sub = Subscriber(ep)
     sub.wait_ready(timeout=30)
     g = torch.Generator().manual_seed(0)
-    aux = torch.randn(2 * T, 3 * h, generator=g).to(torch.bfloat16)
-    last = torch.randn(2 * T, h, generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, 32000, (2 * T,), generator=g)
+    R = a.rows
+    aux = torch.randn(2 * T * R, 3 * h, generator=g).to(torch.bfloat16)
+    last = torch.randn(2 * T * R, h, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 32000, (2 * T * R,), generator=g)
+    starts = [2 * T * r for r in range(R)]
     layers, kinds = [1, 2, 3, 15], ["residual"] * 3 + ["final_norm"]
     lmap = [[0, 0], [0, h], [0, 2 * h], [1, 0]]
     sweep = np.ones(a.sweep_mib << 20, dtype=np.uint8)
@@ -93,10 +100,11 @@ def main() -> int:
             if mode == "cold":
                 sweep[::64] += 1            # every cache line of the sweep buffer
             count[0] += 1
-            maps = [{"rid": f"c{count[0]}", "token_start": 0, "token_count": T, "last": True,
-                     "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}]
+            maps = [{"rid": f"c{count[0]}-{r}", "token_start": 0, "token_count": T,
+                     "last": True, "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+                    for r in range(R)]
             t0 = time.perf_counter_ns()
-            ok = prod.capture_rows(maps, [0], [aux, last], layers=layers, layer_kinds=kinds,
+            ok = prod.capture_rows(maps, starts, [aux, last], layers=layers, layer_kinds=kinds,
                                    token_ids=ids, layer_map=lmap, hidden=h)
             ws.append((time.perf_counter_ns() - t0) / 1e3)
             if not ok:
@@ -112,6 +120,32 @@ def main() -> int:
     for m in ("hot", "cold"):
         print(f"{m:4s}: capture_rows {_stats.fmt_spread(results[m], 3)} us per call", flush=True)
     print(f"cold / hot: {_stats.fmt_spread(results['cold_over_hot'], 3)}", flush=True)
+
+    if a.meta_ab:
+        import hscapture.record as rec
+
+        native = rec._native
+        if native is None:
+            raise SystemExit("--meta-ab: hscapture._meta is not built")
+
+        def with_meta(which: object) -> float:
+            rec._native = which
+            try:
+                return run("cold")
+            finally:
+                rec._native = native
+        ab, ab_order = _stats.run_alternating({"cold native meta": lambda i: with_meta(native),
+                                               "cold python meta": lambda i: with_meta(None)},
+                                              reps=a.reps)
+        results["meta_ab"] = {m: _stats.summarize(v) for m, v in ab.items()}
+        results["meta_ab"]["native_over_python"] = _stats.ratio_summary(
+            ab["cold native meta"], ab["cold python meta"])
+        results["meta_ab"]["order"] = ab_order
+        for m in ("cold native meta", "cold python meta"):
+            print(f"{m}: capture_rows {_stats.fmt_spread(results['meta_ab'][m], 3)} us per call",
+                  flush=True)
+        print(f"native / python meta (cold): "
+              f"{_stats.fmt_spread(results['meta_ab']['native_over_python'], 3)}", flush=True)
 
     if a.breakdown:
         acc: dict[str, list[int]] = collections.defaultdict(list)

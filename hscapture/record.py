@@ -31,6 +31,11 @@ import msgpack
 import numpy as np
 
 from .errors import NoticeError, RecordFormatError
+
+try:   # the producer's hot path: this module's plan_batch, natively (checked byte for byte)
+    from . import _meta as _native
+except ImportError:   # an uncompiled checkout: the Python path below does everything
+    _native = None
 from .notice import _RID_FORBIDDEN  # the rid rule's one regex, for the fast path
 from .notice import (
     DTYPES,
@@ -65,6 +70,8 @@ __all__ = [
 
 #: Every block and the token ids start at a multiple of this (relative to the payload).
 ALIGN = 64
+if _native is not None and _native.ALIGN != ALIGN:   # a stale build: never mix two layouts
+    _native = None
 
 #: meta dtype → numpy dtype of the views :meth:`RowView.layer` returns (bf16/fp8 as raw ints).
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -229,12 +236,36 @@ def plan_batch(*, producer: str, epoch: int, seq: int, dp_rank: int, layers: Seq
     (raising :class:`RecordFormatError`), so whatever this accepts a reader accepts.
     ``check=False`` is for the producer's hot path, on values it built and checked itself
     (rids via ``check_rid`` at capture time): nothing is validated, garbage in is garbage out.
+    It is done by the native twin of this function (``bindings/meta_module.cpp``, the same
+    bytes and layout for any input: tests/test_meta_native.py) where that can encode every
+    value (exact builtin types), else here.
     """
     if check:
         _check_writer_inputs(dtype, hidden, layers, rows, block_cols)
     if layer_map is None:
         layer_map = default_layer_map(block_cols, hidden, len(layers))
     itemsize = DTYPES[dtype]
+    if not check and _native is not None:
+        try:
+            got = _native.plan_batch(PROTOCOL_VERSION, producer, epoch, seq, dp_rank, layers,
+                                     layer_kinds, convention, model, hidden, dtype, itemsize,
+                                     rows, block_cols, layer_map)
+        except _native.Unsupported:
+            pass
+        else:
+            meta_bytes, offsets, row_bytes, ids_offset, length, tokens, row_starts, pads = got
+            return Plan(meta_bytes, offsets, row_bytes, ids_offset, length, tokens, row_starts,
+                        rid_tag(rows[0]["rid"]) if rows else 0, pads)
+    return _plan_batch_py(producer, epoch, seq, dp_rank, layers, layer_kinds, convention,
+                          model, hidden, dtype, itemsize, rows, block_cols, layer_map, check)
+
+
+def _plan_batch_py(producer: str, epoch: int, seq: int, dp_rank: int, layers: Sequence[int],
+                   layer_kinds: Sequence[str], convention: str, model: str, hidden: int,
+                   dtype: str, itemsize: int, rows: Sequence[Mapping[str, Any]],
+                   block_cols: Sequence[int], layer_map: Sequence[Sequence[int]],
+                   check: bool) -> Plan:
+    """:func:`plan_batch` in Python: the reference its native twin is checked against."""
     tokens = 0
     row_starts = []
     for row in rows:
