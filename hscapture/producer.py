@@ -271,8 +271,8 @@ class Producer:
         ``blocks`` are 2-D ``[T_src, cols]`` tensors of one dtype on one device (e.g. SGLang's
         packed aux states ``[T, K*H]`` and ``last_hidden_states`` ``[T, H]``); ``layer_map``
         says where each of ``layers`` lies in them (default: consecutive ``hidden``-wide slots;
-        ``hidden`` defaults to the narrowest block's width). ``token_ids`` is ``[T_src]`` (host or device). Each row
-        takes its token rows from the sources. ``snapshot=True``: the sources may be
+        ``hidden`` defaults to the narrowest block's width). ``token_ids`` is ``[T_src]``
+        (host or device). Each row takes its token rows from the sources. ``snapshot=True``: the sources may be
         overwritten once this returns (CUDA graph buffers), so the captured rows are first
         copied on the caller's current stream. Returns True when the entry went into the ring,
         False when its rows were dropped (recorded and announced). Raises
@@ -465,11 +465,12 @@ class Producer:
     def stats(self) -> dict[str, Any]:
         """Counters: captured rows/bytes, dropped, aborted, unrecorded, errors, the ring's own;
         and, while ``timed`` is set, where the capturing thread's time went (cumulative ns
-        over ``captures`` entries written: ``time_lock_ns`` waiting for the capture lock, ``time_plan_ns`` encoding the
-        entry's metadata, ``time_reserve_ns`` reserving ring space and writing the header,
-        ``time_copy_ns`` submitting the copies, ``time_publish_ns`` announcing entries whose
-        copies completed, inline after a capture, of it ``time_publish_cpu_ns`` the thread's
-        CPU time: the notice's send releases the GIL, so another thread may take it there)."""
+        over ``captures`` entries written): ``time_lock_ns`` waiting for the capture lock,
+        ``time_plan_ns`` encoding the entry's metadata, ``time_reserve_ns`` reserving ring
+        space and writing the header, ``time_copy_ns`` submitting the copies,
+        ``time_publish_ns`` announcing entries whose copies completed, inline after a
+        capture, and of that ``time_publish_cpu_ns`` the thread's CPU time (the notice's send
+        releases the GIL, so another thread may take it there)."""
         out: dict[str, Any] = dict(self._counters)
         with self._lock:
             out.update(ring=self._ring.stats() if not self._closed else {}, epoch=self.epoch,

@@ -31,11 +31,6 @@ import msgpack
 import numpy as np
 
 from .errors import NoticeError, RecordFormatError
-
-try:   # the producer's hot path: this module's plan_batch, natively (checked byte for byte)
-    from . import _meta as _native
-except ImportError:   # an uncompiled checkout: the Python path below does everything
-    _native = None
 from .notice import _RID_FORBIDDEN  # the rid rule's one regex, for the fast path
 from .notice import (
     DTYPES,
@@ -48,6 +43,11 @@ from .notice import (
     rid_tag,
     unpack_canonical,
 )
+
+try:   # the producer's hot path: this module's plan_batch, natively (checked byte for byte)
+    from . import _meta as _native
+except ImportError:   # an uncompiled checkout: the Python path below does everything
+    _native = None
 
 __all__ = [
     "ALIGN",

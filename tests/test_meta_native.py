@@ -26,7 +26,8 @@ ints = st.one_of(st.integers(-(1 << 63), (1 << 64) - 1),
                                   -(1 << 31) - 1, -(1 << 63), (1 << 64) - 1]))
 scalars = st.one_of(st.none(), st.booleans(), ints, st.floats(allow_nan=True),
                     st.text(max_size=40), st.text(min_size=30, max_size=300),
-                    st.binary(max_size=300), st.binary(min_size=250, max_size=70_000).map(bytearray))
+                    st.binary(max_size=300),
+                    st.binary(min_size=250, max_size=70_000).map(bytearray))
 values = st.recursive(
     scalars,
     lambda inner: st.one_of(st.lists(inner, max_size=20), st.lists(inner, max_size=5).map(tuple),
