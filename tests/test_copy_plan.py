@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -142,3 +143,17 @@ def test_without_a_snapshot_the_side_stream_reads_the_spans_straight_from_the_so
     _run(post, payload, *srcs)
     for w, off in zip(wants, offsets):
         assert np.array_equal(payload[off:off + w.nbytes].reshape(w.shape), w)
+
+
+@pytest.mark.parametrize("dtype,stride", [(torch.int64, 1), (torch.int32, 1), (torch.int64, 2)])
+def test_token_ids_covering_the_whole_tensor_are_taken_without_a_slice_as_a_fresh_copy(
+        dtype, stride):
+    """Every request row of a forward captured: the spans cover the whole id tensor, which is
+    then converted as it is (no slice). The result is still a fresh dense int32 copy, so the
+    engine may overwrite its ids right after."""
+    full = torch.arange(100, 100 + 12 * stride, dtype=dtype)[::stride]
+    taken, address, id_spans = take_ids(full, [(0, 5), (5, 12)], 12)
+    assert taken.dtype == torch.int32 and taken.is_contiguous() and id_spans == [(0, 5), (5, 12)]
+    assert address == taken.data_ptr() and taken.tolist() == full.tolist()
+    full.fill_(-1)
+    assert taken.tolist() == list(range(100, 100 + 12 * stride, stride))

@@ -876,8 +876,12 @@ def _batch_token_ids(batch: Any, real_tokens: int, wanted: Any, prefix_lens: lis
     import torch
 
     ids = getattr(batch, "input_ids", None)
-    if isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.numel() >= real_tokens:
-        return ids[:real_tokens]
+    if isinstance(ids, torch.Tensor) and ids.dim() == 1:
+        n = ids.shape[0]
+        if n == real_tokens:
+            return ids          # (a slice is a torch dispatch: only where rows are padded)
+        if n > real_tokens:
+            return ids[:real_tokens]
     staged = getattr(batch, "prefill_input_ids_cpu", None)
     if isinstance(staged, torch.Tensor) and staged.dim() == 1 and staged.numel() >= real_tokens:
         return staged[:real_tokens]
