@@ -101,10 +101,11 @@ class Producer:
       when a later capture, an abort or :meth:`flush` comes first: the capturing thread
       publishes completed entries itself, and the publisher thread steps in only once no
       capture came for ``commit_grace_s`` (through captures closer together than that it
-      sleeps, so the engine's thread does not hand it the GIL once per capture; with the
-      default 5 ms and an engine stepping every ~9 ms it publishes between steps, which
-      measured cheaper for the engine's thread than 50 ms, in the H200 runs of
-      ``benchmarks/results/h200-2026-12-01f``). With
+      sleeps, so the engine's thread does not hand it the GIL once per capture). The
+      default, 5 ms, keeps an idle producer's latency low. An engine that steps
+      continuously wants a grace longer than its step: the SGLang hook uses 50 ms, because
+      with 5 ms and ~7 ms steps the woken thread cost the scheduler throughput (H200 runs
+      of ``benchmarks/results/h200-2026-12-01g``). With
       ``inline_publish`` false (settable at any time) only the publisher thread publishes,
       as soon as each copy completed (no grace): the capturing thread then never pays for a
       commit or a notice, at the price of GIL hand-offs.
