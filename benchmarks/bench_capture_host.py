@@ -2,7 +2,8 @@
 """Host time of one ``Producer.capture_rows`` call, with the calling thread's caches warm and cold.
 
     python benchmarks/bench_capture_host.py [--calls 300] [--reps 5] [--sweep-mib 64]
-                                            [--rows 1] [--breakdown] [--meta-ab] [--out FILE]
+                                            [--rows 1] [--breakdown] [--meta-ab] [--torch-costs]
+                                            [--out FILE]
 
 Why: the H200 runs (benchmarks/results/h200-2026-12-01d/) found that what capture costs an
 engine is host time on the thread that runs the forward: a transformers prefill loop
@@ -27,6 +28,10 @@ add ~0.3 us per stage; the totals of that pass are not the figures). ``--meta-ab
 calls with the entry meta planned natively (``hscapture._meta``, the default) vs by
 record.py's Python reference, alternating in this one process (ABBA), as a paired ratio.
 ``--rows`` rows per call (16 tokens each; an SGLang forward of the 1B short mix has ~4-8).
+``--torch-costs`` adds what the capture path's torch calls cost hot and cold, by themselves:
+25 tensor attribute reads (the facts of two blocks and the token ids, as the checks and the
+copy submission read them) and one small op (a slice and an int32 copy of 2,048 ids, as
+``take_ids`` does); on a GPU host the op would be a CUDA dispatch, here a CPU one.
 
 On a GPU host the CUDA copy paths differ (``bench_capture_call.py`` measures those); the
 rest of the path is this one.
@@ -63,6 +68,7 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--meta-ab", action="store_true")
     ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--torch-costs", action="store_true")
     ap.add_argument("--out", default="bench-results/bench_capture_host.json")
     a = ap.parse_args()
     if a.reps < 5:
@@ -146,6 +152,38 @@ def main() -> int:
                   flush=True)
         print(f"native / python meta (cold): "
               f"{_stats.fmt_spread(results['meta_ab']['native_over_python'], 3)}", flush=True)
+
+    if a.torch_costs:
+        big = torch.randn(2048, 3 * h).to(torch.bfloat16)
+        small = torch.randn(2048, h).to(torch.bfloat16)
+        many = torch.arange(2048)
+
+        def attributes() -> None:
+            for t in (big, small):
+                t.dim(), t.shape[0], t.shape[1], t.dtype, t.device
+                t.is_cuda, t.stride(0), t.stride(1), t.element_size(), t.data_ptr()
+            many.dim(), many.numel(), many.dtype, many.device, many.is_cuda
+
+        def one_op() -> None:
+            many[0:2048].to(torch.int32, copy=True)
+
+        def timed_calls(fn: object, cold: bool) -> float:
+            ws = []
+            for _ in range(a.calls):
+                if cold:
+                    sweep[::64] += 1
+                t0 = time.perf_counter_ns()
+                fn()
+                ws.append((time.perf_counter_ns() - t0) / 1e3)
+            return statistics.median(ws)
+        tc, tc_order = _stats.run_alternating(
+            {f"{what} {temp}": (lambda i, f=fn, c=temp == "cold": timed_calls(f, c))
+             for what, fn in (("25 attribute reads", attributes), ("slice + int32 copy", one_op))
+             for temp in ("hot", "cold")}, reps=a.reps)
+        results["torch_costs"] = {m: _stats.summarize(v) for m, v in tc.items()}
+        results["torch_costs"]["order"] = tc_order
+        for m in tc:
+            print(f"{m}: {_stats.fmt_spread(results['torch_costs'][m], 3)} us", flush=True)
 
     if a.breakdown:
         acc: dict[str, list[int]] = collections.defaultdict(list)

@@ -15,7 +15,8 @@ def test_bench_capture_host_times_hot_and_cold_calls_and_every_stage(tmp_path):
     out = tmp_path / "bch.json"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_capture_host.py"),
                           "--calls", "20", "--reps", "5", "--sweep-mib", "4", "--breakdown",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+                          "--meta-ab", "--rows", "2", "--torch-costs", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     rec = json.loads(out.read_text())
     r = rec["results"]
@@ -25,3 +26,9 @@ def test_bench_capture_host_times_hot_and_cold_calls_and_every_stage(tmp_path):
     for mode in ("hot", "cold"):
         assert set(r["breakdown_us"][mode]) == stages, r["breakdown_us"][mode]
     assert set(rec["timed_region"]) == {"hot", "cold"}
+    ab = r["meta_ab"]
+    assert ab["cold native meta"]["n"] == 5 and ab["cold python meta"]["n"] == 5
+    assert ab["native_over_python"]["median"] > 0
+    assert {m for m in r["torch_costs"] if m != "order"} == {
+        f"{w} {t}" for w in ("25 attribute reads", "slice + int32 copy") for t in ("hot", "cold")}
+    assert all(v["median"] > 0 for m, v in r["torch_costs"].items() if m != "order")
