@@ -11,6 +11,10 @@
 
 #include <Python.h>
 
+#include <cstring>
+#include <memory>
+#include <vector>
+
 #include "hscapture/cuda_copy.h"
 #include "hscapture/layout.h"
 #include "hscapture/ring.h"
@@ -166,6 +170,85 @@ struct U64Buffer {
     const hsc::cuda::Copy2D* data() const { return held ? static_cast<const hsc::cuda::Copy2D*>(view.buf) : nullptr; }
     size_t count() const { return held ? size_t(view.len) / sizeof(hsc::cuda::Copy2D) : 0; }
 };
+
+// write_ids: the token ids of an entry's rows, taken from host int64 (or int32) buffers, written
+// as little-endian int32 into `dst[offset:]`, row after row. For an engine whose request token
+// ids are host arrays (SGLang's array('q') fill ids): no device op on the engine's thread.
+// Every source range and the destination are bounds-checked; an id outside [0, 2**31) is an
+// error (the entry format stores int32), raised before anything is written.
+struct ReadBuffer {
+    Py_buffer view{};
+    bool held = false;
+    explicit ReadBuffer(PyObject* obj, int flags) {
+        if (PyObject_GetBuffer(obj, &view, flags) != 0) throw nb::python_error();
+        held = true;
+    }
+    ~ReadBuffer() { if (held) PyBuffer_Release(&view); }
+    ReadBuffer(const ReadBuffer&) = delete;
+    ReadBuffer& operator=(const ReadBuffer&) = delete;
+};
+
+uint64_t write_ids(nb::handle dst, uint64_t offset, nb::handle sources) {
+    ReadBuffer out(dst.ptr(), PyBUF_WRITABLE);
+    PyObject* src_list = sources.ptr();
+    if (!PyList_Check(src_list)) throw nb::type_error("write_ids: sources must be a list");
+    const Py_ssize_t n = PyList_GET_SIZE(src_list);
+    struct Part { ReadBuffer* buf; uint64_t start, count; int width; };
+    std::vector<std::unique_ptr<ReadBuffer>> held;
+    std::vector<Part> parts;
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PyList_GET_ITEM(src_list, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3)
+            throw nb::type_error("write_ids: each source must be (buffer, start, count)");
+        held.push_back(std::make_unique<ReadBuffer>(PyTuple_GET_ITEM(item, 0), PyBUF_FORMAT | PyBUF_C_CONTIGUOUS));
+        const Py_buffer& v = held.back()->view;
+        const char* f = v.format ? v.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') ++f;
+        int width = 0;
+        if (v.itemsize == 8 && (*f == 'q' || *f == 'l') && f[1] == 0) width = 8;
+        if (v.itemsize == 4 && (*f == 'i' || (*f == 'l' && sizeof(long) == 4)) && f[1] == 0) width = 4;
+        if (!width)
+            throw nb::type_error(("write_ids: source " + std::to_string(i) +
+                                  ": expected int64 or int32 items, found format '" +
+                                  std::string(v.format ? v.format : "B") + "' of " +
+                                  std::to_string(v.itemsize) + " bytes").c_str());
+        long long start = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+        long long count = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 2));
+        if (PyErr_Occurred()) throw nb::python_error();
+        const uint64_t items = uint64_t(v.len) / uint64_t(width);
+        if (start < 0 || count < 0 || uint64_t(start) + uint64_t(count) > items)
+            throw nb::value_error(("write_ids: source " + std::to_string(i) + ": rows [" + std::to_string(start) + ", " +
+                                   std::to_string(start + count) + ") outside its " + std::to_string(items) + " ids").c_str());
+        parts.push_back({held.back().get(), uint64_t(start), uint64_t(count), width});
+        total += uint64_t(count);
+    }
+    if (offset > uint64_t(out.view.len) || total * 4 > uint64_t(out.view.len) - offset)
+        throw nb::value_error(("write_ids: " + std::to_string(total) + " ids at offset " + std::to_string(offset) +
+                               " do not fit a destination of " + std::to_string(out.view.len) + " bytes").c_str());
+    for (size_t i = 0; i < parts.size(); ++i) {   // every id checked before a byte is written
+        const Part& p = parts[i];
+        for (uint64_t k = 0; k < p.count; ++k) {
+            int64_t id;
+            if (p.width == 8) std::memcpy(&id, static_cast<const char*>(p.buf->view.buf) + 8 * (p.start + k), 8);
+            else { int32_t v32; std::memcpy(&v32, static_cast<const char*>(p.buf->view.buf) + 4 * (p.start + k), 4); id = v32; }
+            if (id < 0 || id > INT32_MAX)
+                throw nb::value_error(("write_ids: source " + std::to_string(i) + " id " + std::to_string(p.start + k) + " is " +
+                                       std::to_string(id) + ", outside [0, 2**31)").c_str());
+        }
+    }
+    uint8_t* at = static_cast<uint8_t*>(out.view.buf) + offset;
+    for (const Part& p : parts) {
+        for (uint64_t k = 0; k < p.count; ++k, at += 4) {
+            int64_t id;
+            if (p.width == 8) std::memcpy(&id, static_cast<const char*>(p.buf->view.buf) + 8 * (p.start + k), 8);
+            else { int32_t v32; std::memcpy(&v32, static_cast<const char*>(p.buf->view.buf) + 4 * (p.start + k), 4); id = v32; }
+            const uint32_t u = static_cast<uint32_t>(id);   // little-endian int32, as the format says
+            at[0] = uint8_t(u); at[1] = uint8_t(u >> 8); at[2] = uint8_t(u >> 16); at[3] = uint8_t(u >> 24);
+        }
+    }
+    return total;
+}
 
 // A CUDA event of the native path; destroyed with the object (errors at teardown ignored).
 struct CudaEvent {
@@ -421,6 +504,10 @@ NB_MODULE(_ring, m) {
         });
 
 
+    m.def("write_ids", &write_ids, "dst"_a, "offset"_a, "sources"_a,
+          "Write the ids of (int64/int32 buffer, start, count) sources as little-endian int32 "
+          "into dst[offset:], in order; returns how many. Bounds and the int32 range are "
+          "checked first (ValueError, nothing written).");
     m.def("cuda_available", [] {
         std::string why;
         hsc::cuda::available(&why);

@@ -30,9 +30,23 @@ from . import _cuda_copy
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["EntryCopier", "recycle_event"]
+__all__ = ["EntryCopier", "HostRowIds", "recycle_event"]
 
 _EVENT_POOL = 64        # completed copy events kept for reuse, per device
+
+
+class HostRowIds:
+    """The token ids of a capture's rows given per row, in row order, as ``(buffer, start,
+    count)``: ``count`` ids from ``buffer[start:]``, a host buffer of int64 or int32 items
+    (``array('q')``, a numpy array). They are written into the entry by the CPU in one native
+    call (``_ring.write_ids``: bounds and the int32 range checked first) before any copy is
+    issued: no device op on the engine's thread, where taking device ids is a torch kernel.
+    The buffers are read during the capture call only."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[tuple[Any, int, int]]) -> None:
+        self.parts = parts
 
 
 class EntryCopier:
@@ -79,16 +93,26 @@ class EntryCopier:
         """
         tokens = plan.tokens
         spans = _spans(starts, maps)
-        ids = token_ids if isinstance(token_ids, torch.Tensor) else \
-            torch.from_numpy(np.ascontiguousarray(np.asarray(token_ids).reshape(-1)))
+        ids: Any
+        if isinstance(token_ids, HostRowIds):
+            from . import _ring
+
+            _ring.write_ids(buf, plan.ids_offset, token_ids.parts)   # written: ids = None
+            ids = None
+        elif isinstance(token_ids, torch.Tensor):
+            ids = token_ids
+        else:
+            ids = torch.from_numpy(np.ascontiguousarray(np.asarray(token_ids).reshape(-1)))
         if not blocks[0].is_cuda:
             for dst, src in zip(_block_views(buf, plan, blocks), blocks):
                 _gather_into(dst, src, spans)
-            _gather_into(_ids_view(buf, plan), ids.reshape(-1).to("cpu").to(torch.int32), spans)
+            if ids is not None:
+                _gather_into(_ids_view(buf, plan), ids.reshape(-1).to("cpu").to(torch.int32),
+                             spans)
             return None, None
         if self.native is not None and _cuda_copy.eligible(blocks, ids):
             # the native call writes through addresses: no tensor views of the entry needed
-            if not ids.is_cuda:
+            if ids is not None and not ids.is_cuda:
                 _gather_into(_ids_view(buf, plan), ids.reshape(-1).to(torch.int32), spans)
             got = self.native.submit(payload_address, plan.block_offsets, plan.ids_offset,
                                      tokens, spans, blocks, ids, snapshot)
@@ -106,7 +130,7 @@ class EntryCopier:
             # The sources may be overwritten after we return (graph buffers): copy the rows on
             # the caller's stream, ordered before whatever the caller enqueues next.
             blocks = [_gather(b, spans, copy=True, index=index) for b in blocks]
-        if ids.is_cuda:
+        if ids is not None and ids.is_cuda:
             # Token ids are tiny and engines reuse or mutate their id tensors right after the
             # forward (SGLang's speculative path does): always take them on the caller's
             # stream, in one kernel when they are one span (slice + int32 copy).
@@ -136,7 +160,9 @@ class EntryCopier:
             srcs = [_gather(b, spans, index=index) for b in blocks]
             for dst, src in zip(_block_views(buf, plan, blocks), srcs):
                 dst.copy_(src, non_blocking=True)
-            if ids.is_cuda:
+            if ids is None:
+                pass                                   # host row ids: written already
+            elif ids.is_cuda:
                 _ids_view(buf, plan).copy_(ids, non_blocking=True)
             else:
                 _gather_into(_ids_view(buf, plan), ids.reshape(-1).to(torch.int32), spans)

@@ -27,7 +27,7 @@ import zmq
 from . import notice as nt
 from . import record as rec
 from ._control import ControlLog
-from ._copies import EntryCopier, recycle_event
+from ._copies import EntryCopier, HostRowIds, recycle_event
 from ._publish_queue import STOP, Pending, PublishQueue, completed
 from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
 from .errors import (
@@ -273,7 +273,9 @@ class Producer:
         packed aux states ``[T, K*H]`` and ``last_hidden_states`` ``[T, H]``); ``layer_map``
         says where each of ``layers`` lies in them (default: consecutive ``hidden``-wide slots;
         ``hidden`` defaults to the narrowest block's width). ``token_ids`` is ``[T_src]``
-        (host or device). Each row takes its token rows from the sources. ``snapshot=True``: the sources may be
+        (host or device), or a :class:`hscapture._copies.HostRowIds` giving each row's ids
+        from a host buffer (written by the CPU, no device op). Each row takes its token rows
+        from the sources. ``snapshot=True``: the sources may be
         overwritten once this returns (CUDA graph buffers), so the captured rows are first
         copied on the caller's current stream. Returns True when the entry went into the ring,
         False when its rows were dropped (recorded and announced). Raises
@@ -284,7 +286,10 @@ class Producer:
         blocks = list(blocks)
         narrowest, dtype, t_src = _check_blocks(blocks, token_ids)
         _check_rows(rows, t_src)
-        return self._capture([_row_map(r) for r in rows], [r.src_start for r in rows],
+        maps = [_row_map(r) for r in rows]
+        if isinstance(token_ids, HostRowIds):
+            _check_row_ids(token_ids, maps)
+        return self._capture(maps, [r.src_start for r in rows],
                              blocks, layers, layer_kinds, token_ids, layer_map,
                              narrowest if hidden is None else int(hidden), dtype, snapshot)
 
@@ -323,6 +328,8 @@ class Producer:
                 f"found {len(rows)} rows and {len(src_starts)} starts")
         for s, m in zip(src_starts, rows):
             _check_source_range(m["rid"], s, m["token_count"], t_src)
+        if isinstance(token_ids, HostRowIds):
+            _check_row_ids(token_ids, rows)
         return self._capture(rows if isinstance(rows, list) else list(rows),
                              src_starts if isinstance(src_starts, list) else list(src_starts),
                              blocks, layers, layer_kinds, token_ids, layer_map,
@@ -807,12 +814,28 @@ def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str,
                 f"block {i}: expected [{t_src}, cols] {first.dtype} on {first.device}, "
                 f"found {tuple(b.shape)} {b.dtype} on {b.device}")
     hidden = min(int(b.shape[1]) for b in blocks)
+    if isinstance(token_ids, HostRowIds):   # per row: checked against the rows' counts
+        return hidden, _dtype_name(first.dtype), t_src
     n_ids = int(token_ids.numel() if isinstance(token_ids, torch.Tensor)
                 else np.asarray(token_ids).size)
     if n_ids != t_src:
         raise CaptureConfigError(
             f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
     return hidden, _dtype_name(first.dtype), t_src
+
+
+def _check_row_ids(ids: HostRowIds, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One ``(buffer, start, count)`` per row, each ``count`` its row's token count."""
+    parts = ids.parts
+    if type(parts) is not list or len(parts) != len(rows):
+        raise CaptureConfigError(
+            f"token_ids: expected one (buffer, start, count) per row ({len(rows)} rows), "
+            f"found {len(parts) if isinstance(parts, list) else type(parts).__name__}")
+    for part, m in zip(parts, rows):
+        if type(part) is not tuple or len(part) != 3 or part[2] != m["token_count"]:
+            raise CaptureConfigError(
+                f"row {m['rid']!r}: expected its token ids as (buffer, start, "
+                f"{m['token_count']}), found {part!r:.80}")
 
 
 def _check_source_range(rid: str, start: int, count: int, t_src: int) -> None:

@@ -121,6 +121,52 @@ def test_capture_rows_takes_wire_form_rows_exactly_and_checks_their_sources(endp
         p.close()
 
 
+def test_token_ids_given_per_row_from_host_buffers_arrive_exactly_and_are_checked_first(
+        endpoint):
+    """``HostRowIds``: each row's ids from its own host buffer (array('q'), numpy int32),
+    written into the entry by the CPU. A count that disagrees with the row, an id outside
+    int32 or a range past its buffer is refused before any number is taken, or (the
+    native checks) becomes a reported drop, never a wrong sample."""
+    from array import array
+
+    import numpy as np
+
+    from hscapture._copies import HostRowIds
+
+    p, sub = _inproc_pair(endpoint)
+    try:
+        t = torch.arange(20 * 4, dtype=torch.float32).reshape(20, 4)
+
+        def row(rid, n):
+            return {"rid": rid, "token_start": 0, "token_count": n, "last": True,
+                    "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+        a_ids = array("q", range(500, 520))
+        b_ids = np.arange(900, 930, dtype=np.int32)
+        maps = [row("h0", 6), row("h1", 4)]
+        good = HostRowIds([(a_ids, 2, 6), (b_ids, 10, 4)])
+        with pytest.raises(CaptureConfigError, match="one .buffer, start, count. per row"):
+            p.capture_rows(maps, [0, 8], [t], layers=[0], token_ids=HostRowIds(good.parts[:1]))
+        with pytest.raises(CaptureConfigError, match=r"\(buffer, start, 4\)"):
+            p.capture_rows(maps, [0, 8], [t], layers=[0],
+                           token_ids=HostRowIds([(a_ids, 2, 6), (b_ids, 10, 5)]))
+        assert p.stats()["next_seq"] == 0
+        assert p.capture_rows(maps, [0, 8], [t], layers=[0], token_ids=good)
+        for m, s0, want in zip(maps, [0, 8], [range(502, 508), range(910, 914)]):
+            got = sub.get(m["rid"], timeout=10)
+            assert torch.equal(got.tensors["layer_0"], t[s0:s0 + m["token_count"]])
+            assert got.token_ids.tolist() == list(want)
+            got.release()
+        # ids the entry format cannot hold, or a range past the buffer: a reported drop
+        for rid, ids in (("neg", HostRowIds([(array("q", [1, -5, 2]), 0, 3)])),
+                         ("past", HostRowIds([(array("q", [1, 2]), 0, 3)]))):
+            assert p.capture_rows([row(rid, 3)], [0], [t], layers=[0], token_ids=ids) is False
+            with pytest.raises(SampleDroppedError, match="copy_error"):
+                sub.get(rid, timeout=10)
+    finally:
+        sub.close()
+        p.close()
+
+
 def test_close_with_a_timeout_gives_up_in_time_and_still_removes_the_names(endpoint):
     """A close that cannot take the capture lock (a signal handler interrupting a capture on
     the same thread) returns within its bound and still removes socket, claim and segment."""

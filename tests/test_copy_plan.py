@@ -12,6 +12,7 @@ thing on a GPU.
 from __future__ import annotations
 
 import ctypes
+from array import array
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hscapture import _ring
 from hscapture._cuda_copy import plan_copies, staging_bytes, take_ids
 
 
@@ -157,3 +159,45 @@ def test_token_ids_covering_the_whole_tensor_are_taken_without_a_slice_as_a_fres
     assert address == taken.data_ptr() and taken.tolist() == full.tolist()
     full.fill_(-1)
     assert taken.tolist() == list(range(100, 100 + 12 * stride, stride))
+
+
+@st.composite
+def id_sources(draw):
+    parts, want = [], []
+    for _ in range(draw(st.integers(0, 6))):
+        vals = draw(st.lists(st.integers(0, 2**31 - 1), min_size=0, max_size=40))
+        kind = draw(st.sampled_from(["array_q", "np_i8", "np_i4"]))
+        buf = (array("q", vals) if kind == "array_q" else
+               np.array(vals, dtype=np.int64 if kind == "np_i8" else np.int32))
+        start = draw(st.integers(0, len(vals)))
+        count = draw(st.integers(0, len(vals) - start))
+        parts.append((buf, start, count))
+        want += vals[start:start + count]
+    return parts, want
+
+
+@settings(max_examples=200, deadline=None)
+@given(id_sources(), st.integers(0, 70))
+def test_host_row_ids_are_written_as_little_endian_int32_in_row_order(sources, offset):
+    """``_ring.write_ids`` (the HostRowIds path): every source's range, in order, as int32 LE
+    at the offset; the bytes around it untouched."""
+    parts, want = sources
+    dst = bytearray(b"\xee" * (offset + 4 * len(want) + 8))
+    assert _ring.write_ids(memoryview(dst), offset, parts) == len(want)
+    assert np.frombuffer(bytes(dst[offset:offset + 4 * len(want)]), "<i4").tolist() == want
+    assert dst[:offset] == b"\xee" * offset and dst[offset + 4 * len(want):] == b"\xee" * 8
+
+
+@pytest.mark.parametrize("parts,offset,match", [
+    ([(array("q", [1, 2, 2**31]), 0, 3)], 0, r"outside \[0, 2\*\*31\)"),
+    ([(array("q", [1, -1]), 0, 2)], 0, r"outside \[0, 2\*\*31\)"),
+    ([(array("q", [1, 2]), 1, 2)], 0, r"rows \[1, 3\) outside its 2 ids"),
+    ([(array("q", [1, 2, 3]), 0, 3)], 6, "do not fit a destination of 16 bytes"),
+    ([(array("d", [1.0]), 0, 1)], 0, "expected int64 or int32 items"),
+    ([(array("q", [1]), 0)], 0, r"\(buffer, start, count\)"),
+])
+def test_bad_host_row_ids_are_refused_before_a_byte_is_written(parts, offset, match):
+    dst = bytearray(b"\xee" * 16)
+    with pytest.raises((ValueError, TypeError), match=match):
+        _ring.write_ids(memoryview(dst), offset, parts)
+    assert dst == bytearray(b"\xee" * 16)

@@ -250,7 +250,9 @@ class SGLangCaptureHook:
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
         # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop``,
-        # ``nocapture``, ``publisher`` (the producer's thread alone commits and announces) or
+        # ``nocapture``, ``publisher`` (the producer's thread alone commits and announces),
+        # ``hostids`` (token ids from each request's host fill ids, written by the CPU,
+        # instead of a torch kernel over the batch's device input_ids) or
         # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
@@ -517,12 +519,17 @@ class SGLangCaptureHook:
         accepted: list[tuple[str, int, Any, bool]] = []
         seen: set[str] = set()
         row = self._row
+        host_ids = self._mode == "hostids"
+        id_parts: list[tuple[Any, int, int]] = []
         for i, req in wanted:
             got = row(req, prefix_lens[i], extend_lens[i], seen)
             if got is not None:
                 maps.append(got[0])
                 starts.append(offsets[i])
                 accepted.append(got[1])
+                if host_ids:   # the request's own ids (array('q')): written by the CPU
+                    id_parts.append((req.full_untruncated_fill_ids, prefix_lens[i],
+                                     extend_lens[i]))
         if not maps:
             return
         timing = self._timing
@@ -531,7 +538,13 @@ class SGLangCaptureHook:
         blocks = [hidden if int(hidden.shape[0]) == real_tokens else hidden[:real_tokens]]
         if last is not None:
             blocks.append(last if int(last.shape[0]) == real_tokens else last[:real_tokens])
-        ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens, offsets)
+        if host_ids:
+            from .._copies import HostRowIds   # (torch-free import of this module elsewhere)
+
+            ids = HostRowIds(id_parts)
+        else:
+            ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens,
+                                   offsets)
         if self._mode == "nocapture":
             ok = True
         else:
