@@ -226,24 +226,24 @@ uint64_t write_ids(nb::handle dst, uint64_t offset, nb::handle sources) {
     if (offset > uint64_t(out.view.len) || total * 4 > uint64_t(out.view.len) - offset)
         throw nb::value_error(("write_ids: " + std::to_string(total) + " ids at offset " + std::to_string(offset) +
                                " do not fit a destination of " + std::to_string(out.view.len) + " bytes").c_str());
+    auto id_at = [](const Part& p, uint64_t k) -> int64_t {   // source id k of a part
+        const char* base = static_cast<const char*>(p.buf->view.buf);
+        if (p.width == 8) { int64_t v; std::memcpy(&v, base + 8 * (p.start + k), 8); return v; }
+        int32_t v; std::memcpy(&v, base + 4 * (p.start + k), 4); return v;
+    };
     for (size_t i = 0; i < parts.size(); ++i) {   // every id checked before a byte is written
-        const Part& p = parts[i];
-        for (uint64_t k = 0; k < p.count; ++k) {
-            int64_t id;
-            if (p.width == 8) std::memcpy(&id, static_cast<const char*>(p.buf->view.buf) + 8 * (p.start + k), 8);
-            else { int32_t v32; std::memcpy(&v32, static_cast<const char*>(p.buf->view.buf) + 4 * (p.start + k), 4); id = v32; }
+        for (uint64_t k = 0; k < parts[i].count; ++k) {
+            const int64_t id = id_at(parts[i], k);
             if (id < 0 || id > INT32_MAX)
-                throw nb::value_error(("write_ids: source " + std::to_string(i) + " id " + std::to_string(p.start + k) + " is " +
+                throw nb::value_error(("write_ids: source " + std::to_string(i) + " id " +
+                                       std::to_string(parts[i].start + k) + " is " +
                                        std::to_string(id) + ", outside [0, 2**31)").c_str());
         }
     }
     uint8_t* at = static_cast<uint8_t*>(out.view.buf) + offset;
     for (const Part& p : parts) {
         for (uint64_t k = 0; k < p.count; ++k, at += 4) {
-            int64_t id;
-            if (p.width == 8) std::memcpy(&id, static_cast<const char*>(p.buf->view.buf) + 8 * (p.start + k), 8);
-            else { int32_t v32; std::memcpy(&v32, static_cast<const char*>(p.buf->view.buf) + 4 * (p.start + k), 4); id = v32; }
-            const uint32_t u = static_cast<uint32_t>(id);   // little-endian int32, as the format says
+            const uint32_t u = static_cast<uint32_t>(id_at(p, k));   // little-endian int32
             at[0] = uint8_t(u); at[1] = uint8_t(u >> 8); at[2] = uint8_t(u >> 16); at[3] = uint8_t(u >> 24);
         }
     }
