@@ -25,8 +25,9 @@ concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (
   scheduler thread never pays for a commit or a notice, at the price of GIL hand-offs;
   ``grace=S``: capture with the producer's commit grace at S seconds instead of the hook's
   default, e.g. ``grace=0.005``, the value before the grace became longer than a step;
-  ``hostids``: capture with the token ids taken from each request's host fill ids, written
-  by the CPU, instead of a torch kernel over the batch's device ids).
+  ``devids``: capture with the token ids taken from the batch's device input_ids by a torch
+  kernel, the default until the host ids, written by the CPU from each request's own array,
+  measured better: benchmarks/results/h200-2026-12-02).
 
 Statistics (benchmarks/_stats.py): after a discarded warm-up round of every mode, the number of
 requests per round is calibrated on up to three more ``off`` rounds of the now warm server so
@@ -100,9 +101,9 @@ import _stats  # noqa: E402
 MIXES = {"short": (200, 400), "long": (2500, 3500)}
 def captures(mode: str) -> bool:
     """Whether a mode's requests are captured (so every one of their rids must be accounted
-    for): ``on``, ``on:publisher``, ``on:hostids`` and ``on:grace=S``; not ``off``,
+    for): ``on``, ``on:publisher``, ``on:devids`` and ``on:grace=S``; not ``off``,
     ``on:noop``, ``on:nocapture``."""
-    return mode in ("on", "on:publisher", "on:hostids") or mode.startswith("on:grace=")
+    return mode in ("on", "on:publisher", "on:devids") or mode.startswith("on:grace=")
 _CHILDREN: list[subprocess.Popen] = []
 
 

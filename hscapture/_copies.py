@@ -53,7 +53,8 @@ class EntryCopier:
     """Per producer: the copy path in use, the side streams, the reused "forward done"
     events and the pools of completed ``done`` events, per device. Used under the producer's
     capture lock (one entry at a time); the pools are shared with the publisher thread
-    (``deque`` append/pop are atomic). ``counters`` gets ``native_copies`` / ``torch_copies``."""
+    (``deque`` append/pop are atomic). ``counters`` gets ``native_copies`` / ``torch_copies``, and ``host_id_captures`` for
+    entries whose ids were :class:`HostRowIds`."""
 
     def __init__(self, pinned: bool, counters: collections.Counter) -> None:
         self._counters = counters
@@ -98,6 +99,7 @@ class EntryCopier:
             from . import _ring
 
             _ring.write_ids(buf, plan.ids_offset, token_ids.parts)   # written: ids = None
+            self._counters["host_id_captures"] += 1
             ids = None
         elif isinstance(token_ids, torch.Tensor):
             ids = token_ids

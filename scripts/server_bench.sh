@@ -15,7 +15,9 @@
 # PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny), LOAD (rounds; steady: windows inside a
 # continuous load, bench_server's SteadyLoad; a measurement then takes ~3 s plus ROUND_S),
 # CONCURRENCY (HTTP requests in flight: 64, with LOAD=steady 16, which keeps 128 short
-# prompts queued and lets a pause drain in well under a second). With two candidates the tiny shape did not finish both mixes in
+# prompts queued and lets a pause drain in well under a second), STEPS (gpu_round.sh steps run
+# against each server: bench_server; e.g. bench_server,real_server adds tests/server on the
+# same server, after the bench). With two candidates the tiny shape did not finish both mixes in
 # its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
 # OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
@@ -39,7 +41,7 @@ run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang
   rm -f "$HSCAPTURE_STATS_FILE" "$HSCAPTURE_EXPERIMENT_FILE"
   echo "=== server bench: $shape"
   MODEL=$model DEADLINE_S=$deadline SERVE_LOG_DIR="/tmp/hsc-serve-$shape" bash .sgl/bin/serve.sh \
-    "${COMMON[@]}" "$@" -- bash scripts/gpu_round.sh "$OUT/$shape" bench_server \
+    "${COMMON[@]}" "$@" -- bash scripts/gpu_round.sh "$OUT/$shape" "${STEPS:-bench_server}" \
     > "$OUT/$shape/serve.out" 2>&1
   local r=$?
   grep -v " block " "$OUT/$shape/serve.out" | tail -16

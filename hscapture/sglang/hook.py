@@ -60,6 +60,7 @@ import logging
 import os
 import time
 import weakref
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -73,6 +74,7 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
     def _profiler_enabled() -> bool:
         return False
 
+from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
 from .config import CaptureConfig, endpoint_for_dp_rank
@@ -251,8 +253,8 @@ class SGLangCaptureHook:
         self._stats_written = 0
         # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop``,
         # ``nocapture``, ``publisher`` (the producer's thread alone commits and announces),
-        # ``hostids`` (token ids from each request's host fill ids, written by the CPU,
-        # instead of a torch kernel over the batch's device input_ids) or
+        # ``devids`` (token ids taken from the batch's device input_ids by one torch kernel,
+        # the default before the host ids; benchmarks/results/h200-2026-12-02) or
         # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
@@ -519,7 +521,11 @@ class SGLangCaptureHook:
         accepted: list[tuple[str, int, Any, bool]] = []
         seen: set[str] = set()
         row = self._row
-        host_ids = self._mode == "hostids"
+        # Token ids from each request's own host array (SGLang builds the batch's input_ids
+        # from exactly these: ScheduleBatch.prepare_for_extend takes fill_ids[prefix_len:
+        # extend_end]); written into the entry by the CPU in one native call, no torch op.
+        # A request whose ids are not an array('q') sends the batch to the device ids.
+        host_ids = self._mode != "devids"
         id_parts: list[tuple[Any, int, int]] = []
         for i, req in wanted:
             got = row(req, prefix_lens[i], extend_lens[i], seen)
@@ -527,9 +533,12 @@ class SGLangCaptureHook:
                 maps.append(got[0])
                 starts.append(offsets[i])
                 accepted.append(got[1])
-                if host_ids:   # the request's own ids (array('q')): written by the CPU
-                    id_parts.append((req.full_untruncated_fill_ids, prefix_lens[i],
-                                     extend_lens[i]))
+                if host_ids:
+                    fill = req.full_untruncated_fill_ids
+                    if type(fill) is array and fill.typecode == "q":
+                        id_parts.append((fill, prefix_lens[i], extend_lens[i]))
+                    else:
+                        host_ids = False
         if not maps:
             return
         timing = self._timing
@@ -539,8 +548,6 @@ class SGLangCaptureHook:
         if last is not None:
             blocks.append(last if int(last.shape[0]) == real_tokens else last[:real_tokens])
         if host_ids:
-            from .._copies import HostRowIds   # (torch-free import of this module elsewhere)
-
             ids = HostRowIds(id_parts)
         else:
             ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens,

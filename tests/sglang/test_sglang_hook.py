@@ -381,25 +381,29 @@ def test_a_decode_step_announces_what_the_last_prefill_left_pending(rig):
     assert by == [threading.main_thread().name] * 2, by
 
 
-def test_the_hostids_mode_captures_exactly_with_ids_from_the_requests_own_arrays(
+def test_token_ids_come_from_each_requests_own_array_and_the_devids_mode_from_the_device(
         rig, tmp_path, monkeypatch):
-    """bench_server's ``on:hostids``: token ids come from each request's host fill ids
-    (SGLang's array('q')), written into the entry by the CPU, instead of a torch kernel over
-    the batch's device input_ids. Whole and chunked samples, several rows per forward, are
-    exact; leaving the mode goes back to the device ids."""
+    """By default the token ids come from each request's host fill ids (SGLang's
+    array('q'), the array its batch input_ids are built from), written into the entry by the
+    CPU, with no torch op; the benchmark mode ``devids`` takes them from the batch's device
+    input_ids instead. Whole and chunked samples, several rows per forward, are exact either
+    way, and the two paths agree byte for byte."""
     mode = tmp_path / "mode"
     monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
-    mode.write_text("hostids")
+    mode.write_text("")
     hook, sub, srv = rig()
     a = srv.new_req("hscap-host-a", 23)
     b = srv.new_req("hscap-host-b", 5)
     srv.extend([(a, 0, 10), (b, 0, 5)])
     srv.extend([(a, 10, 13)])
-    check(sub.get(a.rid, timeout=10), srv, a)
+    got_a = sub.get(a.rid, timeout=10)
+    check(got_a, srv, a)
     check(sub.get(b.rid, timeout=10), srv, b)
-    mode.write_text("")
+    assert hook.producer.stats().get("host_id_captures", 0) == 2
+    mode.write_text("devids")
     hook._mode_checked = 0
     c = srv.new_req("hscap-device-c", 9)
     srv.extend([(c, 0, 9)])
     check(sub.get(c.rid, timeout=10), srv, c)
+    assert hook.producer.stats().get("host_id_captures", 0) == 2   # the device path
     assert hook.counters["errors"] == 0
