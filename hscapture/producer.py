@@ -22,23 +22,20 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-import zmq
 
 from . import notice as nt
 from . import record as rec
 from ._control import ControlLog
 from ._copies import EntryCopier, HostRowIds, recycle_event
 from ._publish_queue import STOP, Pending, PublishQueue, completed
-from .endpoint import check_endpoint, claim_endpoint, default_endpoint, release_endpoint
+from ._producer_resources import ProducerResources, first_attach
+from .endpoint import check_endpoint, default_endpoint
 from .errors import (
     CaptureConfigError,
-    EndpointError,
     HSCaptureError,
     InvalidRidError,
     RecordTooLargeError,
 )
-from .pinning import register_host_memory
-from .ring import segment_name
 
 log = logging.getLogger("hscapture")
 
@@ -49,14 +46,6 @@ _TORCH_NAMES = {getattr(torch, name): name for name in nt.DTYPES}
 #: How long the close at process exit (atexit, or a signal handler) may wait for copies in
 #: flight and the last notices before it gives up the orderly part (see Producer.close).
 EXIT_CLOSE_TIMEOUT_S = 5.0
-_KEPT_FOR_DURABLE: list[Any] = []
-
-
-def _leak(obj: Any) -> None:
-    """Take a reference that is never given back (the object outlives interpreter exit)."""
-    import ctypes
-
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 @dataclass(slots=True)
@@ -162,35 +151,14 @@ class Producer:
         capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
         if control_reserve is None:
             control_reserve = min(4 << 20, capacity // 8) // 64 * 64
-        self._claim = None
-        self._ring = None
-        self._pinned = None
-        self._ctx = self._sock = None
-        try:
-            self._claim = claim_endpoint(self.endpoint)   # before anything else is created
-            name = segment_name(producer_id)
-            # A predecessor with this id that was killed (an engine's scheduler is, at shutdown)
-            # left its segment: remove it now, unless a durable subscriber still needs it.
-            _remove_stale_predecessors(name)
-            self._ring = _ring.Producer(name, capacity, int(max_consumers), 0,
-                                        int(control_reserve))
-            if durable_expiry_s:
-                self._ring.durable_expiry_ns = int(durable_expiry_s * 1e9)
-            self.epoch: int = self._ring.epoch
-            self.segment: str = self._ring.name
-            self._pinned = register_host_memory(self._ring.map_address, self._ring.map_size) \
-                if pin else None
-            self._ctx = zmq.Context()
-            self._sock = self._ctx.socket(zmq.PUB)
-            self._sock.setsockopt(zmq.SNDHWM, sndhwm)
-            self._sock.setsockopt(zmq.LINGER, 2000)
-            try:
-                self._sock.bind(self.endpoint)
-            except zmq.ZMQError as exc:
-                raise EndpointError(f"cannot bind {self.endpoint}: {exc}") from exc
-        except BaseException:
-            self._release_resources(unlink=True)
-            raise
+        self._res = ProducerResources(
+            self.endpoint, producer_id, capacity=capacity, max_consumers=max_consumers,
+            control_reserve=control_reserve, durable_expiry_s=durable_expiry_s, pin=pin,
+            sndhwm=sndhwm)
+        self._ring = self._res.ring
+        self._sock = self._res.sock
+        self.epoch: int = self._ring.epoch
+        self.segment: str = self._ring.name
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
         self._pubq = PublishQueue()            # entries until committed + announced
@@ -199,7 +167,7 @@ class Producer:
         self._counters: collections.Counter[str] = collections.Counter()
         self._control = ControlLog()
         self._closed = False
-        self._copier = EntryCopier(self._pinned is not None, self._counters)
+        self._copier = EntryCopier(self._res.pinned is not None, self._counters)
         self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
                     "capacity": self._ring.capacity, "time_ns": time.time_ns()})
         self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
@@ -483,7 +451,7 @@ class Producer:
         with self._lock:
             out.update(ring=self._ring.stats() if not self._closed else {}, epoch=self.epoch,
                        segment=self.segment, endpoint=self.endpoint, next_seq=self._next_seq,
-                       pinned=self._pinned is not None, backlog=self._control.backlog_rows,
+                       pinned=self._res.pinned is not None, backlog=self._control.backlog_rows,
                        unrecorded=self._control.unrecorded)
         return out
 
@@ -551,25 +519,7 @@ class Producer:
         log.warning("hscapture: producer %s could not close in order (%s): its socket, claim "
                     "and segment name are removed now, the mapping at process exit",
                     self.producer_id, why)
-        ring = self._ring
-        if ring is not None:
-            try:
-                if _durable_unread(ring.name):
-                    # kept for that subscriber: the ring object's destructor (which unlinks)
-                    # must never run, so it is held until the process ends
-                    _KEPT_FOR_DURABLE.append(ring)
-                    _leak(ring)
-                else:
-                    from . import _ring
-                    _ring.unlink(ring.name)
-            except Exception as exc:
-                log.warning("hscapture: could not remove segment %s: %s", ring.name, exc)
-        try:
-            if self._claim is not None:
-                release_endpoint(self.endpoint, self._claim)
-                self._claim = None
-        except Exception as exc:
-            log.warning("hscapture: could not release endpoint %s: %s", self.endpoint, exc)
+        self._res.abandon()
         self._finalizer.detach()
 
     def __enter__(self) -> "Producer":
@@ -661,7 +611,7 @@ class Producer:
             self._flush_backlog_locked()
             if not self._control.heard and ring["live_consumers"]:
                 in_flight = self._pubq.in_flight()
-                unheard = self._control.take_unheard(_first_attach(self._ring.name), in_flight)
+                unheard = self._control.take_unheard(first_attach(self._ring.name), in_flight)
                 if unheard is not None:
                     self._write_unheard_locked(*unheard)
             hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self.segment,
@@ -763,28 +713,10 @@ class Producer:
     # -- internals: lifetime ---------------------------------------------------------------
 
     def _release_resources(self, unlink: bool | None) -> None:
-        """Close the socket, unpin and unmap the ring, give the endpoint back. ``unlink``:
-        True removes the segment name, None removes it unless a durable subscriber still has
-        unread entries in it (it then stays for that subscriber)."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
-        if self._pinned is not None:
-            self._pinned.close()
-            self._pinned = None
-        if self._ring is not None:
-            keep = unlink is None and _durable_unread(self._ring.name)
-            if keep:
-                log.info("hscapture: segment %s kept for a durable subscriber that has not "
-                         "read it all", self._ring.name)
-            self._ring.close(not keep)
-            self._ring = None
-        if self._claim is not None:
-            release_endpoint(self.endpoint, self._claim)
-            self._claim = None
+        """Give back the socket, the ring and the endpoint (:meth:`ProducerResources.release
+        <hscapture._producer_resources.ProducerResources.release>`)."""
+        self._res.release(unlink)
+        self._ring = self._sock = None
 
     @staticmethod
     def _atexit_close(ref: "weakref.ReferenceType[Producer]") -> None:
@@ -892,36 +824,3 @@ def _field_bytes(fields: Mapping[str, Any] | None, count: int) -> dict[str, byte
             else np.asarray(value)
         out[str(name)] = arr.reshape(-1).astype(np.uint8).tobytes()
     return out
-
-
-def _remove_stale_predecessors(name: str) -> None:
-    from .ring import cleanup_stale
-
-    try:
-        for action in cleanup_stale(name.rsplit("-", 1)[0] + "-"):
-            log.info("hscapture: %s stale segment %s of a dead predecessor%s", action.action,
-                     action.name, "" if action.action == "removed" else f" ({action.reason})")
-    except Exception as exc:   # cleanup is best effort; never a reason not to capture
-        log.warning("hscapture: could not clean up stale segments: %s", exc)
-
-
-def _first_attach(name: str) -> int:
-    """The lowest ring position at which a live subscriber started reading."""
-    from . import _ring
-
-    info = _ring.segment_info(name)
-    starts = [c["attached_at"] for c in info["consumers"] if c.get("alive")]
-    return min(starts) if starts else info["head"]
-
-
-def _durable_unread(name: str) -> bool:
-    """True if a durable subscription of segment ``name`` has not released everything."""
-    from . import _ring
-
-    try:
-        info = _ring.segment_info(name)
-    except Exception:
-        return False
-    head = info["head"]
-    return any(c.get("durable") and c.get("state") != 0 and c["released"] < head
-               for c in info["consumers"])
