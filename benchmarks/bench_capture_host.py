@@ -57,7 +57,7 @@ import _stats  # noqa: E402
 STAGES = (("producer", "_check_blocks", "checks"), ("rec", "plan_batch", "entry meta"),
           ("self", "_reserve", "reserve"), ("rec", "write_header", "header"),
           ("copier", "copy_into", "copies"), ("self", "_enqueue", "enqueue"),
-          ("self", "_publish_ready", "inline publish"), ("self", "_send", "notice send"))
+          ("self", "_publish_ready", "inline publish"), ("nt", "entry_frame", "notice encode"))
 
 
 def main() -> int:
@@ -187,7 +187,7 @@ def main() -> int:
 
     if a.breakdown:
         acc: dict[str, list[int]] = collections.defaultdict(list)
-        owners = {"self": prod, "producer": P, "rec": P.rec, "copier": prod._copier}
+        owners = {"self": prod, "producer": P, "rec": P.rec, "nt": P.nt, "copier": prod._copier}
         saved = []
         for owner, name, label in STAGES:
             obj = owners[owner]

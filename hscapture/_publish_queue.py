@@ -10,8 +10,9 @@ Guarantees:
 - Entries leave the queue in the order they were put on it (the producer puts them in
   reservation order, which is sequence order), each exactly once.
 - An entry leaves only once its copy completed: ``done`` is None (the bytes are in the ring)
-  or ``done.query()`` is true; a ``query`` that raises counts as completed, so the publish
-  reports the failed copy instead of waiting forever.
+  or ``done.query()`` is true; a ``query`` that raises counts as completed, with what it
+  raised in ``Pending.error``, so the publish reports the failed copy instead of waiting
+  forever (and never commits it).
 - One publisher at a time: :attr:`PublishQueue.send_lock` is held while entries are
   published, and the producer holds it for every other socket send (ZeroMQ sockets are not
   thread-safe).
@@ -49,6 +50,9 @@ class Pending:
     done: Any = None          # the copy's completion event (CUDA), or None (already in the ring)
     keepalive: Any = None     # sources and staging kept alive until ``done`` completed
     rows: list[dict[str, Any]] = field(default_factory=list)
+    #: what ``done.query()`` raised when the queue asked: the copy failed (the publish must
+    #: report the rows, never commit them)
+    error: BaseException | None = None
 
 
 #: :meth:`PublishQueue.next_for_publisher`'s answer once the close marker was reached
@@ -110,13 +114,21 @@ class PublishQueue:
         if not self.send_lock.acquire(blocking=block):
             return
         n = 0
+        items = self._items
         try:
             while True:
                 with self._cond:
-                    item = self._items[0] if self._items else None
-                    if item is None or (item.done is not None and not completed(item.done)):
+                    item = items[0] if items else None
+                    if item is None:
                         break
-                    self._items.popleft()
+                    done = item.done
+                    if done is not None and item.error is None:
+                        try:
+                            if not done.query():
+                                break
+                        except Exception as exc:   # the copy failed: publish reports it
+                            item.error = exc
+                    items.popleft()
                 publish(item)
                 n += 1
         finally:
@@ -124,7 +136,10 @@ class PublishQueue:
         if n:
             with self._progress:
                 self._published += n
-                self._progress.notify_all()
+                # wait_published counts itself in _flushing BEFORE it takes this lock to look
+                # at _published, so a waiter either sees the sum above or is counted here
+                if self._flushing:
+                    self._progress.notify_all()
 
     def wait_published(self, timeout_s: float) -> None:
         """Wait until every entry queued so far was published; while waiting, the publisher

@@ -23,6 +23,12 @@ import msgpack
 
 from .errors import InvalidProducerIdError, InvalidRidError, NoticeError, NoticeVersionError
 
+try:   # the compiled twin of msgpack's packb for exact builtin types (record.py uses it too)
+    from ._meta import Unsupported as _Unsupported
+    from ._meta import packb as _native_packb
+except ImportError:  # pragma: no cover - an uncompiled checkout: msgpack alone
+    _native_packb = None
+
 __all__ = [
     "PROTOCOL_VERSION",
     "KINDS",
@@ -41,6 +47,7 @@ __all__ = [
     "decode",
     "validate",
     "entry_notice",
+    "entry_frame",
     "unpack_canonical",
 ]
 
@@ -243,6 +250,25 @@ def entry_notice(producer: str, epoch: int, seq: int, n: int, entry_kind: str, s
     return {"v": PROTOCOL_VERSION, "kind": "entry", "producer": producer, "epoch": epoch,
             "seq": seq, "n": n, "entry_kind": entry_kind, "segment": segment,
             "offset": offset, "length": length, "record_seq": record_seq, "meta": meta_bytes}
+
+
+def entry_frame(producer: str, epoch: int, seq: int, n: int, entry_kind: str, segment: str,
+                offset: int, length: int, record_seq: int, meta_bytes: bytes) -> bytes:
+    """``encode(entry_notice(...), check=False)``: the same bytes, for the producer's hot path
+    (one per entry, on the engine's thread), packed by ``hscapture._meta`` in one call where
+    it is built (tests/test_notice.py checks the bytes against msgpack's). Raises
+    :class:`NoticeError` as :func:`encode` does."""
+    msg = entry_notice(producer, epoch, seq, n, entry_kind, segment, offset, length,
+                       record_seq, meta_bytes)
+    if _native_packb is None:
+        return encode(msg, check=False)
+    try:
+        frame = _native_packb(msg)
+    except _Unsupported:
+        return encode(msg, check=False)
+    if len(frame) > MAX_NOTICE_BYTES:
+        raise NoticeError(f"notice is {len(frame)} bytes, more than {MAX_NOTICE_BYTES}")
+    return frame
 
 
 def encode(msg: Mapping[str, Any], *, check: bool = True) -> bytes:

@@ -591,10 +591,7 @@ class Producer:
         """Commit and announce, in order, every entry at the queue's front whose copy has
         completed. The capturing thread calls it after each capture without blocking (when
         the publisher thread is at it, it returns at once), the publisher thread blocking."""
-        self._pubq.publish_ready(block, self._publish_one)
-
-    def _publish_one(self, item: Pending) -> None:
-        self._safe(self._publish, item)
+        self._pubq.publish_ready(block, self._publish)
 
     def _send(self, msg: dict[str, Any]) -> None:
         msg.setdefault("v", nt.PROTOCOL_VERSION)
@@ -665,11 +662,16 @@ class Producer:
                                     "time_ns": time.time_ns()})
 
     def _publish(self, item: Pending) -> None:
+        """Commit one entry whose copy completed (the queue handed it out: ``done`` None or
+        complete), then announce it. A failed copy (``item.error``) or commit becomes a drop
+        entry of the same rows, reported, never a notice. Never raises (counted and logged):
+        it runs on the engine's thread and on the publisher thread."""
         try:
-            if item.done is not None and not item.done.query():
-                item.done.synchronize()  # waits for the side-stream copy only (GIL released)
-            if item.done is not None and item.keepalive is not None:
-                recycle_event(item.done, item.keepalive)   # completed: reusable
+            if item.error is not None:
+                raise item.error             # the copy's completion query failed
+            if item.done is not None:
+                if item.keepalive is not None:
+                    recycle_event(item.done, item.keepalive)   # completed: reusable
                 item.done = None
             # SYNC POINT: commit release-stores the record state; the notice goes out after.
             self._ring.commit(item.position)
@@ -684,31 +686,38 @@ class Producer:
                 except Exception:
                     pass
                 if item.rows:   # same sequence numbers, now recorded as dropped
-                    self._drop_locked(item.seq, item.rows,
-                                      f"commit_error: {type(exc).__name__}", item.length)
+                    self._safe(self._drop_locked, item.seq, item.rows,
+                               f"commit_error: {type(exc).__name__}", item.length)
             return
         finally:
             item.keepalive = None
-        self._send(nt.entry_notice(self.producer_id, self.epoch, item.seq, item.n, item.kind,
-                                   self.segment, item.position, item.length,
-                                   self._record_seq(item.position), item.meta_bytes))
+        try:
+            try:
+                record_seq = self._ring.record_seq(item.position)
+            except Exception:
+                record_seq = 0
+            self._sock.send(nt.entry_frame(self.producer_id, self.epoch, item.seq, item.n,
+                                           item.kind, self.segment, item.position,
+                                           item.length, record_seq, item.meta_bytes),
+                            copy=True)
+        except Exception:
+            self._count_publisher_error()
+            return
         if item.kind != "unheard":
             self._announced = max(self._announced, item.seq + item.n)
-
-    def _record_seq(self, position: int) -> int:
-        try:
-            return self._ring.record_seq(position)
-        except Exception:
-            return 0
 
     def _safe(self, fn: Any, *args: Any) -> None:
         try:
             fn(*args)
         except Exception:  # never let the publisher thread die: count and log once
-            self._counters["errors"] += 1
-            if self._counters["publisher_errors"] == 0:
-                log.exception("hscapture: publisher thread error (counted; continuing)")
-            self._counters["publisher_errors"] += 1
+            self._count_publisher_error()
+
+    def _count_publisher_error(self) -> None:
+        """Count, and log the first, error of publishing (called in an ``except`` block)."""
+        self._counters["errors"] += 1
+        if self._counters["publisher_errors"] == 0:
+            log.exception("hscapture: publisher thread error (counted; continuing)")
+        self._counters["publisher_errors"] += 1
 
     # -- internals: lifetime ---------------------------------------------------------------
 

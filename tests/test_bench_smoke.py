@@ -22,7 +22,7 @@ def test_bench_capture_host_times_hot_and_cold_calls_and_every_stage(tmp_path):
     r = rec["results"]
     assert r["hot"]["n"] == 5 and r["cold"]["n"] == 5 and r["hot"]["median"] > 0
     stages = {"checks", "entry meta", "reserve", "header", "copies", "enqueue",
-              "inline publish", "notice send"}
+              "inline publish", "notice encode"}
     for mode in ("hot", "cold"):
         assert set(r["breakdown_us"][mode]) == stages, r["breakdown_us"][mode]
     assert set(rec["timed_region"]) == {"hot", "cold"}
@@ -32,3 +32,17 @@ def test_bench_capture_host_times_hot_and_cold_calls_and_every_stage(tmp_path):
     assert {m for m in r["torch_costs"] if m != "order"} == {
         f"{w} {t}" for w in ("25 attribute reads", "slice + int32 copy") for t in ("hot", "cold")}
     assert all(v["median"] > 0 for m, v in r["torch_costs"].items() if m != "order")
+
+
+def test_bench_publish_times_the_inline_commit_and_notice_with_a_subscriber_process(tmp_path):
+    out = tmp_path / "bp.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_publish.py"),
+                          "--calls", "20", "--reps", "5", "--sweep-mib", "4", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads(out.read_text())
+    for mode in ("hot", "cold"):
+        r = rec["results_us"][mode]
+        assert 0 < r["publish"]["median"] < r["whole"]["median"], r
+    # every call announced its entry: 6 repetitions x 2 modes x 20 calls, nothing dropped
+    assert rec["stats"]["captured_rows"] == 240 and rec["stats"].get("dropped", 0) == 0

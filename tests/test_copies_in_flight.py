@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hscapture import Producer, Subscriber
-from hscapture.errors import SampleTimeoutError
+from hscapture.errors import SampleDroppedError, SampleTimeoutError
 
 from capture_support import assert_sample_exact, source
 
@@ -45,15 +45,17 @@ class HeldCopy:
         self._done.wait(60)
 
 
-def _holding(p: Producer) -> list[HeldCopy]:
-    """Make every later capture of ``p`` hand out a HeldCopy as its ``done`` event."""
+def _holding(p: Producer, kinds: list[type] | None = None) -> list[HeldCopy]:
+    """Make every later capture of ``p`` hand out a HeldCopy as its ``done`` event (or, in
+    turn, an instance of each of ``kinds`` first)."""
     held: list[HeldCopy] = []
     real = p._copier.copy_into
+    kinds = list(kinds or [])
 
     def copy_into(*args, **kwargs):
         done, keep = real(*args, **kwargs)
         assert done is None, "host tensors: the copy is complete when it returns"
-        held.append(HeldCopy())
+        held.append((kinds.pop(0) if kinds else HeldCopy)())
         return held[-1], None
     p._copier.copy_into = copy_into
     return held
@@ -128,3 +130,37 @@ def test_close_waits_for_a_copy_in_flight_and_announces_it_before_bye(pair):
     s = sub.get("last", timeout=10)
     assert_sample_exact(s, "last", 20, HIDDEN, LAYERS)
     s.release()
+
+
+
+class FailedCopy(HeldCopy):
+    """A copy the device reports as failed: ``query()`` and ``synchronize()`` raise, as a CUDA
+    event's do after a device error."""
+
+    def query(self) -> bool:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["capturing thread", "publisher thread"])
+def test_a_copy_that_failed_is_reported_by_rid_never_delivered_and_later_entries_flow(
+        pair, inline):
+    """A copy whose completion query raises: its entry is never committed or announced, its
+    rid reaches the subscriber as dropped (``commit_error``), and the next entry, whose copy
+    is fine, is delivered exactly, whichever thread publishes."""
+    p, sub = pair
+    p.inline_publish = inline
+    held = _holding(p, [FailedCopy])
+    _capture(p, "broken", 8)
+    _capture(p, "fine", 9)
+    held[1].complete()
+    p.publish_completed()
+    with pytest.raises(SampleDroppedError, match="commit_error: RuntimeError"):
+        sub.get("broken", timeout=10)
+    s = sub.get("fine", timeout=10)
+    assert_sample_exact(s, "fine", 9, HIDDEN, LAYERS)
+    s.release()
+    assert p.stats()["errors"] == 1

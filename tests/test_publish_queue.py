@@ -55,9 +55,10 @@ def test_a_copy_whose_query_fails_counts_as_completed_so_the_publish_reports_it(
     assert completed(Broken()) and completed(Copy(True)) and not completed(Copy(False))
     q = PublishQueue()
     q.put(_entry(0, Broken()))
-    got: list[int] = []
-    q.publish_ready(True, lambda e: got.append(e.seq))
-    assert got == [0]
+    got: list[Pending] = []
+    q.publish_ready(True, got.append)
+    assert [e.seq for e in got] == [0]
+    assert isinstance(got[0].error, RuntimeError)   # what the publish must report
 
 
 def test_the_capturing_thread_does_not_publish_while_another_thread_holds_the_send_lock():
