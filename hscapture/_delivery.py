@@ -176,8 +176,8 @@ class Delivery:
             return
         layer_names, dtype = names
         borrow = self.zero_copy
-        ids = _torch_view(rv.token_ids, None)
         if borrow:
+            ids = _torch_view(rv.token_ids, None)
             tensors = {n: _torch_view(rv.layer(i), dtype) for i, n in enumerate(layer_names)}
         else:
             tensors = {n: _torch_view(_copy(rv.layer(i)), dtype)

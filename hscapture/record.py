@@ -737,17 +737,20 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
     total = 0
     rids = set()
     for r, row in enumerate(rows):
-        # Fast path: the common row (ASCII rid, no extra, no fields) in one expression; any
-        # row it does not accept goes through the detailed checks, which name the defect.
+        # Fast path: the common row (ASCII rid, an extra map with str keys, no fields) in one
+        # expression; any row it does not accept goes through the detailed checks, which name
+        # the defect. (The same rules as the detailed path: _check_chunk, _str_map.)
         if type(row) is dict and row.keys() == _ROW_KEYS:
-            rid, start, count, cached = (row["rid"], row["token_start"], row["token_count"],
-                                         row["cached_prefix"])
+            rid, start, count, cached, extra = (row["rid"], row["token_start"],
+                                                row["token_count"], row["cached_prefix"],
+                                                row["extra"])
             if (type(rid) is str and rid.isascii() and 0 < len(rid) <= MAX_RID_BYTES
                     and _RID_FORBIDDEN.search(rid) is None
                     and type(start) is int and type(count) is int and type(cached) is int
                     and 0 <= start and 0 < count and start + count < _I63
                     and 0 <= cached <= start + count and type(row["last"]) is bool
-                    and row["extra"] == {} and row["fields"] == {}):
+                    and type(extra) is dict and row["fields"] == {}
+                    and (not extra or all(type(k) is str for k in extra))):
                 rids.add(rid)
                 total += count
                 continue

@@ -468,10 +468,14 @@ PLAIN_ROWS = [dict(r, extra={}, fields={}) for r in ROWS]
     ({"rid": "a\tb"}, None, "U\\+0009"),
     ({"rid": 5}, None, "expected str, found int"),
     ({"extra": {b"k": 1}}, None, "str keys"),
+    ({"extra": {"t": 1, "ph": "x", b"j": 4}}, None, "str keys"),
+    ({"extra": [("t", 1)]}, None, "'extra': expected a map"),
+    ({"rid": "a\tb", "extra": {"t": 1}}, None, "U\\+0009"),
     ({"fields": {"m": b""}}, None, "expected 1 bytes"),
 ])
 def test_plain_rows_obey_the_same_rules_on_the_fast_path(row, value, why):
-    """Rows without extra or fields take read_entry's fast path: same rules, same errors."""
+    """Rows without fields (and an extra map, empty or not) take read_entry's fast path:
+    same rules, same errors."""
     meta = changed(("rows",), [PLAIN_ROWS[0], dict(PLAIN_ROWS[1], **row)])
     with pytest.raises(RecordFormatError, match=why):
         read(framed(meta, 1164))
