@@ -46,3 +46,13 @@ def test_bench_publish_times_the_inline_commit_and_notice_with_a_subscriber_proc
         assert 0 < r["publish"]["median"] < r["whole"]["median"], r
     # every call announced its entry: 6 repetitions x 2 modes x 20 calls, nothing dropped
     assert rec["stats"]["captured_rows"] == 240 and rec["stats"].get("dropped", 0) == 0
+
+
+def test_bench_delivery_drains_every_sample_it_wrote(tmp_path):
+    out = tmp_path / "bd.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_delivery.py"),
+                          "--entries", "20", "--rows", "8", "--reps", "5", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = json.loads(out.read_text())
+    assert len(rec["samples_per_s"]["all"]) == 5 and rec["samples_per_s"]["min"] > 0
