@@ -406,4 +406,17 @@ def test_token_ids_come_from_each_requests_own_array_and_the_devids_mode_from_th
     srv.extend([(c, 0, 9)])
     check(sub.get(c.rid, timeout=10), srv, c)
     assert hook.producer.stats().get("host_id_captures", 0) == 2   # the device path
+    # back to the default, a request whose ids are not an array('q') (a plain list) sends its
+    # whole batch to the device ids, still exact
+    mode.write_text("")
+    hook._mode_checked = 0
+    d = srv.new_req("hscap-list-d", 7)
+    e = srv.new_req("hscap-array-e", 6)
+    d.full_untruncated_fill_ids = list(d.full_untruncated_fill_ids)
+    srv.extend([(d, 0, 7), (e, 0, 6)])
+    check(sub.get(d.rid, timeout=10), srv, d)
+    check(sub.get(e.rid, timeout=10), srv, e)
+    assert hook.producer.stats().get("host_id_captures", 0) == 2
+    srv.extend([(srv.new_req("hscap-array-f", 5), 0, 5)])
+    assert hook.producer.stats().get("host_id_captures", 0) == 3
     assert hook.counters["errors"] == 0
