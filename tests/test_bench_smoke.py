@@ -34,13 +34,18 @@ def test_bench_capture_host_times_hot_and_cold_calls_and_every_stage(tmp_path):
     assert all(v["median"] > 0 for m, v in r["torch_costs"].items() if m != "order")
 
 
-def test_bench_publish_times_the_inline_commit_and_notice_with_a_subscriber_process(tmp_path):
-    out = tmp_path / "bp.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_publish.py"),
-                          "--calls", "20", "--reps", "5", "--sweep-mib", "4", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
+def _bench(tmp_path: Path, script: str, *args: str) -> dict:
+    """Run ``benchmarks/<script>`` with ``args`` and ``--out``; its JSON (exit 0 asserted)."""
+    out = tmp_path / "out.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args,
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    rec = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_bench_publish_times_the_inline_commit_and_notice_with_a_subscriber_process(tmp_path):
+    rec = _bench(tmp_path, "bench_publish.py", "--calls", "20", "--reps", "5",
+                 "--sweep-mib", "4")
     for mode in ("hot", "cold"):
         r = rec["results_us"][mode]
         assert 0 < r["publish"]["median"] < r["whole"]["median"], r
@@ -49,10 +54,5 @@ def test_bench_publish_times_the_inline_commit_and_notice_with_a_subscriber_proc
 
 
 def test_bench_delivery_drains_every_sample_it_wrote(tmp_path):
-    out = tmp_path / "bd.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_delivery.py"),
-                          "--entries", "20", "--rows", "8", "--reps", "5", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    rec = json.loads(out.read_text())
+    rec = _bench(tmp_path, "bench_delivery.py", "--entries", "20", "--rows", "8", "--reps", "5")
     assert len(rec["samples_per_s"]["all"]) == 5 and rec["samples_per_s"]["min"] > 0
