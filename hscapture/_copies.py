@@ -53,8 +53,9 @@ class EntryCopier:
     """Per producer: the copy path in use, the side streams, the reused "forward done"
     events and the pools of completed ``done`` events, per device. Used under the producer's
     capture lock (one entry at a time); the pools are shared with the publisher thread
-    (``deque`` append/pop are atomic). ``counters`` gets ``native_copies`` / ``torch_copies``, and ``host_id_captures`` for
-    entries whose ids were :class:`HostRowIds`."""
+    (``deque`` append/pop are atomic). ``counters`` gets ``native_copies`` /
+    ``torch_copies``, and ``host_id_captures`` for entries whose ids were
+    :class:`HostRowIds`."""
 
     def __init__(self, pinned: bool, counters: collections.Counter) -> None:
         self._counters = counters

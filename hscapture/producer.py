@@ -126,8 +126,6 @@ class Producer:
         commit_grace_s: float = 0.005,
         inline_publish: bool = True,
     ) -> None:
-        from . import _ring
-
         if full_policy not in FULL_POLICIES:
             raise CaptureConfigError(
                 f"full_policy: expected one of {FULL_POLICIES}, found {full_policy!r}")
