@@ -5,15 +5,16 @@ tensor view, ``copy_``) costs 7-18 us of CPU, several per block and per span, on
 on the critical path. Here the copies are described as flat ``uint64`` lists and issued by
 ``hscapture._ring.cuda_submit`` with the CUDA driver (``csrc/cuda_copy.cpp``): 2D copies
 straight from the sources' rows into the page-locked ring; the only torch call is the one
-kernel that takes the token ids as dense int32 on the caller's stream.
+kernel that takes device token ids as dense int32 on the caller's stream (none when the ids
+come from the host, :class:`hscapture._copies.HostRowIds`: the CPU wrote them already).
 
 Guarantees (the same as the torch path in :mod:`hscapture.producer`):
 
 - The copies into the ring run on a side stream that waits (an event, never a host sync) for
   everything the caller's stream enqueued before the capture: they read what the forward
   pass produced. ``done`` completes when every byte is in the ring.
-- Token ids are always taken on the caller's stream (engines reuse their id tensors right
-  after the forward): one torch kernel makes them dense int32 (:func:`take_ids`); with
+- Device token ids are always taken on the caller's stream (engines reuse their id tensors
+  right after the forward): one torch kernel makes them dense int32 (:func:`take_ids`); with
   ``snapshot`` the sources are taken too (CUDA-graph output buffers are overwritten by the
   next replay): device-to-device copies into one staging allocation, in stream order before
   anything the caller enqueues next.
