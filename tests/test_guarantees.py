@@ -631,3 +631,24 @@ def test_a_failed_producer_constructor_releases_its_endpoint(endpoint):
             Producer(endpoint, producer_id="g11b", capacity=1 << 20)
         assert p.capture("ok", *source("ok", 2)[:1], layers=LAYERS,
                          token_ids=source("ok", 2)[1])
+
+
+
+def test_a_producer_whose_bind_fails_gives_back_its_claim_and_segment(tmp_path):
+    """The bind comes last, after the endpoint's claim and the ring: an ipc path too long for
+    a unix socket (the claim's lock file beside it is fine) makes the constructor raise
+    EndpointError, and it gives back what it took: no lock file (the claim), no segment in
+    /dev/shm; the same producer id then starts on a good endpoint."""
+    import glob
+
+    long_dir = tmp_path / ("d" * 80)
+    long_dir.mkdir()
+    bad = f"ipc://{long_dir}/capture.sock"
+    pid = f"bindfail{os.getpid()}"
+    with pytest.raises(EndpointError, match="cannot bind"):
+        Producer(bad, producer_id=pid, capacity=1 << 20)
+    assert list(long_dir.iterdir()) == []                   # the claim's lock file is gone
+    assert not glob.glob(f"/dev/shm/hscapture-*-{pid}-*")
+    with Producer(f"ipc://{tmp_path}/ok.sock", producer_id=pid, capacity=1 << 20) as p:
+        assert glob.glob(f"/dev/shm/{p.segment}")
+    assert not glob.glob(f"/dev/shm/hscapture-*-{pid}-*")
