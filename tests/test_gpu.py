@@ -434,6 +434,63 @@ def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, patt
     assert p.stats().get("dropped", 0) == 0
 
 
+def test_host_row_ids_with_cuda_blocks_are_exact_on_both_copy_paths(pair, copy_path):
+    """The SGLang hook's default: CUDA blocks, token ids given per row from host arrays
+    (``HostRowIds`` over SGLang's ``array('q')``), written by the CPU before any copy is
+    issued. Scattered rows, with and without snapshot, 20 forwards; the arrays are overwritten
+    right after every call (they are read during it only), the sources too when snapshotting."""
+    from array import array
+
+    from hscapture._copies import HostRowIds
+
+    p, sub = pair
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(11)
+    rng = np.random.default_rng(11)
+    k, h = 3, 128
+    lens = [9, 1, 130, 4, 47, 2, 300, 8]
+    offs = [sum(lens[:i]) for i in range(len(lens))]
+    wanted = [0, 2, 3, 5, 6]
+    want = {}
+    for f in range(20):
+        snapshot = bool(f % 2)
+        T = sum(lens)
+        aux = torch.randn(T, k * h, generator=g, device=dev).to(torch.bfloat16)
+        last = torch.randn(T, h, generator=g, device=dev).to(torch.bfloat16)
+        # each request's host ids; this forward's row holds [prefix, prefix + len) of them
+        prompts = {i: array("q", rng.integers(0, 150_000, 400 + lens[i]).tolist())
+                   for i in wanted}
+        prefix = {i: int(rng.integers(0, 400)) for i in wanted}
+        maps = [{"rid": f"host-{f}-{i}", "token_start": 0, "token_count": lens[i],
+                 "last": True, "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+                for i in wanted]
+        for m, i in zip(maps, wanted):
+            s, n = offs[i], lens[i]
+            want[m["rid"]] = ([bits(aux[s:s + n, j * h:(j + 1) * h]) for j in range(k)]
+                              + [bits(last[s:s + n])],
+                              torch.tensor(prompts[i][prefix[i]:prefix[i] + n]))
+        ids = HostRowIds([(prompts[i], prefix[i], lens[i]) for i in wanted])
+        assert p.capture_rows(maps, [offs[i] for i in wanted], [aux, last],
+                              layers=[1, 2, 3, 15], layer_kinds=["residual"] * 3 + ["final_norm"],
+                              layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
+                              token_ids=ids, snapshot=snapshot)
+        for a in prompts.values():
+            a[:] = array("q", [-1]) * len(a)
+        if snapshot:
+            aux.fill_(float("nan"))
+            last.fill_(float("nan"))
+    p.flush()
+    for rid, (layers, tok) in want.items():
+        s = sub.get(rid, timeout=30)
+        for name, w in zip(["layer_1", "layer_2", "layer_3", "final_norm"], layers):
+            assert torch.equal(bits(s.tensors[name]), w), f"{rid} {name} differs"
+        assert torch.equal(s.token_ids.to(torch.int64), tok), rid
+        s.release()
+    st = p.stats()
+    assert st.get("host_id_captures") == 20 and st.get("dropped", 0) == 0, st
+    assert st.get("native_copies", 0) == (20 if copy_path == "native" else 0), st
+
+
 def test_the_native_path_takes_the_hooks_captures_and_ineligible_ones_fall_back(pair, copy_path):
     """Dense-row sources (also a column slice of a wider tensor: a row pitch) and int64 or
     int32 device ids go through the native path; column-strided sources go through torch;
