@@ -385,6 +385,27 @@ def test_unpinned_copies_are_exact_too(endpoint):
         p.close()
 
 
+def _capture_packed(p: Producer, maps: list, starts: list, aux: torch.Tensor,
+                    last: torch.Tensor, h: int, ids, snapshot: bool) -> bool:
+    """``capture_rows`` as the SGLang hook calls it: 3 aux layers packed ``[T, 3h]`` (ids 1, 2,
+    3) and the final norm ``[T, h]`` (id 15)."""
+    return p.capture_rows(maps, starts, [aux, last], layers=[1, 2, 3, 15],
+                          layer_kinds=["residual"] * 3 + ["final_norm"],
+                          layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
+                          token_ids=ids, snapshot=snapshot)
+
+
+def _assert_packed_samples(sub: Subscriber, want: dict) -> None:
+    """Every rid of ``want`` (rid -> ([layer_1, layer_2, layer_3, final_norm] bits, int64
+    ids)) arrives with exactly those bits and ids."""
+    for rid, (layers, tok) in want.items():
+        s = sub.get(rid, timeout=30)
+        for name, w in zip(["layer_1", "layer_2", "layer_3", "final_norm"], layers):
+            assert torch.equal(bits(s.tensors[name]), w), f"{rid} {name} differs"
+        assert torch.equal(s.token_ids.to(torch.int64), tok), rid
+        s.release()
+
+
 @pytest.mark.parametrize("pattern", ["one_span", "two_spans", "many_spans", "scattered"])
 def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, pattern):
     """capture_rows as the SGLang hook calls it, through each CUDA gather branch: one
@@ -416,21 +437,14 @@ def test_capture_rows_every_gather_branch_is_exact_over_many_forwards(pair, patt
             s, n = offs[i], lens[i]
             want[m["rid"]] = ([bits(aux[s:s + n, j * h:(j + 1) * h]) for j in range(k)]
                               + [bits(last[s:s + n])], ids[s:s + n].cpu())
-        assert p.capture_rows(maps, [offs[i] for i in wanted], [aux, last],
-                              layers=[1, 2, 3, 15], layer_kinds=["residual"] * 3 + ["final_norm"],
-                              layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
-                              token_ids=ids, snapshot=snapshot)
+        assert _capture_packed(p, maps, [offs[i] for i in wanted], aux, last, h, ids,
+                               snapshot)
         ids.fill_(-1)
         if snapshot:
             aux.fill_(float("nan"))
             last.fill_(float("nan"))
     p.flush()
-    for rid, (layers, tok) in want.items():
-        s = sub.get(rid, timeout=30)
-        for name, w in zip(["layer_1", "layer_2", "layer_3", "final_norm"], layers):
-            assert torch.equal(bits(s.tensors[name]), w), f"{rid} {name} differs"
-        assert torch.equal(s.token_ids.to(torch.int64), tok), rid
-        s.release()
+    _assert_packed_samples(sub, want)
     assert p.stats().get("dropped", 0) == 0
 
 
@@ -470,22 +484,15 @@ def test_host_row_ids_with_cuda_blocks_are_exact_on_both_copy_paths(pair, copy_p
                               + [bits(last[s:s + n])],
                               torch.tensor(prompts[i][prefix[i]:prefix[i] + n]))
         ids = HostRowIds([(prompts[i], prefix[i], lens[i]) for i in wanted])
-        assert p.capture_rows(maps, [offs[i] for i in wanted], [aux, last],
-                              layers=[1, 2, 3, 15], layer_kinds=["residual"] * 3 + ["final_norm"],
-                              layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
-                              token_ids=ids, snapshot=snapshot)
+        assert _capture_packed(p, maps, [offs[i] for i in wanted], aux, last, h, ids,
+                               snapshot)
         for a in prompts.values():
             a[:] = array("q", [-1]) * len(a)
         if snapshot:
             aux.fill_(float("nan"))
             last.fill_(float("nan"))
     p.flush()
-    for rid, (layers, tok) in want.items():
-        s = sub.get(rid, timeout=30)
-        for name, w in zip(["layer_1", "layer_2", "layer_3", "final_norm"], layers):
-            assert torch.equal(bits(s.tensors[name]), w), f"{rid} {name} differs"
-        assert torch.equal(s.token_ids.to(torch.int64), tok), rid
-        s.release()
+    _assert_packed_samples(sub, want)
     st = p.stats()
     assert st.get("host_id_captures") == 20 and st.get("dropped", 0) == 0, st
     assert st.get("native_copies", 0) == (20 if copy_path == "native" else 0), st
