@@ -118,3 +118,37 @@ def test_wait_published_cuts_the_grace_and_says_how_many_are_pending_when_it_tim
     q.put(None)
     t.join(10)
     assert not t.is_alive()
+
+
+def test_wait_published_is_woken_by_a_publish_on_another_thread_every_time():
+    """``publish_ready`` notifies only when a ``wait_published`` is counted in; a waiter
+    counted in while its entry is still pending must be woken by the publish, never left to
+    its timeout. 100 rounds, the interleaving forced each time: an entry is put, the waiter
+    starts waiting for it, and only once it is counted in does the other thread publish."""
+    q = PublishQueue()
+    stop = threading.Event()
+
+    def capturing() -> None:
+        seq = 0
+        while not stop.is_set():
+            q.put(_entry(seq))
+            seq += 1
+            while not q._flushing and not stop.is_set():
+                time.sleep(0)                # yield until the waiter is counted in
+            q.publish_ready(False, lambda e: None)
+            while q._flushing and not stop.is_set():
+                time.sleep(0)                # until that waiter has returned
+
+    t = threading.Thread(target=capturing, daemon=True)
+    t.start()
+    try:
+        for i in range(100):
+            while not q.pending:
+                time.sleep(0)                # the next entry is queued, not yet published
+            t0 = time.monotonic()
+            q.wait_published(3.0)            # a lost wake-up waits out the whole 3 s
+            took = time.monotonic() - t0
+            assert took < 1.5, f"wait {i} took {took:.2f} s: a lost wake-up"
+    finally:
+        stop.set()
+        t.join(10)
