@@ -58,7 +58,11 @@ class EntryCopier:
     :class:`HostRowIds`."""
 
     def __init__(self, pinned: bool, counters: collections.Counter) -> None:
+        from . import _ring
+
         self._counters = counters
+        # the host ids' writer, looked up once (the SGLang hook's default path, every forward)
+        self._write_ids = _ring.write_ids
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._ready: dict[torch.device, Any] = {}       # one reused "forward done" event
         self._events: dict[torch.device, collections.deque] = {}   # completed copy events
@@ -97,9 +101,7 @@ class EntryCopier:
         spans = _spans(starts, maps)
         ids: Any
         if isinstance(token_ids, HostRowIds):
-            from . import _ring
-
-            _ring.write_ids(buf, plan.ids_offset, token_ids.parts)   # written: ids = None
+            self._write_ids(buf, plan.ids_offset, token_ids.parts)   # written: ids = None
             self._counters["host_id_captures"] += 1
             ids = None
         elif isinstance(token_ids, torch.Tensor):
