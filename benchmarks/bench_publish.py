@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the inline commit + notice of an entry costs the capturing thread, caches warm and cold.
 
-    python benchmarks/bench_publish.py [--reps 5] [--calls 300] [--sweep-mib 64] [--out FILE]
+    python benchmarks/bench_publish.py [--reps 5] [--calls 300] [--sweep-mib 64]
+                                       [--interval-ms MS] [--out FILE]
 
 Why: in the real SGLang server this stage took 92-101 us of each capturing forward (H200,
 benchmarks/results/h200-2026-12-02), second only to the copy submission. Unlike
@@ -18,7 +19,10 @@ engine's working set between forwards) and a 0.2 ms pause after each call (a for
 ZeroMQ send into an idle pipe wakes the library's I/O thread, back to back it does not).
 Each call captures one row of 16 tokens, [16, 256] bf16, host tensors. Modes alternate hot,
 cold in every repetition; per repetition the median of ``--calls``; reported: median and
-min-max over ``--reps``.
+min-max over ``--reps``. ``--interval-ms`` adds a third mode, ``cold+interval``: cold calls
+with the producer's ``publish_interval_s`` at MS (the SGLang hook coalesces its publishing
+so), where most calls publish nothing and some publish several entries back to back: for it,
+and beside the others, the MEAN per call is the figure (``*_mean`` keys).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--sweep-mib", type=int, default=64)
+    ap.add_argument("--interval-ms", type=float, default=0.0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.reps < 5:
@@ -72,17 +77,20 @@ def main() -> int:
         ids = torch.arange(16, dtype=torch.int32)
         sweep = np.zeros(a.sweep_mib << 20, dtype=np.uint8)
         keys = ("publish", "publish_cpu", "whole")
-        res = {m: {k: [] for k in keys} for m in ("hot", "cold")}
+        modes = ("hot", "cold") + (("cold+interval",) if a.interval_ms > 0 else ())
+        res = {m: {k: [] for k in keys + tuple(f"{k}_mean" for k in keys)} for m in modes}
         c = p._counters
         n = 0
         for _ in range(a.reps + 1):                      # the first repetition warms up
-            for mode in ("hot", "cold"):
+            for mode in modes:
+                p.publish_interval_s = a.interval_ms / 1e3 if mode == "cold+interval" else 0.0
+                p.flush(timeout_s=10)
                 got = {k: [] for k in keys}
                 for _ in range(a.calls):
                     n += 1
                     rows = [{"rid": f"r{n}", "token_start": 0, "token_count": 16, "last": True,
                              "cached_prefix": 0, "extra": {}, "fields": {}}]
-                    if mode == "cold":
+                    if mode != "hot":
                         sweep[::64] += 1
                     pub, cpu = c["time_publish_ns"], c["time_publish_cpu_ns"]
                     t = time.perf_counter_ns()
@@ -93,16 +101,18 @@ def main() -> int:
                     time.sleep(0.0002)
                 for k in keys:
                     res[mode][k].append(statistics.median(got[k]) / 1e3)
+                    res[mode][f"{k}_mean"].append(statistics.fmean(got[k]) / 1e3)
         out = {"what": "inline commit + notice per capture_rows call (Producer.timed "
                        "counters), subscriber in another process", "reps": a.reps,
-               "calls": a.calls, "sweep_mib": a.sweep_mib, "results_us": {}}
-        for mode in ("hot", "cold"):
+               "calls": a.calls, "sweep_mib": a.sweep_mib, "interval_ms": a.interval_ms,
+               "results_us": {}}
+        for mode in modes:
             out["results_us"][mode] = {}
-            for k in keys:
+            for k in res[mode]:
                 v = res[mode][k][1:]
                 out["results_us"][mode][k] = {"median": round(statistics.median(v), 2),
                                               "min": round(min(v), 2), "max": round(max(v), 2)}
-                print(f"{mode:4s} {k:11s} median {statistics.median(v):7.1f} us  "
+                print(f"{mode:13s} {k:16s} median {statistics.median(v):7.1f} us  "
                       f"[{min(v):.1f} .. {max(v):.1f}]", flush=True)
         out["stats"] = {k: v for k, v in p.stats().items() if isinstance(v, int)}
         if a.out:

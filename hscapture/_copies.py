@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -83,7 +84,7 @@ class EntryCopier:
 
     def copy_into(self, buf: memoryview, payload_address: int, plan: Any, starts: list[int],
                   maps: list[dict[str, Any]], blocks: list[torch.Tensor], token_ids: Any,
-                  snapshot: bool) -> tuple[Any, Any]:
+                  snapshot: bool, timed: bool = False) -> tuple[Any, Any]:
         """Start copying the rows' token rows of every block, and their token ids, into the
         entry; return (done event or None, keepalive).
 
@@ -96,12 +97,17 @@ class EntryCopier:
 
         With the ring page-locked and the CUDA driver at hand, all of that is instead one
         native call (:mod:`hscapture._cuda_copy`: 2D copies per block and span, no kernel).
+        ``timed`` adds the host ids' write to ``counters["time_ids_ns"]`` and the native
+        call's to ``counters["time_submit_ns"]``.
         """
         tokens = plan.tokens
         spans = _spans(starts, maps)
         ids: Any
         if isinstance(token_ids, HostRowIds):
+            t = time.perf_counter_ns() if timed else 0
             self._write_ids(buf, plan.ids_offset, token_ids.parts)   # written: ids = None
+            if timed:
+                self._counters["time_ids_ns"] += time.perf_counter_ns() - t
             self._counters["host_id_captures"] += 1
             ids = None
         elif isinstance(token_ids, torch.Tensor):
@@ -120,7 +126,8 @@ class EntryCopier:
             if ids is not None and not ids.is_cuda:
                 _gather_into(_ids_view(buf, plan), ids.reshape(-1).to(torch.int32), spans)
             got = self.native.submit(payload_address, plan.block_offsets, plan.ids_offset,
-                                     tokens, spans, blocks, ids, snapshot)
+                                     tokens, spans, blocks, ids, snapshot,
+                                     self._counters if timed else None)
             self._counters["native_copies"] += 1
             return got
         self._counters["torch_copies"] += 1

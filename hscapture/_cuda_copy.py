@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import time
 from array import array
 from typing import Any
 
@@ -102,10 +103,12 @@ class NativeCopier:
 
     def submit(self, payload: int, block_offsets: list[int], ids_offset: int, tokens: int,
                spans: list[tuple[int, int]], blocks: list[torch.Tensor], ids: Any,
-               snapshot: bool) -> tuple[Any, Any]:
+               snapshot: bool, timing: Any = None) -> tuple[Any, Any]:
         """Issue the copies of one entry whose payload starts at address ``payload``; return
         (done event, keepalive). Host token ids are written into the ring here, by the CPU.
-        Raises :class:`CaptureConfigError` (nothing more in flight) if the driver refuses."""
+        Raises :class:`CaptureConfigError` (nothing more in flight) if the driver refuses.
+        ``timing`` (a Counter, or None): the native call's time goes to its
+        ``time_submit_ns``."""
         device = blocks[0].device
         idx = device.index
         caller = _raw_stream(idx)
@@ -133,8 +136,11 @@ class NativeCopier:
             stage = torch.empty(need, dtype=torch.uint8, device=device)
         pre, post = plan_copies(payload, block_offsets, ids_offset, tokens, spans, srcs, id_src,
                                 snapshot, stage.data_ptr() if stage is not None else 0)
+        t = time.perf_counter_ns() if timing is not None else 0
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, anchor,
                                      pre, post)
+        if timing is not None:
+            timing["time_submit_ns"] += time.perf_counter_ns() - t
         if err:
             # Copies issued before the failing call may still run: wait for them before the
             # caller gives the ring position back (it would otherwise be written later).

@@ -79,6 +79,8 @@ class PublishQueue:
         self._queued = 0                        # entries put on the queue (under _cond)
         self._published = 0                     # entries handed to ``publish`` (_progress)
         self._flushing = 0                      # wait_published calls waiting (under _cond)
+        #: ring bytes of the queued entries (``Pending.length``; a racy read is fine)
+        self.held_bytes = 0
         #: time.monotonic() of the last entry queued
         self.last_enqueue = 0.0
 
@@ -99,6 +101,7 @@ class PublishQueue:
             self.last_enqueue = time.monotonic()
             if item is not None:
                 self._queued += 1
+                self.held_bytes += item.length
             if item is None or wake or (item.done is not None and len(self._items) == 1):
                 self._cond.notify_all()
 
@@ -107,12 +110,12 @@ class PublishQueue:
         with self._cond:
             return list(self._items)
 
-    def publish_ready(self, block: bool, publish: Callable[[Pending], None]) -> None:
+    def publish_ready(self, block: bool, publish: Callable[[Pending], None]) -> bool:
         """Hand every entry at the queue's front whose copy completed to ``publish``, in
-        order, under the send lock; with ``block`` false, return at once when another thread
-        holds that lock (it is publishing). ``publish`` must not raise."""
+        order, under the send lock; with ``block`` false, return False at once when another
+        thread holds that lock (it is publishing), else True. ``publish`` must not raise."""
         if not self.send_lock.acquire(blocking=block):
-            return
+            return False
         n = 0
         items = self._items
         try:
@@ -129,6 +132,7 @@ class PublishQueue:
                         except Exception as exc:   # the copy failed: publish reports it
                             item.error = exc
                     items.popleft()
+                    self.held_bytes -= item.length
                 publish(item)
                 n += 1
         finally:
@@ -140,6 +144,7 @@ class PublishQueue:
                 # at _published, so a waiter either sees the sum above or is counted here
                 if self._flushing:
                     self._progress.notify_all()
+        return True
 
     def wait_published(self, timeout_s: float) -> None:
         """Wait until every entry queued so far was published; while waiting, the publisher

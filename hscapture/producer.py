@@ -98,6 +98,16 @@ class Producer:
       ``inline_publish`` false (settable at any time) only the publisher thread publishes,
       as soon as each copy completed (no grace): the capturing thread then never pays for a
       commit or a notice, at the price of GIL hand-offs.
+    - ``publish_interval_s`` > 0 coalesces the capturing thread's publishing: after a capture
+      (or :meth:`publish_completed`) it publishes only once that long passed since it last
+      did, or once the queued entries hold ``capacity // 8`` bytes of the ring; then every
+      completed entry goes out back to back. Why: a notice into an idle ZeroMQ pipe wakes the
+      socket's I/O thread, which costs the sending thread ~25 us of CPU against ~1 us for a
+      notice right behind another (benchmarks/results/cpu-2core-2026-12-02b); an engine
+      stepping every few ms pays that once per interval instead of once per forward. An
+      entry is then announced at most ``publish_interval_s`` (plus one step) after its copy
+      completed while captures keep coming, and the commit grace covers the rest. Default 0:
+      publish after every capture.
     - ``close()`` waits for every copy in flight and publishes everything before it unmaps
       the ring; a segment that a durable subscriber has not finished reading is left in
       ``/dev/shm`` for it (``hscapture cleanup`` removes it once read or unsubscribed).
@@ -125,6 +135,7 @@ class Producer:
         durable_expiry_s: float = 0.0,
         commit_grace_s: float = 0.005,
         inline_publish: bool = True,
+        publish_interval_s: float = 0.0,
     ) -> None:
         if full_policy not in FULL_POLICIES:
             raise CaptureConfigError(
@@ -143,6 +154,9 @@ class Producer:
         self.commit_grace_s = max(0.0, float(commit_grace_s))
         #: whether the capturing thread publishes completed entries (see the class docstring)
         self.inline_publish = bool(inline_publish)
+        #: the capturing thread's publish coalescing (see the class docstring); settable
+        self.publish_interval_s = max(0.0, float(publish_interval_s))
+        self._last_inline = float("-inf")      # time.monotonic() of its last inline publish
         #: whether captures time their stages into the ``time_*`` counters of :meth:`stats`
         #: (~2 us a capture; off unless a benchmark or an engine's stats report asks)
         self.timed = False
@@ -160,6 +174,8 @@ class Producer:
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
         self._pubq = PublishQueue()            # entries until committed + announced
+        #: queued bytes past which the capturing thread publishes whatever the interval
+        self._publish_bytes = max(1, self._ring.capacity // 8)
         self._announced = 0                    # every number below has its notice sent
         self._next_seq = 0
         self._counters: collections.Counter[str] = collections.Counter()
@@ -325,13 +341,15 @@ class Producer:
                                             token_ids, layer_map, hidden, dtype, snapshot,
                                             may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
-                if self.inline_publish and timed:
-                    t, c = time.perf_counter_ns(), time.thread_time_ns()
-                    self._publish_ready(block=False)
-                    counters["time_publish_ns"] += time.perf_counter_ns() - t
-                    counters["time_publish_cpu_ns"] += time.thread_time_ns() - c
-                elif self.inline_publish:
-                    self._publish_ready(block=False)
+                if self._inline_due():
+                    if timed:
+                        t, c = time.perf_counter_ns(), time.thread_time_ns()
+                        self._publish_inline()
+                        counters["time_publish_ns"] += time.perf_counter_ns() - t
+                        counters["time_publish_cpu_ns"] += time.thread_time_ns() - c
+                        counters["inline_publishes"] += 1
+                    else:
+                        self._publish_inline()
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
             # publisher thread needs it for heartbeats, and only its commits (and the
@@ -384,7 +402,7 @@ class Producer:
             t2 = time.perf_counter_ns() if timed else 0
             done, keepalive = self._copier.copy_into(
                 buf, self._ring.payload_address(position), plan, starts, row_maps, blocks,
-                token_ids, snapshot)
+                token_ids, snapshot, timed)
         except Exception as exc:
             self._ring.abort(position)
             self._counters["errors"] += 1
@@ -410,8 +428,8 @@ class Producer:
         it, an entry is announced at the first step after its copy completed instead of
         after the publisher thread's ``commit_grace_s``. A no-op (one check) when nothing is
         queued or ``inline_publish`` is off."""
-        if self._pubq.pending and self.inline_publish:
-            self._publish_ready(block=False)
+        if self._pubq.pending and self._inline_due():
+            self._publish_inline()
 
     def abort(self, rid: str, reason: str, *, restart: bool = False,
               extra: Mapping[str, Any] | None = None) -> None:
@@ -443,8 +461,11 @@ class Producer:
         ``time_plan_ns`` encoding the entry's metadata, ``time_reserve_ns`` reserving ring
         space and writing the header, ``time_copy_ns`` submitting the copies,
         ``time_publish_ns`` announcing entries whose copies completed, inline after a
-        capture, and of that ``time_publish_cpu_ns`` the thread's CPU time (the notice's send
-        releases the GIL, so another thread may take it there)."""
+        capture (``inline_publishes`` times: fewer than ``captures`` with a
+        ``publish_interval_s``), and of that ``time_publish_cpu_ns`` the thread's CPU time
+        (the notice's send releases the GIL, so another thread may take it there); inside
+        ``time_copy_ns``, ``time_ids_ns`` writing host token ids and ``time_submit_ns`` the
+        native CUDA call itself (the driver's share)."""
         out: dict[str, Any] = dict(self._counters)
         with self._lock:
             out.update(ring=self._ring.stats() if not self._closed else {}, epoch=self.epoch,
@@ -584,6 +605,22 @@ class Producer:
     def _enqueue(self, item: Pending | None) -> None:
         # with inline publishing off, every entry is the publisher thread's: wake it for each
         self._pubq.put(item, wake=not self.inline_publish)
+
+    def _inline_due(self) -> bool:
+        """Whether the capturing thread publishes now: ``inline_publish`` on, and
+        ``publish_interval_s`` passed since it last did or the queue holds a large share of
+        the ring."""
+        if not self.inline_publish:
+            return False
+        interval = self.publish_interval_s
+        return not interval or time.monotonic() - self._last_inline >= interval or \
+            self._pubq.held_bytes >= self._publish_bytes
+
+    def _publish_inline(self) -> None:
+        """The capturing thread's publish, without blocking; its time counts for the interval
+        only when it ran (another thread publishing at that moment does not)."""
+        if self._pubq.publish_ready(False, self._publish):
+            self._last_inline = time.monotonic()
 
     def _publish_ready(self, block: bool) -> None:
         """Commit and announce, in order, every entry at the queue's front whose copy has

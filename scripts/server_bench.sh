@@ -33,6 +33,7 @@ LOAD=${LOAD:-rounds}
 [ "$LOAD" = steady ] && CONCURRENCY=${CONCURRENCY:-16}
 export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64}"
 COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
+mkdir -p "$OUT"
 rc=0
 run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang flags...]
   local shape=$1 deadline=$2 model=$3; shift 3

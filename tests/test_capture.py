@@ -696,3 +696,78 @@ def test_the_publisher_thread_publishes_only_once_captures_stopped_for_the_grace
         for _, when, last in late:
             assert when - last >= grace, f"published {when - last:.3f} s after the last " \
                                          f"capture, inside the {grace} s grace"
+
+
+def test_a_publish_interval_coalesces_inline_publishing_by_time_and_by_queued_bytes(endpoint):
+    """``publish_interval_s`` (the SGLang hook's default, so that the scheduler's thread wakes
+    ZeroMQ's I/O thread once per interval instead of once per forward): the capturing thread
+    publishes after a capture only once the interval passed since it last did, or once the
+    queued entries hold 1/8 of the ring; then every completed entry goes out back to back, in
+    order. Nothing is lost or duplicated on the way, and ``flush`` still publishes at once."""
+    import threading
+
+    p, sub = _inproc_pair(endpoint, publish_interval_s=30.0, commit_grace_s=60.0,
+                          capacity=8 << 20)
+    calls: list[list[int]] = []          # the seqs of each publish_ready call, in order
+    real_ready, real_publish = p._pubq.publish_ready, p._publish
+
+    def publish_ready(block, publish):
+        calls.append([])
+        return real_ready(block, publish)
+
+    def publish(item):
+        if threading.current_thread() is threading.main_thread():
+            calls[-1].append(item.seq)
+        else:
+            flushed.append(item.seq)
+        return real_publish(item)
+    flushed: list[int] = []           # published by the publisher thread (for flush)
+    p._pubq.publish_ready, p._publish = publish_ready, publish
+    rids: list[str] = []
+    with p, sub:
+        _capture(p, "first", 8)      # nothing published yet: the first capture publishes
+        assert [c for c in calls if c] == [[0]]
+        for i in range(9):           # inside the 30 s interval, a few KiB: all queued
+            _capture(p, f"small{i}", 8)
+            rids.append(f"small{i}")
+        p.publish_completed()        # a decode step's call is coalesced the same way
+        assert [c for c in calls if c] == [[0]] and p._pubq.held_bytes > 0
+        threshold = p._publish_bytes
+        published_by_bytes = False
+        for i in range(8):           # ~0.3 MiB each: the byte rule fires within a few
+            before, held = p.stats()["captured_bytes"], p._pubq.held_bytes
+            n = len([c for c in calls if c])
+            _capture(p, f"big{i}", 1536)
+            rids.append(f"big{i}")
+            length = p.stats()["captured_bytes"] - before
+            if len([c for c in calls if c]) > n:
+                assert held + length >= threshold, (held, length, threshold)
+                assert p._pubq.held_bytes == 0      # every completed entry went out
+                published_by_bytes = True
+            else:
+                assert held + length < threshold
+        assert published_by_bytes
+        # once published, in one call, in sequence order, each entry once
+        seqs = [s for c in calls for s in c]
+        assert seqs == list(range(len(seqs)))
+        assert max(len(c) for c in calls) >= 10
+        p.publish_interval_s = 0.2
+        _capture(p, "timed-a", 8)    # the byte rule published just now: queued
+        rids.append("timed-a")
+        last = time.monotonic()
+        n = len([c for c in calls if c])
+        while time.monotonic() - last < 0.2:   # the scenario: the interval passes
+            time.sleep(0.01)
+        _capture(p, "timed-b", 8)    # due by time: publishes both
+        rids.append("timed-b")
+        assert len([c for c in calls if c]) == n + 1 and p._pubq.held_bytes == 0
+        p.publish_interval_s = 30.0
+        _capture(p, "flushed", 8)    # queued (inside the interval) until flush
+        rids.append("flushed")
+        assert not flushed
+        p.flush(timeout_s=10)
+        for rid in ["first"] + rids:
+            s = sub.get(rid, timeout=10)
+            assert s.rid == rid
+        seqs = [s for c in calls for s in c] + flushed
+        assert seqs == list(range(len(rids) + 1))

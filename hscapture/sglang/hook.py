@@ -102,6 +102,13 @@ _SWEEP_INTERVAL_S = 0.05
 #: on the hook's own time, had the benchmark's position effect in its throughput ratios, and
 #: the hook's own time leaves out what the woken publisher thread costs the scheduler.)
 COMMIT_GRACE_S = 0.05
+#: the producer's ``publish_interval_s``: the scheduler's thread publishes (commits and
+#: announces completed copies) at most once per this long while captures keep coming, so it
+#: wakes ZeroMQ's I/O thread (~25 us of its CPU per idle-pipe send) once per interval, not
+#: once per forward; notices come at most this much later. (Well under what a 1 GiB ring
+#: holds at the link's speed; the producer publishes early once queued entries hold 1/8 of
+#: its ring.)
+PUBLISH_INTERVAL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,7 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
         convention=config.convention,
         dp_rank=ranks.dp_rank,
         commit_grace_s=COMMIT_GRACE_S,
+        publish_interval_s=PUBLISH_INTERVAL_S,
     )
 
 
@@ -255,7 +263,8 @@ class SGLangCaptureHook:
         # ``nocapture``, ``publisher`` (the producer's thread alone commits and announces),
         # ``devids`` (token ids taken from the batch's device input_ids by one torch kernel,
         # the default before the host ids; benchmarks/results/h200-2026-12-02) or
-        # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S);
+        # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S),
+        # ``interval=S`` (its publish interval is S seconds instead of PUBLISH_INTERVAL_S);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
@@ -291,7 +300,11 @@ class SGLangCaptureHook:
                 if self.producer is not None:   # "publisher": only its thread publishes
                     self.producer.inline_publish = mode != "publisher"
                     # "grace=S": the publisher thread's commit grace is S seconds
-                    self.producer.commit_grace_s = _grace_of(mode)
+                    self.producer.commit_grace_s = _mode_seconds(mode, "grace=",
+                                                                 COMMIT_GRACE_S)
+                    # "interval=S": the scheduler thread publishes at most every S seconds
+                    self.producer.publish_interval_s = _mode_seconds(mode, "interval=",
+                                                                     PUBLISH_INTERVAL_S)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1
@@ -862,17 +875,17 @@ def _means(sums: "collections.Counter[str] | None") -> dict[str, float]:
     return {k: v / n / 1e3 for k, v in sums.items() if k != "calls"} | {"calls": n}
 
 
-def _grace_of(mode: str) -> float:
-    """The commit grace a benchmark mode asks for: ``grace=S`` -> S seconds (a malformed or
-    negative S, and every other mode: :data:`COMMIT_GRACE_S`)."""
-    if mode.startswith("grace="):
+def _mode_seconds(mode: str, key: str, default: float) -> float:
+    """The seconds a benchmark mode ``KEY=S`` asks for (``key`` is ``"KEY="``): S, or
+    ``default`` for a malformed or negative S and for every other mode."""
+    if mode.startswith(key):
         try:
-            got = float(mode[6:])
+            got = float(mode[len(key):])
         except ValueError:
-            return COMMIT_GRACE_S
+            return default
         if got >= 0.0:
             return got
-    return COMMIT_GRACE_S
+    return default
 
 
 def _mode_name(batch: Any) -> str:

@@ -352,14 +352,68 @@ def test_the_benchmarks_grace_mode_sets_the_producers_commit_grace_and_nothing_e
     assert run("", "hscap-g5") == COMMIT_GRACE_S
 
 
+def test_the_hook_publishes_at_most_once_per_interval_and_its_interval_mode_sets_it(
+        rig, tmp_path, monkeypatch):
+    """The hook's producer coalesces the scheduler thread's publishing (PUBLISH_INTERVAL_S):
+    prefills inside the interval queue their entries, the first forward after it (a prefill
+    or a decode step) announces them all, each sample exact and once. ``interval=S``
+    (bench_server's ``on:interval=S``) sets the interval; malformed, negative, or leaving the
+    mode restores the default."""
+    import threading
+
+    from hscapture.sglang.hook import PUBLISH_INTERVAL_S
+
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig()
+    p = hook.producer
+    assert p.publish_interval_s == PUBLISH_INTERVAL_S > 0
+    p.commit_grace_s = 30.0          # the publisher thread stays out of it
+    mode.write_text("interval=30")
+    hook._mode_checked = 0
+    by: list[tuple[str, str]] = []
+    real = p._publish
+
+    def publish(item):
+        by.append((threading.current_thread().name, item.rows[0]["rid"] if item.rows else ""))
+        return real(item)
+    p._publish = publish
+    reqs = [srv.new_req(f"hscap-iv{i}", 9) for i in range(4)]
+    for r in reqs:
+        srv.extend([(r, 0, 9)])
+    assert p.publish_interval_s == 30.0
+    assert [rid for _, rid in by] == ["hscap-iv0"]      # the first publishes, the rest queue
+    srv.decode(reqs)                                     # inside the interval: nothing
+    assert len(by) == 1
+    mode.write_text("interval=0")                        # the interval has passed
+    hook._mode_checked = 0
+    srv.decode(reqs)                       # (a decode step reads the mode too: 0 s now)
+    last = srv.new_req("hscap-iv-last", 9)
+    srv.extend([(last, 0, 9)])
+    assert [rid for _, rid in by] == [f"hscap-iv{i}" for i in range(4)] + ["hscap-iv-last"]
+    assert {t for t, _ in by} == {threading.main_thread().name}
+    for r in reqs + [last]:
+        check(sub.get(r.rid, timeout=10), srv, r)
+    for name, want in (("interval=oops", PUBLISH_INTERVAL_S), ("interval=-1", PUBLISH_INTERVAL_S),
+                       ("interval=0.5", 0.5), ("", PUBLISH_INTERVAL_S)):
+        mode.write_text(name)
+        hook._mode_checked = 0
+        r = srv.new_req(f"hscap-ivm{len(by)}", 9)
+        srv.extend([(r, 0, 9)])
+        assert p.publish_interval_s == want, name
+    p.flush(timeout_s=10)
+
+
 def test_a_decode_step_announces_what_the_last_prefill_left_pending(rig):
     """A forward that captures nothing (a decode step, a prefill of requests that did not opt
     in) publishes completed entries on the scheduler's thread, so a sample is announced at the
-    next step, not after the producer's commit grace (30 s here: a timeout would show)."""
+    next step once the publish interval passed (0 here: the next step), not after the
+    producer's commit grace (30 s here: a timeout would show)."""
     import threading
 
     hook, sub, srv = rig()
     hook.producer.commit_grace_s = 30.0
+    hook.producer.publish_interval_s = 0.0
     by: list[str] = []
     real = hook.producer._publish
 
