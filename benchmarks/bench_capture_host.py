@@ -57,7 +57,7 @@ import _stats  # noqa: E402
 STAGES = (("producer", "_check_blocks", "checks"), ("rec", "plan_batch", "entry meta"),
           ("self", "_reserve", "reserve"), ("rec", "write_header", "header"),
           ("copier", "copy_into", "copies"), ("self", "_enqueue", "enqueue"),
-          ("self", "_publish_ready", "inline publish"), ("nt", "entry_frame", "notice encode"))
+          ("self", "_publish_inline", "inline publish"), ("nt", "entry_frame", "notice encode"))
 
 
 def main() -> int:
