@@ -12,7 +12,7 @@
 # long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
 # modes EXPERIMENTS (default noop: the plugin-absent proxy; also e.g. grace=0.05, a 50 ms
 # commit grace, or nocapture: everything but Producer.capture) as candidates. Environment:
-# PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny), LOAD (rounds; steady: windows inside a
+# PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny), MIX (short,long), LOAD (rounds; steady: windows inside a
 # continuous load, bench_server's SteadyLoad; a measurement then takes ~3 s plus ROUND_S),
 # CONCURRENCY (HTTP requests in flight: 64, with LOAD=steady 16, which keeps 128 short
 # prompts queued and lets a pause drain in well under a second), STEPS (gpu_round.sh steps run
@@ -31,7 +31,7 @@ export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/
 export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
 LOAD=${LOAD:-rounds}
 [ "$LOAD" = steady ] && CONCURRENCY=${CONCURRENCY:-16}
-export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64}"
+export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --mix ${MIX:-short,long} --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64}"
 COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
 mkdir -p "$OUT"
 rc=0
