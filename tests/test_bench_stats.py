@@ -618,5 +618,5 @@ def test_server_trace_summary_and_the_hooks_exclusive_time(tmp_path):
 def test_bench_server_expects_a_sample_for_exactly_the_modes_that_capture():
     bs = _bench_server()
     assert [m for m in ("off", "on", "on:noop", "on:nocapture", "on:publisher",
-                        "on:devids", "on:grace=0.005") if bs.captures(m)] == \
-        ["on", "on:publisher", "on:devids", "on:grace=0.005"]
+                        "on:devids", "on:grace=0.005", "on:interval=0") if bs.captures(m)] == \
+        ["on", "on:publisher", "on:devids", "on:grace=0.005", "on:interval=0"]
