@@ -1,7 +1,8 @@
 """Long fault runs: the drain killed (SIGINT/SIGKILL alternately) at random moments under load,
 many restarts, every sample exactly once in the shards or reported by rid.
 
-    .venv/bin/python scripts/faults.py --requests 5000 --restarts 20 --seeds 3
+    .venv/bin/python scripts/faults.py --requests 5000 --restarts 20 --seeds 3 \
+        [--publish-interval-ms 20]
 
 Short versions: tests/test_faults.py.
 """
@@ -29,6 +30,8 @@ def main() -> int:
     ap.add_argument("--restarts", type=int, default=20)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--publish-interval-ms", type=float, default=0.0,
+                    help="the producer's publish_interval_s in ms (the SGLang hook: 20)")
     a = ap.parse_args()
     failures = 0
     for seed in range(a.seeds):
@@ -36,7 +39,8 @@ def main() -> int:
         tmp = Path(tempfile.mkdtemp(prefix="hsc-faults-"))
         try:
             acct = restarts_under_load(ep, tmp, n_requests=a.requests, restarts=a.restarts,
-                                       seed=seed, rate=a.rate)
+                                       seed=seed, rate=a.rate,
+                                       publish_interval_s=a.publish_interval_ms / 1e3)
             print(json.dumps({"seed": seed, "ok": True, **acct}), flush=True)
         except AssertionError as exc:
             failures += 1

@@ -5,6 +5,8 @@ every sample checked bit for bit against its source (tensors a pure function of 
 
 Each producer process (tests/fault_support.py) interleaves ``--interleave`` requests at once,
 their chunks captured in random order, under the ``wait`` policy (so nothing need be dropped).
+``--publish-intervals-ms`` gives the producers their ``publish_interval_s`` round robin
+(default 0 and 20 ms: publishing after every capture, and coalesced as the SGLang hook does).
 One Subscriber in this process receives them. Exit 0 only when every sample arrived exactly
 once and exact, or was reported by rid (dropped/incomplete); prints one JSON summary line.
 """
@@ -26,7 +28,7 @@ from fault_support import ProducerProc, check_exact, new_endpoint, requests  # n
 
 
 def soak(samples: int, producers: int, interleave: int, capacity: int, seed: int,
-         timeout_s: float, zero_copy: bool) -> dict:
+         timeout_s: float, zero_copy: bool, intervals: tuple[float, ...] = (0.0,)) -> dict:
     from hscapture import Subscriber
 
     per = -(-samples // producers)
@@ -41,7 +43,9 @@ def soak(samples: int, producers: int, interleave: int, capacity: int, seed: int
         procs.append(ProducerProc({"endpoint": ep, "producer_id": f"soak{i}", "requests": reqs,
                                    "consumers": 1, "interleave": interleave, "seed": seed + i,
                                    "capacity": capacity, "policy": "wait",
-                                   "wait_timeout_s": 30.0, "close_on_stdin": True}, "/tmp"))
+                                   "wait_timeout_s": 30.0, "close_on_stdin": True,
+                                   "publish_interval_s": intervals[i % len(intervals)]},
+                                  "/tmp"))
     got: set[str] = set()
     duplicates = chunks = 0
     start = time.monotonic()
@@ -91,8 +95,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--zero-copy", action="store_true")
+    ap.add_argument("--publish-intervals-ms", default="0,20",
+                    help="the producers' publish_interval_s, in ms, assigned round robin")
     a = ap.parse_args()
-    res = soak(a.samples, a.producers, a.interleave, a.capacity, a.seed, a.timeout, a.zero_copy)
+    intervals = tuple(float(x) / 1e3 for x in a.publish_intervals_ms.split(","))
+    res = soak(a.samples, a.producers, a.interleave, a.capacity, a.seed, a.timeout, a.zero_copy,
+               intervals)
     print(json.dumps(res))
     ok = res["duplicates"] == 0 and res["silently_missing"] == 0 and res["rejected"] == 0
     return 0 if ok else 1

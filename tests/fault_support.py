@@ -294,7 +294,8 @@ def produce(spec: dict[str, Any]) -> None:
                  wait_for_subscribers=spec.get("wait_for_subscribers", 0),
                  wait_for_subscribers_s=spec.get("wait_for_subscribers_s", 30.0),
                  heartbeat_interval_s=spec.get("heartbeat_interval_s", 0.05),
-                 max_consumers=spec.get("max_consumers", 8))
+                 max_consumers=spec.get("max_consumers", 8),
+                 publish_interval_s=spec.get("publish_interval_s", 0.0))
     _emit("ready", epoch=p.epoch, segment=p.segment, pid=os.getpid())
     if spec.get("consumers"):
         if not p.wait_for_consumers(spec["consumers"], timeout_s=60):

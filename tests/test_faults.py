@@ -33,17 +33,19 @@ from hscapture import Subscriber  # noqa: E402
 
 
 def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: int,
-                        seed: int, rate: float = 60) -> dict:
+                        seed: int, rate: float = 60, publish_interval_s: float = 0.0) -> dict:
     """Drain ``n_requests`` multi-chunk samples while the drain is stopped ``restarts``
     times, alternately SIGINT and SIGKILL, each at a random amount of progress. Returns the
-    account (asserting it is exact)."""
+    account (asserting it is exact). ``publish_interval_s``: the producer's (the SGLang
+    hook's coalesced publishing)."""
     rng = random.Random(seed)
     reqs = requests(n_requests, seed=seed, tokens=(1, 6, 20, 48), chunks=(4, 16, 64))
     sizes = {r: t for r, t, _ in reqs}
     out = tmp / "out"
     p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": f"fr{seed}",
                       "consumers": 1, "rate": rate, "interleave": 6, "capacity": 4 << 20,
-                      "policy": "wait", "wait_timeout_s": 10.0, "close_on_stdin": True}, tmp)
+                      "policy": "wait", "wait_timeout_s": 10.0, "close_on_stdin": True,
+                      "publish_interval_s": publish_interval_s}, tmp)
     reported: set[str] = set()
     codes = []
     try:
@@ -94,17 +96,28 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
         p.stop()
 
 
-def test_drain_killed_at_random_moments_gets_every_sample_once_or_reported(endpoint, tmp_path):
-    acct = restarts_under_load(endpoint, tmp_path, n_requests=700, restarts=6, seed=11)
+#: the producer's publishing: after every capture (the Producer's default) and coalesced to
+#: at most once per 20 ms (the SGLang hook's default)
+PUBLISHING = pytest.mark.parametrize("interval", [0.0, 0.02],
+                                     ids=["publish_after_each_capture", "publish_every_20ms"])
+
+
+@PUBLISHING
+def test_drain_killed_at_random_moments_gets_every_sample_once_or_reported(endpoint, tmp_path,
+                                                                          interval):
+    acct = restarts_under_load(endpoint, tmp_path, n_requests=700, restarts=6, seed=11,
+                               publish_interval_s=interval)
     assert acct["written"] >= acct["samples"] * 0.9, acct
 
 
-def test_producer_sigkill_mid_stream_leaves_nothing_silently_missing(endpoint, tmp_path):
+@PUBLISHING
+def test_producer_sigkill_mid_stream_leaves_nothing_silently_missing(endpoint, tmp_path,
+                                                                    interval):
     reqs = requests(100_000, seed=12, tokens=(8, 40), chunks=(4, 8))
     sizes = {r: t for r, t, _ in reqs}
     p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "fk",
                       "consumers": 1, "interleave": 8, "capacity": 2 << 20,
-                      "progress_every": 200}, tmp_path)
+                      "progress_every": 200, "publish_interval_s": interval}, tmp_path)
     try:
         with Subscriber(endpoint, producer_timeout_s=1.0) as sub:
             sub.wait_ready(20)
@@ -214,6 +227,8 @@ def test_soak_short_every_sample_exact_across_three_producers():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from soak import soak
 
-    res = soak(3000, 3, 8, 8 << 20, seed=21, timeout_s=120, zero_copy=True)
+    # the producers publish after every capture, at most every 20 ms, at most every 50 ms
+    res = soak(3000, 3, 8, 8 << 20, seed=21, timeout_s=120, zero_copy=True,
+               intervals=(0.0, 0.02, 0.05))
     assert res["delivered_exact"] + res["dropped"] + res["incomplete"] == res["samples"], res
     assert res["duplicates"] == 0 and res["silently_missing"] == 0 and res["rejected"] == 0
