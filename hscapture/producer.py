@@ -426,8 +426,9 @@ class Producer:
         """Commit and announce, in order and without blocking, every queued entry whose copy
         has completed. For an engine's thread between captures (e.g. at decode steps): with
         it, an entry is announced at the first step after its copy completed instead of
-        after the publisher thread's ``commit_grace_s``. A no-op (one check) when nothing is
-        queued or ``inline_publish`` is off."""
+        after the publisher thread's ``commit_grace_s`` (with a ``publish_interval_s``: at
+        the first step once the interval passed). A no-op (one check) when nothing is queued,
+        ``inline_publish`` is off or the interval has not passed."""
         if self._pubq.pending and self._inline_due():
             self._publish_inline()
 

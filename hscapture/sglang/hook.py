@@ -92,8 +92,8 @@ _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill d
 _SWEEP_INTERVAL_S = 0.05
 #: how long the scheduler may go without a capture before the producer's publisher thread
 #: publishes a completed copy itself (Producer ``commit_grace_s``); an entry is announced at
-#: most this long after its copy completed, and at the next forward (a capture, or a decode
-#: step's ``publish_completed``) when one comes first. Longer than a forward step, so through
+#: most this long after its copy completed, and at the first forward (a capture, or a decode
+#: step's ``publish_completed``) after PUBLISH_INTERVAL_S when one comes first. Longer than a forward step, so through
 #: steady traffic the publisher thread sleeps instead of waking between forwards to take the
 #: GIL from the scheduler's thread. Measured in a real server (H200, bench_server with a steady
 #: load and the candidates' order rotated, benchmarks/results/h200-2026-12-01g): tiny shape,
@@ -105,9 +105,10 @@ COMMIT_GRACE_S = 0.05
 #: the producer's ``publish_interval_s``: the scheduler's thread publishes (commits and
 #: announces completed copies) at most once per this long while captures keep coming, so it
 #: wakes ZeroMQ's I/O thread (~25 us of its CPU per idle-pipe send) once per interval, not
-#: once per forward; notices come at most this much later. (Well under what a 1 GiB ring
-#: holds at the link's speed; the producer publishes early once queued entries hold 1/8 of
-#: its ring.)
+#: once per forward; notices come at most this much later (in the real server at the tiny
+#: shape, ~4 ms forwards: the hook's p50 311 -> 256 us, benchmarks/results/h200-2026-12-02b).
+#: At the 1B long mix's ~3 GB/s of capture 20 ms is ~60 MB of ring; the producer publishes
+#: early, whatever the interval, once queued entries hold 1/8 of its ring.
 PUBLISH_INTERVAL_S = 0.02
 
 
