@@ -26,6 +26,7 @@ from .sample import Sample, layer_name
 __all__ = ["Delivery"]
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
+_ITEMSIZE = nt.DTYPES
 
 Holds = list[tuple[Source, int]]
 
@@ -176,11 +177,13 @@ class Delivery:
             return
         layer_names, dtype = names
         borrow = self.zero_copy
+        layer = rv.layer
         if borrow:
             ids = _torch_view(rv.token_ids, None)
-            tensors = {n: _torch_view(rv.layer(i), dtype) for i, n in enumerate(layer_names)}
+            tensors = {n: _torch_view(layer(i), dtype) for i, n in enumerate(layer_names)}
         else:
-            tensors = {n: _torch_view(_copy(rv.layer(i)), dtype)
+            # owned, writable copies: torch.from_numpy has nothing to warn about
+            tensors = {n: _as_dtype(torch.from_numpy(_copy(layer(i))), dtype)
                        for i, n in enumerate(layer_names)}
             ids = torch.from_numpy(_copy(rv.token_ids))
         fields = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
@@ -193,12 +196,13 @@ class Delivery:
                               "cached_prefix": rv.cached_prefix, "dp_rank": meta["dp_rank"],
                               "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
                         fields=fields, borrowed=borrow)
+        nbytes = total * schema[3] * len(layer_names) * _ITEMSIZE[schema[2]]
         if borrow or self.durable:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)
             src.borrowed.add(record.position)
             sample._release = self._releaser([(src, record.position)])
-        self._deliver(sample)
+        self._deliver(sample, nbytes)
 
     def _assemble(self, src: Source, p: Partial, holds: Holds) -> None:
         chunks = sorted(p.chunks, key=lambda c: c.start)
@@ -240,10 +244,12 @@ class Delivery:
             return False
         return True
 
-    def _deliver(self, sample: Sample) -> None:
+    def _deliver(self, sample: Sample, nbytes: int | None = None) -> None:
+        """Count ``sample`` (``nbytes``: its payload bytes, when the caller has them) and
+        queue it for the user."""
         counts = self.ledger.counts
         counts["samples"] += 1
-        counts["sample_bytes"] += sample.nbytes
+        counts["sample_bytes"] += sample.nbytes if nbytes is None else nbytes
         self.ready.append(sample)
 
     def _releaser(self, holds: Holds) -> Callable[[], None]:
@@ -345,6 +351,11 @@ def _copy(arr: np.ndarray) -> np.ndarray:
 def _concat(arrs: list[np.ndarray]) -> np.ndarray:
     """The chunks of one layer end to end, by numpy on this thread (see :func:`_copy`)."""
     return np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` reinterpreted as ``dtype`` (bf16 travels as 16-bit integers: numpy has none)."""
+    return t if t.dtype == dtype else t.view(dtype)
 
 
 def _torch_view(arr: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
