@@ -777,28 +777,34 @@ class Producer:
 
 
 def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str, int]:
-    """(narrowest block width, dtype name, source token rows) of valid sources."""
+    """(narrowest block width, dtype name, source token rows) of valid sources. Each
+    tensor's shape, dtype and device are read once (on an engine's thread every torch
+    attribute read costs ~1 us with the caches cold: bench_capture_host.py --torch-costs)."""
     if not blocks:
         raise CaptureConfigError("expected at least one block, found none")
     first = blocks[0]
-    if first.dim() != 2:
-        raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(first.shape)}")
-    t_src = int(first.shape[0])
-    for i, b in enumerate(blocks):
-        if b.dim() != 2 or int(b.shape[0]) != t_src or b.dtype != first.dtype \
-                or b.device != first.device:
+    shape = first.shape
+    if len(shape) != 2:
+        raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(shape)}")
+    t_src, hidden = shape
+    dtype, device = first.dtype, first.device
+    for i in range(1, len(blocks)):
+        b = blocks[i]
+        shape = b.shape
+        if len(shape) != 2 or shape[0] != t_src or b.dtype != dtype or b.device != device:
             raise CaptureConfigError(
-                f"block {i}: expected [{t_src}, cols] {first.dtype} on {first.device}, "
-                f"found {tuple(b.shape)} {b.dtype} on {b.device}")
-    hidden = min(int(b.shape[1]) for b in blocks)
+                f"block {i}: expected [{t_src}, cols] {dtype} on {device}, "
+                f"found {tuple(shape)} {b.dtype} on {b.device}")
+        if shape[1] < hidden:
+            hidden = shape[1]
     if isinstance(token_ids, HostRowIds):   # per row: checked against the rows' counts
-        return hidden, _dtype_name(first.dtype), t_src
+        return hidden, _dtype_name(dtype), t_src
     n_ids = int(token_ids.numel() if isinstance(token_ids, torch.Tensor)
                 else np.asarray(token_ids).size)
     if n_ids != t_src:
         raise CaptureConfigError(
             f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
-    return hidden, _dtype_name(first.dtype), t_src
+    return hidden, _dtype_name(dtype), t_src
 
 
 def _check_row_ids(ids: HostRowIds, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -89,6 +89,45 @@ def test_capture_rejects_inconsistent_arguments(endpoint):
             p.capture("r", [t.to(torch.int64)], layers=[1], token_ids=range(4))
 
 
+def test_blocks_that_disagree_are_refused_naming_what_was_expected_and_found(endpoint):
+    """Every block of a capture must be 2-D with the first one's token rows, dtype and device;
+    each refusal says what was expected and what was found, before any sequence number is
+    taken, and a valid capture after them goes through (its hidden size defaulting to the
+    narrowest block)."""
+    p, sub = _inproc_pair(endpoint)
+    try:
+        aux = torch.randn(12, 3 * 8).to(torch.bfloat16)
+        last = torch.randn(12, 8).to(torch.bfloat16)
+        ids = torch.arange(12)
+        row = {"rid": "ok", "token_start": 0, "token_count": 12, "last": True,
+               "cached_prefix": 0, "extra": {}, "fields": {}}
+        lmap = [[0, 0], [0, 8], [0, 16], [1, 0]]
+        cases = [
+            ([], "at least one block, found none"),
+            ([aux.reshape(-1)], r"blocks must be \[tokens, cols\], found \(288,\)"),
+            ([aux, last[:11]], r"block 1: expected \[12, cols\] torch.bfloat16 on cpu, "
+                               r"found \(11, 8\) torch.bfloat16 on cpu"),
+            ([aux, last.float()], r"block 1: .* found \(12, 8\) torch.float32 on cpu"),
+            ([aux, torch.empty(12, 8, dtype=torch.bfloat16, device="meta")],
+             r"block 1: .* found \(12, 8\) torch.bfloat16 on meta"),
+            ([aux, last[None]], r"block 1: .* found \(1, 12, 8\)"),
+        ]
+        for blocks, match in cases:
+            with pytest.raises(CaptureConfigError, match=match):
+                p.capture_rows([dict(row)], [0], blocks, layers=[0, 1, 2, 3], token_ids=ids,
+                               layer_map=lmap)
+        assert p.stats()["next_seq"] == 0
+        assert p.capture_rows([row], [0], [aux, last], layers=[0, 1, 2, 3], token_ids=ids,
+                              layer_map=lmap)
+        s = sub.get("ok", timeout=10)
+        assert s.hidden == 8 and s.num_tokens == 12
+        assert torch.equal(s.tensors["layer_3"], last) and torch.equal(s.tensors["layer_1"],
+                                                                       aux[:, 8:16])
+    finally:
+        p.close()
+        sub.close()
+
+
 def test_capture_rows_takes_wire_form_rows_exactly_and_checks_their_sources(endpoint):
     """The engine adapter's entry point: rows as wire maps plus source starts, rows
     scattered through the sources (three spans), checked before any number is taken."""
