@@ -495,9 +495,11 @@ class SGLangCaptureHook:
                             "the forward returned hidden states for a subset of rows "
                             "(hidden_states_token_indices); this model/feature is not supported")
             return
-        if hidden.dim() != 2 or hidden.shape[0] < real_tokens:
+        # (each tensor's shape read once: a torch attribute read costs ~1 us on this thread)
+        hs = hidden.shape
+        if len(hs) != 2 or hs[0] < real_tokens:
             self._fail_rows(wanted, "shape",
-                            f"hidden states {tuple(hidden.shape)} do not cover the batch's "
+                            f"hidden states {tuple(hs)} do not cover the batch's "
                             f"{real_tokens} tokens")
             return
         layers = self._resolve_layers()
@@ -508,18 +510,19 @@ class SGLangCaptureHook:
             return
         k = len(layers)
         last = getattr(lo, "last_hidden_states", None) if self.config.final_norm else None
-        width = int(hidden.shape[1])
+        width = hs[1]
         if width % k:
             self._fail_rows(wanted, "width",
                             f"hidden states are {width} wide, not a multiple of {k} aux layers "
                             f"{list(layers)} (is --enable-return-aux-hidden-states on?)")
             return
         h = width // k
-        if last is not None and (last.dim() != 2 or int(last.shape[1]) != h
-                                 or last.shape[0] < real_tokens or last.dtype != hidden.dtype):
+        ls = last.shape if last is not None else None
+        if last is not None and (len(ls) != 2 or ls[1] != h or ls[0] < real_tokens
+                                 or last.dtype != hidden.dtype):
             self._log_once("last_shape", logging.WARNING,
                            "hscapture: last_hidden_states %s does not match the aux states "
-                           "(%d x %d); final_norm is not captured", tuple(last.shape), k, h)
+                           "(%d x %d); final_norm is not captured", tuple(ls), k, h)
             last = None
         if self.config.final_norm and last is None:
             self._log_once("no_last", logging.WARNING,
@@ -558,9 +561,9 @@ class SGLangCaptureHook:
         timing = self._timing
         timing.mark("rows")
         # (a slice is one torch dispatch, and it releases the GIL: only where rows are padded)
-        blocks = [hidden if int(hidden.shape[0]) == real_tokens else hidden[:real_tokens]]
+        blocks = [hidden if hs[0] == real_tokens else hidden[:real_tokens]]
         if last is not None:
-            blocks.append(last if int(last.shape[0]) == real_tokens else last[:real_tokens])
+            blocks.append(last if ls[0] == real_tokens else last[:real_tokens])
         if host_ids:
             ids = HostRowIds(id_parts)
         else:

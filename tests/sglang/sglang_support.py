@@ -82,9 +82,12 @@ class FakeModelServer:
 
     def extend(self, rows: Sequence[tuple[Any, int, int]], decode: Iterable[Any] = (), *,
                pad: int = 0, graph: bool = False, mode: str | None = None,
-               last_hidden: bool = True, hidden_override: Any = "unset") -> Any:
+               last_hidden: bool = True, hidden_override: Any = "unset",
+               last_override: Any = "unset") -> Any:
         """One EXTEND (or MIXED, with ``decode`` rows) forward over ``rows``:
         ``(req, prefix_len, extend_len)`` each, as PrefillAdder + prepare_for_extend set them.
+        ``hidden_override`` / ``last_override`` replace the forward's aux / last hidden
+        states (a malformed model output).
         """
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -126,7 +129,7 @@ class FakeModelServer:
         if pad:  # DP-attention / MLP-sync padding rows follow the real rows
             full = torch.cat([full, torch.full((pad, K + 1, H), 9999.0)])
         self._result = self._result_for(full, len(batch.reqs), graph, last_hidden,
-                                        hidden_override)
+                                        hidden_override, last_override)
         out = self.forward_batch_generation(self.worker, batch)
         assert out is self._result, "the AFTER hook must not replace SGLang's result"
         return batch
@@ -150,13 +153,15 @@ class FakeModelServer:
         return batch
 
     def _result_for(self, full: torch.Tensor, bs: int, graph: bool, last_hidden: bool,
-                    hidden_override: Any) -> Any:
+                    hidden_override: Any, last_override: Any = "unset") -> Any:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult
 
         t = full.shape[0]
         aux = full[:, :K].reshape(t, K * H).to(self.dtype).contiguous()
         last = full[:, K].to(self.dtype).contiguous() if last_hidden else None
+        if last_override != "unset":
+            last = last_override
         lo = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 8),
                                    hidden_states=aux if hidden_override == "unset"
                                    else hidden_override,

@@ -180,6 +180,35 @@ def test_missing_hidden_states_are_reported(rig):
         sub.get(r.rid, timeout=10)
 
 
+def test_hidden_states_short_of_the_batch_are_reported_and_a_mismatched_final_norm_is_left_out(
+        rig):
+    """A forward whose aux hidden states cover fewer rows than the batch's tokens: its rows
+    are reported (never a short sample). A ``last_hidden_states`` of the wrong width, too few
+    rows or another dtype: the sample is captured exact without ``final_norm``, logged once.
+    The batch after each is captured whole."""
+    from sglang_support import H, K
+
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-short", 6)
+    srv.extend([(r, 0, 6)], hidden_override=torch.zeros(3, K * H, dtype=srv.dtype))
+    with pytest.raises(IncompleteSampleError,
+                       match=rf"hidden states \(3, {K * H}\) do not cover the batch's 6 tokens"):
+        sub.get(r.rid, timeout=10)
+    for i, bad in enumerate([torch.zeros(6, H + 1, dtype=srv.dtype),
+                             torch.zeros(2, H, dtype=srv.dtype),
+                             torch.zeros(6, H, dtype=torch.float64)]):
+        b = srv.new_req(f"hscap-badlast{i}", 6)
+        srv.extend([(b, 0, 6)], last_override=bad)
+        s = sub.get(b.rid, timeout=10)
+        want = srv.expected(b)
+        assert set(s.tensors) == set(want) - {"final_norm"}
+        for name, t in s.tensors.items():
+            assert torch.equal(t, want[name]), name
+    ok = srv.new_req("hscap-after-bad", 6)
+    srv.extend([(ok, 0, 6)])
+    check(sub.get(ok.rid, timeout=10), srv, ok)
+
+
 def test_without_final_norm(rig):
     hook, sub, srv = rig(env={"HSCAPTURE_FINAL_NORM": "0"})
     r = srv.new_req("hscap-nofn", 6)
