@@ -93,8 +93,8 @@ _SWEEP_INTERVAL_S = 0.05
 #: how long the scheduler may go without a capture before the producer's publisher thread
 #: publishes a completed copy itself (Producer ``commit_grace_s``); an entry is announced at
 #: most this long after its copy completed, and at the first forward (a capture, or a decode
-#: step's ``publish_completed``) after PUBLISH_INTERVAL_S when one comes first. Longer than a forward step, so through
-#: steady traffic the publisher thread sleeps instead of waking between forwards to take the
+#: step's ``publish_completed``) after PUBLISH_INTERVAL_S when one comes first. Longer than
+#: a forward step, so through steady traffic the publisher thread sleeps instead of waking between forwards to take the
 #: GIL from the scheduler's thread. Measured in a real server (H200, bench_server with a steady
 #: load and the candidates' order rotated, benchmarks/results/h200-2026-12-01g): tiny shape,
 #: short prompts, capture on/off 1.014 [CI 0.999-1.035] with 50 ms against 0.845
