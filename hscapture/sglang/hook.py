@@ -90,17 +90,17 @@ _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill d
 #: how often the forward hook looks for requests that stopped between chunks (the scheduler's
 #: chunked-abort hook reports aborts at once; this catches requests released silently)
 _SWEEP_INTERVAL_S = 0.05
-#: how long the scheduler may go without a capture before the producer's publisher thread
-#: publishes a completed copy itself (Producer ``commit_grace_s``); an entry is announced at
-#: most this long after its copy completed, and at the first forward (a capture, or a decode
-#: step's ``publish_completed``) after PUBLISH_INTERVAL_S when one comes first. Longer than
-#: a forward step, so through steady traffic the publisher thread sleeps instead of waking between forwards to take the
-#: GIL from the scheduler's thread. Measured in a real server (H200, bench_server with a steady
-#: load and the candidates' order rotated, benchmarks/results/h200-2026-12-01g): tiny shape,
-#: short prompts, capture on/off 1.014 [CI 0.999-1.035] with 50 ms against 0.845
-#: [0.634-0.969] with 5 ms, in the same run. (The earlier A/B of ...-01f, which favoured 5 ms
-#: on the hook's own time, had the benchmark's position effect in its throughput ratios, and
-#: the hook's own time leaves out what the woken publisher thread costs the scheduler.)
+#: how long the scheduler may go without a capture before the producer's publisher thread publishes
+#: a completed copy itself (Producer ``commit_grace_s``); an entry is announced at most this long
+#: after its copy completed, and at the first forward (a capture, or a decode step's
+#: ``publish_completed``) after PUBLISH_INTERVAL_S when one comes first. Longer than a forward step,
+#: so through steady traffic the publisher thread sleeps instead of waking between forwards to take
+#: the GIL from the scheduler's thread. Measured in a real server (H200, bench_server with a steady
+#: load and the candidates' order rotated, benchmarks/results/h200-2026-12-01g): tiny shape, short
+#: prompts, capture on/off 1.014 [CI 0.999-1.035] with 50 ms against 0.845 [0.634-0.969] with 5 ms,
+#: in the same run. (The earlier A/B of ...-01f, which favoured 5 ms on the hook's own time, had the
+#: benchmark's position effect in its throughput ratios, and the hook's own time leaves out what the
+#: woken publisher thread costs the scheduler.)
 COMMIT_GRACE_S = 0.05
 #: the producer's ``publish_interval_s``: the scheduler's thread publishes (commits and
 #: announces completed copies) at most once per this long while captures keep coming, so it
