@@ -31,6 +31,10 @@ every rank. Nothing here imports SGLang.
                                (default ``sglang-eagle3-aux``)
 =============================  ==========================================================
 
+``HSCAPTURE_PUBLISH_INTERVAL_MS`` (0 to 10000, default 20): the scheduler's thread announces
+completed captures at most once per this many milliseconds (``0``: after every forward, at
+~25 us more of its CPU per forward; why: ``hook.PUBLISH_INTERVAL_S``).
+
 Per request (``sampling_params.custom_params``; they travel with the sample):
 
 - ``hscapture_loss_mask``: one 0/1 per prompt token, stored as the sample's ``loss_mask``
@@ -58,6 +62,8 @@ __all__ = ["CaptureConfig", "load_config", "endpoint_for_dp_rank", "parse_layers
 DEFAULT_RID_PREFIX = "hscap-"
 DEFAULT_PARAM = "hscapture"
 DEFAULT_CONVENTION = "sglang-eagle3-aux"
+#: the default of ``HSCAPTURE_PUBLISH_INTERVAL_MS`` (why 20 ms: ``hook.PUBLISH_INTERVAL_S``)
+DEFAULT_PUBLISH_INTERVAL_MS = 20.0
 
 #: ``sampling_params.custom_params[META_PARAM]``: a request's per-sample metadata
 META_PARAM = f"{DEFAULT_PARAM}_meta"
@@ -235,6 +241,8 @@ class CaptureConfig:
     ring_bytes: int = 1 << 30
     full_policy: str = "drop"
     wait_timeout_s: float = 0.0
+    #: the producer's ``publish_interval_s`` (``HSCAPTURE_PUBLISH_INTERVAL_MS`` / 1000)
+    publish_interval_s: float = DEFAULT_PUBLISH_INTERVAL_MS / 1e3
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
@@ -320,6 +328,14 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         wait_s = float(env.get("HSCAPTURE_WAIT_TIMEOUT_S", "0") or 0)
     except ValueError as exc:
         raise CaptureConfigError("HSCAPTURE_WAIT_TIMEOUT_S: expected seconds") from exc
+    interval = env.get("HSCAPTURE_PUBLISH_INTERVAL_MS", "").strip()
+    try:
+        interval_ms = float(interval) if interval else DEFAULT_PUBLISH_INTERVAL_MS
+    except ValueError:
+        interval_ms = math.nan
+    if not 0.0 <= interval_ms <= 10_000.0:   # (nan fails too)
+        raise CaptureConfigError(f"HSCAPTURE_PUBLISH_INTERVAL_MS: expected milliseconds from 0 "
+                                 f"to 10000, found {interval!r}")
     producer_id = env.get("HSCAPTURE_PRODUCER_ID", "sglang").strip() or "sglang"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", producer_id):
         raise CaptureConfigError(
@@ -335,6 +351,7 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         ring_bytes=_size(env, "HSCAPTURE_RING_BYTES", 1 << 30),
         full_policy=policy,
         wait_timeout_s=wait_s,
+        publish_interval_s=interval_ms / 1e3,
         model=env.get("HSCAPTURE_MODEL") or None,
         convention=env.get("HSCAPTURE_CONVENTION", DEFAULT_CONVENTION) or DEFAULT_CONVENTION,
         env=env,

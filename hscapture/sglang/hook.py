@@ -77,7 +77,7 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
 from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
-from .config import CaptureConfig, endpoint_for_dp_rank
+from .config import DEFAULT_PUBLISH_INTERVAL_MS, CaptureConfig, endpoint_for_dp_rank
 
 log = logging.getLogger("hscapture.sglang")
 
@@ -109,7 +109,7 @@ COMMIT_GRACE_S = 0.05
 #: shape, ~4 ms forwards: the hook's p50 311 -> 256 us, benchmarks/results/h200-2026-12-02b).
 #: At the 1B long mix's ~3 GB/s of capture 20 ms is ~60 MB of ring; the producer publishes
 #: early, whatever the interval, once queued entries hold 1/8 of its ring.
-PUBLISH_INTERVAL_S = 0.02
+PUBLISH_INTERVAL_S = DEFAULT_PUBLISH_INTERVAL_MS / 1e3   # HSCAPTURE_PUBLISH_INTERVAL_MS sets it
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
         convention=config.convention,
         dp_rank=ranks.dp_rank,
         commit_grace_s=COMMIT_GRACE_S,
-        publish_interval_s=PUBLISH_INTERVAL_S,
+        publish_interval_s=config.publish_interval_s,
     )
 
 
@@ -265,7 +265,7 @@ class SGLangCaptureHook:
         # ``devids`` (token ids taken from the batch's device input_ids by one torch kernel,
         # the default before the host ids; benchmarks/results/h200-2026-12-02) or
         # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S),
-        # ``interval=S`` (its publish interval is S seconds instead of PUBLISH_INTERVAL_S);
+        # ``interval=S`` (its publish interval is S seconds instead of the configured one);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
@@ -304,8 +304,8 @@ class SGLangCaptureHook:
                     self.producer.commit_grace_s = _mode_seconds(mode, "grace=",
                                                                  COMMIT_GRACE_S)
                     # "interval=S": the scheduler thread publishes at most every S seconds
-                    self.producer.publish_interval_s = _mode_seconds(mode, "interval=",
-                                                                     PUBLISH_INTERVAL_S)
+                    self.producer.publish_interval_s = _mode_seconds(
+                        mode, "interval=", self.config.publish_interval_s)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1

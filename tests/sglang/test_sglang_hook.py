@@ -433,6 +433,30 @@ def test_the_hook_publishes_at_most_once_per_interval_and_its_interval_mode_sets
     p.flush(timeout_s=10)
 
 
+def test_the_publish_interval_comes_from_the_environment_and_a_mode_leaves_back_to_it(
+        rig, tmp_path, monkeypatch):
+    """``HSCAPTURE_PUBLISH_INTERVAL_MS`` sets the hook's producer's interval (0: publish at
+    every forward, each sample announced by the capture after it or the next decode step);
+    leaving a benchmark mode restores that value, not the built-in default."""
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig(env={"HSCAPTURE_PUBLISH_INTERVAL_MS": "0"})
+    p = hook.producer
+    assert p.publish_interval_s == 0.0 and hook.config.publish_interval_s == 0.0
+    p.commit_grace_s = 30.0          # a sample must come from the scheduler thread's publish
+    a = srv.new_req("hscap-iv-env", 9)
+    srv.extend([(a, 0, 9)])
+    srv.decode([a])
+    check(sub.get(a.rid, timeout=10), srv, a)
+    for name, want in (("interval=0.25", 0.25), ("", 0.0)):
+        mode.write_text(name)
+        hook._mode_checked = 0
+        r = srv.new_req(f"hscap-iv-env-{want}", 9)
+        srv.extend([(r, 0, 9)])
+        assert p.publish_interval_s == want, name
+    p.flush(timeout_s=10)
+
+
 def test_a_decode_step_announces_what_the_last_prefill_left_pending(rig):
     """A forward that captures nothing (a decode step, a prefill of requests that did not opt
     in) publishes completed entries on the scheduler's thread, so a sample is announced at the

@@ -35,11 +35,19 @@ def test_config_values_and_errors():
     c = load_config({"HSCAPTURE_ENABLE": "1", "HSCAPTURE_LAYERS": "29, 2 16",
                      "HSCAPTURE_RING_BYTES": "2G", "HSCAPTURE_RID_PREFIX": "cap/"})
     assert c.layers == (2, 16, 29) and c.ring_bytes == 2 << 30 and c.rid_prefix == "cap/"
+    assert c.publish_interval_s == 0.02
+    for raw, want in (("0", 0.0), ("5", 0.005), (" 12.5 ", 0.0125), ("", 0.02)):
+        got = load_config({"HSCAPTURE_PUBLISH_INTERVAL_MS": raw}).publish_interval_s
+        assert got == pytest.approx(want), raw
     for bad in ({"HSCAPTURE_LAYERS": "1,1"}, {"HSCAPTURE_LAYERS": "a"},
                 {"HSCAPTURE_RING_BYTES": "lots"}, {"HSCAPTURE_FULL_POLICY": "block"},
                 {"HSCAPTURE_ENABLE": "maybe"}, {"HSCAPTURE_PRODUCER_ID": "a/b"}):
         with pytest.raises(CaptureConfigError):
             load_config(bad)
+    for raw in ("-1", "soon", "nan", "inf", "10001"):
+        with pytest.raises(CaptureConfigError, match=r"HSCAPTURE_PUBLISH_INTERVAL_MS: expected "
+                                                     r"milliseconds from 0 to 10000, found"):
+            load_config({"HSCAPTURE_PUBLISH_INTERVAL_MS": raw})
 
 
 def test_endpoint_per_dp_rank():
