@@ -27,6 +27,14 @@ def check(sample, server, req, n=None):
     assert sample.layers[:len(LAYERS)] == list(LAYERS)
 
 
+def set_mode(hook, mode_file, name: str) -> None:
+    """Switch the hook to benchmark mode ``name`` (HSCAPTURE_EXPERIMENT_FILE ``mode_file``)
+    for its next forward: the hook looks at the file at most every 100 ms, so the check's
+    clock is reset."""
+    mode_file.write_text(name)
+    hook._mode_checked = 0
+
+
 def test_batch_of_several_requests_chunked_and_mixed(rig):
     hook, sub, srv = rig()
     a = srv.new_req("hscap-a", 23)
@@ -257,21 +265,17 @@ def test_the_benchmarks_hook_modes_noop_and_publisher_do_what_they_say(rig, tmp_
     monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
     hook, sub, srv = rig()
 
-    def switch(name: str) -> None:
-        mode.write_text(name)
-        hook._mode_checked = 0        # the hook looks at the file at most every 100 ms
-
-    switch("noop")
+    set_mode(hook, mode, "noop")
     a = srv.new_req("hscap-noop", 9)
     srv.extend([(a, 0, 9)])
     with pytest.raises(SampleTimeoutError):
         sub.get(a.rid, timeout=0.3)
-    switch("publisher")
+    set_mode(hook, mode, "publisher")
     b = srv.new_req("hscap-publisher", 9)
     srv.extend([(b, 0, 9)])
     assert hook.producer.inline_publish is False
     check(sub.get(b.rid, timeout=10), srv, b)
-    switch("")
+    set_mode(hook, mode, "")
     c = srv.new_req("hscap-inline", 9)
     srv.extend([(c, 0, 9)])
     assert hook.producer.inline_publish is True
@@ -288,8 +292,7 @@ def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_
     hook, sub, srv = rig()
 
     def run(name: str, rid: str, n: int) -> None:
-        mode.write_text(name)
-        hook._mode_checked = 0
+        set_mode(hook, mode, name)
         for i in range(n):
             r = srv.new_req(f"{rid}-{i}", 9)
             srv.extend([(r, 0, 9)])
@@ -367,8 +370,7 @@ def test_the_benchmarks_grace_mode_sets_the_producers_commit_grace_and_nothing_e
     assert hook.producer.commit_grace_s == COMMIT_GRACE_S
 
     def run(name: str, rid: str) -> float:
-        mode.write_text(name)
-        hook._mode_checked = 0
+        set_mode(hook, mode, name)
         r = srv.new_req(rid, 9)
         srv.extend([(r, 0, 9)])
         check(sub.get(r.rid, timeout=10), srv, r)
@@ -398,8 +400,7 @@ def test_the_hook_publishes_at_most_once_per_interval_and_its_interval_mode_sets
     p = hook.producer
     assert p.publish_interval_s == PUBLISH_INTERVAL_S > 0
     p.commit_grace_s = 30.0          # the publisher thread stays out of it
-    mode.write_text("interval=30")
-    hook._mode_checked = 0
+    set_mode(hook, mode, "interval=30")
     by: list[tuple[str, str]] = []
     real = p._publish
 
@@ -414,8 +415,7 @@ def test_the_hook_publishes_at_most_once_per_interval_and_its_interval_mode_sets
     assert [rid for _, rid in by] == ["hscap-iv0"]      # the first publishes, the rest queue
     srv.decode(reqs)                                     # inside the interval: nothing
     assert len(by) == 1
-    mode.write_text("interval=0")                        # the interval has passed
-    hook._mode_checked = 0
+    set_mode(hook, mode, "interval=0")          # the interval has passed
     srv.decode(reqs)                       # (a decode step reads the mode too: 0 s now)
     last = srv.new_req("hscap-iv-last", 9)
     srv.extend([(last, 0, 9)])
@@ -425,8 +425,7 @@ def test_the_hook_publishes_at_most_once_per_interval_and_its_interval_mode_sets
         check(sub.get(r.rid, timeout=10), srv, r)
     for name, want in (("interval=oops", PUBLISH_INTERVAL_S), ("interval=-1", PUBLISH_INTERVAL_S),
                        ("interval=0.5", 0.5), ("", PUBLISH_INTERVAL_S)):
-        mode.write_text(name)
-        hook._mode_checked = 0
+        set_mode(hook, mode, name)
         r = srv.new_req(f"hscap-ivm{len(by)}", 9)
         srv.extend([(r, 0, 9)])
         assert p.publish_interval_s == want, name
@@ -449,8 +448,7 @@ def test_the_publish_interval_comes_from_the_environment_and_a_mode_leaves_back_
     srv.decode([a])
     check(sub.get(a.rid, timeout=10), srv, a)
     for name, want in (("interval=0.25", 0.25), ("", 0.0)):
-        mode.write_text(name)
-        hook._mode_checked = 0
+        set_mode(hook, mode, name)
         r = srv.new_req(f"hscap-iv-env-{want}", 9)
         srv.extend([(r, 0, 9)])
         assert p.publish_interval_s == want, name
@@ -507,16 +505,14 @@ def test_token_ids_come_from_each_requests_own_array_and_the_devids_mode_from_th
     check(got_a, srv, a)
     check(sub.get(b.rid, timeout=10), srv, b)
     assert hook.producer.stats().get("host_id_captures", 0) == 2
-    mode.write_text("devids")
-    hook._mode_checked = 0
+    set_mode(hook, mode, "devids")
     c = srv.new_req("hscap-device-c", 9)
     srv.extend([(c, 0, 9)])
     check(sub.get(c.rid, timeout=10), srv, c)
     assert hook.producer.stats().get("host_id_captures", 0) == 2   # the device path
     # back to the default, a request whose ids are not an array('q') (a plain list) sends its
     # whole batch to the device ids, still exact
-    mode.write_text("")
-    hook._mode_checked = 0
+    set_mode(hook, mode, "")
     d = srv.new_req("hscap-list-d", 7)
     e = srv.new_req("hscap-array-e", 6)
     d.full_untruncated_fill_ids = list(d.full_untruncated_fill_ids)
