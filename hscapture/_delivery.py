@@ -26,7 +26,6 @@ from .sample import Sample, layer_name
 __all__ = ["Delivery"]
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
-_ITEMSIZE = nt.DTYPES
 
 Holds = list[tuple[Source, int]]
 
@@ -196,7 +195,7 @@ class Delivery:
                               "cached_prefix": rv.cached_prefix, "dp_rank": meta["dp_rank"],
                               "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
                         fields=fields, borrowed=borrow)
-        nbytes = total * schema[3] * len(layer_names) * _ITEMSIZE[schema[2]]
+        nbytes = total * schema[3] * len(layer_names) * nt.DTYPES[schema[2]]
         if borrow or self.durable:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)
