@@ -23,11 +23,15 @@ releases between calls.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import os
 import statistics
 import sys
 import time
 import uuid
+from array import array
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +49,13 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="bench-results/bench_capture_call.json")
+    ap.add_argument("--host-ids", action="store_true",
+                    help="token ids as HostRowIds from array('q') (the SGLang hook's default)")
+    ap.add_argument("--no-snapshot", action="store_true",
+                    help="snapshot=False (SGLang prefills without CUDA graphs)")
+    ap.add_argument("--profile", default=None,
+                    help="after the timed runs, FILE gets a cProfile of --calls native-path "
+                         "calls (sorted by own time) and the producer's stage timers")
     args = ap.parse_args()
 
     import torch
@@ -71,10 +82,15 @@ def main() -> int:
     results, goals = {}, []
     for nrows in [int(x) for x in args.rows.split(",")]:
         T = 2 * nrows * args.tokens
+        starts = [2 * i * args.tokens for i in range(nrows)]
         aux = torch.randn(T, k * h, device="cuda").to(torch.bfloat16)
         last = torch.randn(T, h, device="cuda").to(torch.bfloat16)
         ids = torch.randint(0, 32000, (T,), device="cuda")
-        starts = [2 * i * args.tokens for i in range(nrows)]
+        if args.host_ids:
+            from hscapture._copies import HostRowIds
+
+            host = array("q", ids.tolist())
+            ids = HostRowIds([(host, s, args.tokens) for s in starts])
         n = [0]
 
         def one(path: str) -> tuple[float, float]:
@@ -89,7 +105,7 @@ def main() -> int:
                 ok = p.capture_rows(maps, starts, [aux, last], layers=[1, 2, 3, 15],
                                     layer_kinds=["residual"] * 3 + ["final_norm"],
                                     token_ids=ids, layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]],
-                                    hidden=h, snapshot=True)
+                                    hidden=h, snapshot=not args.no_snapshot)
                 wall.append((time.perf_counter_ns() - t0) / 1e3)
                 cpu.append((time.thread_time_ns() - c0) / 1e3)
                 assert ok, "dropped"
@@ -125,6 +141,8 @@ def main() -> int:
         print(f"{nrows:3d} rows x {args.tokens} tok: native {us(res['native']['wall_us'])} us "
               f"wall ({us(res['native']['cpu_us'])} cpu); torch {us(res['torch']['wall_us'])} "
               f"us wall ({us(res['torch']['cpu_us'])} cpu)", flush=True)
+        if args.profile:
+            profile(args, producers["native"], one, nrows)
     stats = {path: {k2: v for k2, v in p.stats().items() if k2.endswith("copies") or k2 == "dropped"}
              for path, p in producers.items()}
     for path in producers:
@@ -140,6 +158,30 @@ def main() -> int:
             for m in ("native", "torch")},
         results=results, config=vars(args) | {"copy_counters": stats}, goals=goals)
     return 0
+
+
+def profile(args: argparse.Namespace, producer: object, one: object, nrows: int) -> None:
+    """Append to ``args.profile``: the producer's stage timers (``timed``) over one run of
+    ``--calls`` native-path calls, then a cProfile of another such run, by own time."""
+    producer.timed = True
+    before = dict(producer._counters)
+    one("native")
+    after = producer._counters
+    n = max(1, after["captures"] - before.get("captures", 0))
+    lines = [f"== {nrows} rows x {args.tokens} tokens, host ids {args.host_ids}, "
+             f"snapshot {not args.no_snapshot}: stage means over {n} captures (us)"]
+    for key in sorted(after):
+        if key.startswith("time_"):
+            lines.append(f"  {key:24s} {(after[key] - before.get(key, 0)) / n / 1e3:8.1f}")
+    producer.timed = False
+    prof = cProfile.Profile()
+    prof.enable()
+    one("native")
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(40)
+    with open(args.profile, "a") as f:
+        f.write("\n".join(lines) + "\n" + out.getvalue() + "\n")
 
 
 if __name__ == "__main__":
