@@ -513,18 +513,20 @@ NB_MODULE(_ring, m) {
         hsc::cuda::available(&why);
         return why;
     }, "'' when the native CUDA copy path can run (libcuda.so.1 and its functions), else why not.");
-    m.def("cuda_submit", [](uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context_ptr,
+    m.def("cuda_submit", [](uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context,
                             nb::handle pre, nb::handle post) {
         U64Buffer a(pre), b(post);
         std::string err;
-        if (hsc::cuda::submit(caller, side, ready, done, context_ptr, a.data(), a.count(), b.data(), b.count(), &err) != 0)
+        if (hsc::cuda::submit(caller, side, ready, done, context, a.data(), a.count(), b.data(), b.count(), &err) != 0)
             return err.empty() ? std::string("CUDA copy submission failed") : err;
         return std::string();
-    }, "caller"_a, "side"_a, "ready"_a, "done"_a, "context_ptr"_a, "pre"_a.none(), "post"_a.none(),
+    }, "caller"_a, "side"_a, "ready"_a, "done"_a, "context"_a, "pre"_a.none(), "post"_a.none(),
        "Issue one capture's copies (see csrc/hscapture/cuda_copy.h); '' on success, else the error.");
     nb::class_<CudaEvent>(m, "CudaEvent", "A CUDA event (no timing) of the native copy path.")
         .def(nb::init<uint64_t>(), "context_ptr"_a)
         .def_prop_ro("handle", [](const CudaEvent& e) { return e.event; })
+        .def_prop_ro("context", [](const CudaEvent& e) { return e.context; },
+                     "The CUcontext the event was created in (that of its context_ptr's allocation).")
         .def("query", [](const CudaEvent& e) {
             int rc = hsc::cuda::event_query(e.event, e.context);
             if (rc < 0) throw std::runtime_error("hscapture: cuEventQuery failed: CUresult " + std::to_string(-rc));

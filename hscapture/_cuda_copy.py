@@ -3,8 +3,10 @@
 Why: on an engine's scheduler thread each torch call of a copy (stream switch, event record,
 tensor view, ``copy_``) costs 7-18 us of CPU, several per block and per span, once per forward
 on the critical path. Here the copies are described as flat ``uint64`` lists and issued by
-``hscapture._ring.cuda_submit`` with the CUDA driver (``csrc/cuda_copy.cpp``): 2D copies
-straight from the sources' rows into the page-locked ring; the only torch call is the one
+``hscapture._ring.cuda_submit`` with the CUDA driver (``csrc/cuda_copy.cpp``): copies (one
+linear copy per span of dense rows, else 2D) straight from the sources' rows into the
+page-locked ring, their memory kinds stated and the sources' context cached (no address
+lookups per call); the only torch call is the one
 kernel that takes device token ids as dense int32 on the caller's stream (none when the ids
 come from the host, :class:`hscapture._copies.HostRowIds`: the CPU wrote them already).
 
@@ -82,23 +84,29 @@ def eligible(blocks: list[torch.Tensor], ids: Any) -> bool:
 
 
 class NativeCopier:
-    """Per producer: the side stream, the "forward done" event and the pool of completed
-    ``done`` events, per device. Used under the producer's capture lock (one capture at a
-    time); the pool is shared with the publisher (``deque`` append/pop are atomic)."""
+    """Per producer, per device: the side stream, the "forward done" event (whose CUDA context
+    every submission uses: no per-call pointer lookup) and the pool of completed ``done``
+    events. Used under the producer's capture lock (one capture at a time); the pool is
+    shared with the publisher (``deque`` append/pop are atomic)."""
 
     def __init__(self) -> None:
         from . import _ring
 
         self._ring = _ring
-        self._side: dict[int, tuple[torch.cuda.Stream, int]] = {}
-        self._ready: dict[int, Any] = {}
+        #: device index -> (side stream, its handle, ready event, its context, done pool)
+        self._devices: dict[int, tuple[Any, int, Any, int, collections.deque]] = {}
         self.pools: dict[int, collections.deque] = {}
 
-    def _stream(self, device: torch.device) -> tuple[torch.cuda.Stream, int]:
-        got = self._side.get(device.index)
+    def _device(self, blocks: list[torch.Tensor]) -> tuple[Any, int, Any, int,
+                                                           collections.deque]:
+        idx = blocks[0].get_device()
+        got = self._devices.get(idx)
         if got is None:
-            s = torch.cuda.Stream(device=device)
-            got = self._side[device.index] = (s, int(s.cuda_stream))
+            s = torch.cuda.Stream(device=blocks[0].device)
+            # the event is made in the context that owns the sources' allocation
+            ready = self._ring.CudaEvent(blocks[0].data_ptr())
+            pool = self.pools[idx] = collections.deque()
+            got = self._devices[idx] = (s, int(s.cuda_stream), ready, ready.context, pool)
         return got
 
     def submit(self, payload: int, block_offsets: list[int], ids_offset: int, tokens: int,
@@ -109,42 +117,35 @@ class NativeCopier:
         Raises :class:`CaptureConfigError` (nothing more in flight) if the driver refuses.
         ``timing`` (a Counter, or None): the native call's time goes to its
         ``time_submit_ns``."""
-        device = blocks[0].device
-        idx = device.index
-        caller = _raw_stream(idx)
-        side, side_h = self._stream(device)
-        ready = self._ready.get(idx)
-        anchor = blocks[0].data_ptr()      # names the CUDA context of the sources
-        if ready is None:
-            ready = self._ready[idx] = self._ring.CudaEvent(anchor)
-        pool = self.pools.get(idx)
-        if pool is None:
-            pool = self.pools[idx] = collections.deque()
+        _, side_h, ready, context, pool = self._device(blocks)
+        caller = _raw_stream(blocks[0].get_device())
         try:
             done = pool.pop()              # an event the publisher saw complete
         except IndexError:
-            done = self._ring.CudaEvent(anchor)
-        srcs = [(b.data_ptr(), b.stride(0) * b.element_size(), int(b.shape[1]) * b.element_size())
-                for b in blocks]
+            done = self._ring.CudaEvent(blocks[0].data_ptr())
+        srcs = []
+        for b in blocks:
+            size = b.element_size()
+            srcs.append((b.data_ptr(), b.stride(0) * size, b.shape[1] * size))
         id_src = None
         if isinstance(ids, torch.Tensor) and ids.is_cuda:
             ids, address, id_spans = take_ids(ids, spans, tokens)   # kept alive: keepalive
             id_src = (address, id_spans)
         stage = None
-        need = staging_bytes(tokens, [w for _, _, w in srcs], snapshot)
-        if need:
-            stage = torch.empty(need, dtype=torch.uint8, device=device)
+        if snapshot:
+            stage = torch.empty(staging_bytes(tokens, [w for _, _, w in srcs], True),
+                                dtype=torch.uint8, device=blocks[0].device)
         pre, post = plan_copies(payload, block_offsets, ids_offset, tokens, spans, srcs, id_src,
                                 snapshot, stage.data_ptr() if stage is not None else 0)
         t = time.perf_counter_ns() if timing is not None else 0
-        err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, anchor,
+        err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context,
                                      pre, post)
         if timing is not None:
             timing["time_submit_ns"] += time.perf_counter_ns() - t
         if err:
             # Copies issued before the failing call may still run: wait for them before the
             # caller gives the ring position back (it would otherwise be written later).
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(blocks[0].device)
             raise CaptureConfigError(f"native CUDA copy: {err}")
         return done, (blocks, stage, ids, pool)
 

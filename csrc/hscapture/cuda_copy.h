@@ -20,8 +20,8 @@
 namespace hsc::cuda {
 
 // One 2D copy: `height` rows of `width` bytes, from `src` (row pitch `src_pitch`) to `dst`
-// (row pitch `dst_pitch`). Addresses are unified virtual addresses (device memory, or host
-// memory registered with cudaHostRegister).
+// (row pitch `dst_pitch`). Sources are device addresses; destinations are device addresses
+// (`pre`) or page-locked host addresses (`post`: the ring, registered with cudaHostRegister).
 struct Copy2D {
     uint64_t dst, dst_pitch, src, src_pitch, width, height;
 };
@@ -38,11 +38,12 @@ bool available(std::string* why);
 //      only after the forward pass, and the snapshots, produced their sources);
 //   3. `post` copies on `side` (device-to-host into the ring);
 //   4. `done` recorded on `side` (the entry may be committed once it completed).
-// The context of `context_ptr`'s allocation is made current for the calls when it is not.
+// `context` (the sources' CUcontext: the one `event_create` returned for `ready`, made from
+// the sources' allocation) is made current for the calls when it is not.
 // Returns 0, or the first failing CUresult with `err` naming the call (nothing after it was
 // issued; copies before it may be in flight, so the caller must treat the entry as failed and
 // wait for `done` only if it was recorded: it was not).
-int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context_ptr,
+int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context,
            const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err);
 
 // Events, created without timing (cheap to record) in the context that owns `context_ptr`'s
