@@ -67,7 +67,8 @@ The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP
 front end (tokenizer manager and this Python client, ~800 requests/s) rather than the
 scheduler: its "off" rounds varied 2x from round to round; with 8 per request they do not.
 
-``--profile-dir DIR``: after each mix's pairs, one more ``off`` and one ``on`` round under
+``--profile-dir DIR``: after each mix's pairs, one more ``off`` and one ``on`` round (with
+``--load steady``: ``--profile-steps`` steps of the load in each mode, after its ramp) under
 SGLang's own torch profiler (``POST /start_profile``), traces into ``DIR/<mix>-<mode>/``; the
 hook is one ``hscapture.hook`` range in them. The hook's time per capturing forward, and the
 part of it inside ``Producer.capture_rows``, is printed per mode at the end (HSCAPTURE_STATS_FILE).
@@ -575,6 +576,12 @@ def main() -> int:
                          f"{'met' if s['met_whole_spread'] else 'missed'})")
             print(line, flush=True)
 
+    def start_profile(folder: str, name: str) -> None:
+        """SGLang's own torch profiler over the next ``--profile-steps`` forward steps."""
+        post(args.url, {"output_dir": folder, "num_steps": args.profile_steps,
+                        "activities": ["CPU", "GPU"], "with_stack": args.profile_stack,
+                        "record_shapes": False, "profile_id": name}, route="start_profile")
+
     def steady_mix(mix: str, prompts: list[list[int]]) -> dict[str, Any]:
         """The pairs of one mix under a continuous load (``--load steady``): per measurement
         pause the load, switch the hook's mode, resume, wait out the ramp, measure a window
@@ -589,6 +596,7 @@ def main() -> int:
                     expected[r] = (len(p), ids_crc(p))
 
         load = SteadyLoad(args.url, prompts, args.concurrency, int(batch[mix]), rid_of, on_sent)
+        profiles: dict[str, Any] = {}
 
         def measure(mode: str) -> dict[str, Any]:
             drained = load.pause()
@@ -615,6 +623,17 @@ def main() -> int:
                 print(f"[bench_server] {mix} block {block:3d} {first:>8s} then {second:<8s} "
                       f"{cand}/off {ratio:.3f} ({rounds[-2]['requests']} / "
                       f"{rounds[-1]['requests']} requests answered)", flush=True)
+            if args.profile_dir:
+                # inside the same load: switch, wait out the ramp, then record the steps
+                for mode in ("off", "on"):
+                    folder = os.path.join(os.path.abspath(args.profile_dir), f"{mix}-{mode}")
+                    load.pause()
+                    set_mode("")
+                    load.resume(mode)
+                    start_profile(folder, f"{mix}-{mode}")
+                    profiles[mode] = {"trace": wait_for_trace(folder)}
+                    print(f"[bench_server] {mix}: profiled {mode} under the steady load, "
+                          f"trace {profiles[mode]['trace']}", flush=True)
         finally:
             load.stop()
         res: dict[str, Any] = {"load": "steady", "prompt_pool": len(prompts),
@@ -622,6 +641,8 @@ def main() -> int:
                                "median_window_tok_per_s": {
                                    m: _stats.median([r["tok_per_s"] for r in rounds
                                                      if r["mode"] == m]) for m in modes}}
+        if profiles:
+            res["profiles"] = profiles
         summarize(mix, rounds, res)
         return res
 
@@ -681,10 +702,7 @@ def main() -> int:
             for mode in ("off", "on"):
                 folder = os.path.join(os.path.abspath(args.profile_dir), f"{mix}-{mode}")
                 set_mode("")
-                post(args.url, {"output_dir": folder, "num_steps": args.profile_steps,
-                                "activities": ["CPU", "GPU"], "with_stack": args.profile_stack,
-                                "record_shapes": False, "profile_id": f"{mix}-{mode}"},
-                     route="start_profile")
+                start_profile(folder, f"{mix}-{mode}")
                 r = one_round(mix, mode, "profile", prompts)
                 trace = wait_for_trace(folder)
                 res["profiles"][mode] = {"trace": trace, "wall_s": r["wall_s"],
