@@ -3,6 +3,7 @@
 
     python benchmarks/bench_capture_call.py [--rows 1,8,64] [--tokens 256] [--hidden 2048]
                                             [--calls 200] [--reps 5] [--out FILE]
+                                            [--host-ids] [--no-snapshot] [--profile FILE]
 
 The engine adapter's hot path (hscapture/sglang/hook.py) makes one such call per forward pass,
 on the scheduler's thread. Two producers on one GPU, one per copy path (the torch one made
@@ -17,7 +18,9 @@ Timed: wall and thread CPU time around each ``capture_rows`` call (``time.perf_c
 Inside: the previous entry's inline commit + notice (its copy completed: the GPU is
 synchronized after every call), as in a busy server. Not timed: building the row maps (the
 hook's part), the device work (the copies run behind), the synchronize and the subscriber's
-releases between calls.
+releases between calls. ``--host-ids --no-snapshot`` is the SGLang hook's prefill path (ids
+from each request's host array, no CUDA graph); ``--profile FILE`` appends the producer's stage
+timers and a cProfile of the native path per row count.
 """
 
 from __future__ import annotations

@@ -138,10 +138,10 @@ CUresult source_context(const Driver& d, uint64_t ptr, CUcontext* ctx, std::stri
 }
 
 // One copy, with its memory kinds stated (`to_host`: into the page-locked ring, else device to
-// device), so the driver does not look either address up as it must for unified-address copies
-// (the whole submission measured ~29 us of host time per capture on the H200 with them and a
-// per-call context lookup). Dense rows (pitch == width on both sides, or one row) are one
-// linear copy.
+// device) rather than left for the driver to classify, as unified-address copies are. Dense
+// rows (pitch == width on both sides, or one row) are one linear copy. Measured against the
+// unified 2D copies and a per-call context lookup: no change in the submission's host time
+// that the runs could resolve (benchmarks/results/h200-2026-12-02c).
 CUresult copy(const Driver& d, const Copy2D& c, CUstream stream, bool to_host) {
     const size_t bytes = size_t(c.width) * size_t(c.height);
     if (c.height == 1 || (c.src_pitch == c.width && c.dst_pitch == c.width)) {
