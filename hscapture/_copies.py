@@ -96,7 +96,7 @@ class EntryCopier:
         pinned memory (stream-ordered, no synchronization). Nothing waits for the device.
 
         With the ring page-locked and the CUDA driver at hand, all of that is instead one
-        native call (:mod:`hscapture._cuda_copy`: 2D copies per block and span, no kernel).
+        native call (:mod:`hscapture._cuda_copy`: one copy per block and span, no kernel).
         ``timed`` adds the host ids' write to ``counters["time_ids_ns"]`` and the native
         call's to ``counters["time_submit_ns"]``.
         """
