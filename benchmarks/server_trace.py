@@ -14,6 +14,11 @@ per trace:
 - per scheduler annotation SGLang records (``scheduler.run_batch``, ``step[...]``,
   ``scheduler.get_next_batch_to_run``, ...) and the hook's own ``hscapture.hook`` range:
   count, total and mean milliseconds;
+- device-to-host copies smaller than 1 MiB (SGLang's own results: next-token ids, logprobs)
+  and how long each waited on the GPU once it could run (its stream's previous operation done
+  and its launch call made): count, mean, p90 and max wait, and how many of them started
+  right after (within 5 us of) the end of a copy of 1 MiB or more on another stream (the
+  capture's): a copy engine serving one copy at a time shows as waits behind those;
 - with ``--stack`` (a trace recorded with ``--profile-stack``): the Python functions that take
   the most EXCLUSIVE time inside ``hscapture.hook``, per hook call. The tracer's own cost per
   call lands in the caller's exclusive time, so these are proportions, not durations.
@@ -73,6 +78,7 @@ def summarize(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for e in copies:
         by_kind[e["name"]].append(e["dur"])
     out["copies"] = {k: {"n": len(v), "total_ms": sum(v) / 1e3} for k, v in sorted(by_kind.items())}
+    out["small_dtoh_waits"] = dtoh_waits(events)
     ann: dict[str, list[float]] = collections.defaultdict(list)
     for e in events:
         if e.get("cat") == "user_annotation":
@@ -82,6 +88,54 @@ def summarize(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
                               "mean_ms": sum(v) / len(v) / 1e3}
                           for k, v in sorted(ann.items(), key=lambda kv: -sum(kv[1]))}
     return out
+
+
+#: device-to-host copies below this are SGLang's own (results); at or above, the capture's
+SMALL_COPY_BYTES = 1 << 20
+#: a small copy that starts within this of a large copy's end queued behind it
+BEHIND_US = 5.0
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _arg(e: dict[str, Any], key: str, default: Any = None) -> Any:
+    return (e.get("args") or {}).get(key, default)
+
+
+def dtoh_waits(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How long SGLang's small device-to-host copies waited once they could run, and how
+    many started right behind a large one (see the module doc). A copy can run once the
+    previous GPU operation of its stream ended and its launch call (the ``cuda_runtime``
+    event of the same ``correlation``) began; its wait is its start minus that instant."""
+    gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS), key=lambda e: e["ts"])
+    launch = {_arg(e, "correlation"): e["ts"] for e in events
+              if e.get("cat") == "cuda_runtime" and _arg(e, "correlation") is not None}
+    dtoh = [e for e in gpu if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
+    large_ends = sorted(e["ts"] + e["dur"] for e in dtoh
+                        if _arg(e, "bytes", 0) >= SMALL_COPY_BYTES)
+    small = {id(e) for e in dtoh if _arg(e, "bytes", 0) < SMALL_COPY_BYTES}
+    last_end: dict[Any, float] = {}
+    waits: list[float] = []
+    behind: list[float] = []
+    for e in gpu:
+        stream = _arg(e, "stream", e.get("tid"))
+        ready = last_end.get(stream, e["ts"])
+        last_end[stream] = max(ready, e["ts"] + e["dur"])
+        if id(e) not in small:
+            continue
+        runnable = max(ready, launch.get(_arg(e, "correlation"), ready))
+        wait = max(0.0, e["ts"] - runnable)
+        waits.append(wait)
+        i = bisect.bisect_right(large_ends, e["ts"])
+        if i and e["ts"] - large_ends[i - 1] <= BEHIND_US and large_ends[i - 1] > runnable:
+            behind.append(wait)
+    waits.sort()
+
+    def stat(v: list[float]) -> dict[str, float]:
+        return {"n": len(v), "mean_us": sum(v) / len(v) if v else 0.0,
+                "max_us": max(v) if v else 0.0}
+
+    return stat(waits) | {"p90_us": waits[int(0.9 * (len(waits) - 1))] if waits else 0.0,
+                          "large_copies": len(large_ends), "behind_large": stat(behind)}
 
 
 def hook_exclusive(events: Sequence[dict[str, Any]], top: int = 25) -> list[dict[str, Any]]:
@@ -154,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"({s['gpu_busy_share']:.0%}), {s['kernels']} kernels")
         for k, c in s["copies"].items():
             print(f"   {k}: {c['n']} copies, {c['total_ms']:.2f} ms")
+        w = s["small_dtoh_waits"]
+        print(f"   small DtoH copies: {w['n']}, wait mean {w['mean_us']:.1f} us, p90 "
+              f"{w['p90_us']:.1f}, max {w['max_us']:.1f}; right behind one of the "
+              f"{w['large_copies']} large ones: {w['behind_large']['n']} (wait mean "
+              f"{w['behind_large']['mean_us']:.1f} us)")
         for k, v in s["annotations"].items():
             print(f"   {k:40s} n={v['n']:4d} total {v['total_ms']:9.2f} ms  "
                   f"mean {v['mean_ms']:7.3f} ms")

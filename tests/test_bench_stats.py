@@ -615,6 +615,40 @@ def test_server_trace_summary_and_the_hooks_exclusive_time(tmp_path):
     assert rows["aten::copy_"]["exclusive_us"] == pytest.approx(15)
 
 
+def test_server_trace_measures_how_long_small_result_copies_waited_behind_large_ones():
+    """Stream 7: a kernel ends at 100, then SGLang's small result copy, launched at 90, starts
+    at 601: it waited 501 us, right behind the capture's 25 MB copy on stream 20 (100-600).
+    A second small copy, launched at 700 after its stream's kernel ended at 650, starts at
+    702: a 2 us wait, behind nothing. A third starts 3 us after a second large copy ended
+    (800-900), but its stream's kernel ran until 902: a 1 us wait, not behind the large copy.
+    The large copies themselves are not counted as waiting."""
+    import server_trace
+
+    def gpu(name, cat, ts, dur, stream, corr, nbytes=0):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": stream,
+                "pid": 0, "args": {"stream": stream, "correlation": corr, "bytes": nbytes}}
+
+    def api(ts, corr):
+        return {"ph": "X", "name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": ts,
+                "dur": 3, "tid": 1, "pid": 1, "args": {"correlation": corr}}
+
+    dtoh = "Memcpy DtoH (Device -> Pinned)"
+    events = [gpu("k", "kernel", 50, 50, 7, 1), gpu(dtoh, "gpu_memcpy", 100, 500, 20, 2,
+                                                     25 << 20),
+              api(90, 3), gpu(dtoh, "gpu_memcpy", 601, 2, 7, 3, 8 << 10),
+              gpu("k", "kernel", 640, 10, 7, 4), api(700, 5),
+              gpu(dtoh, "gpu_memcpy", 702, 2, 7, 5, 4 << 10),
+              gpu(dtoh, "gpu_memcpy", 800, 100, 20, 6, 25 << 20),
+              gpu("k", "kernel", 850, 52, 7, 7), api(880, 8),
+              gpu(dtoh, "gpu_memcpy", 903, 2, 7, 8, 4 << 10)]
+    w = server_trace.dtoh_waits(events)
+    assert w["n"] == 3 and w["large_copies"] == 2
+    assert w["max_us"] == pytest.approx(501) and w["mean_us"] == pytest.approx(168)
+    assert w["behind_large"] == {"n": 1, "mean_us": pytest.approx(501),
+                                 "max_us": pytest.approx(501)}
+    assert server_trace.summarize(events)["small_dtoh_waits"] == w
+
+
 def test_bench_server_expects_a_sample_for_exactly_the_modes_that_capture():
     bs = _bench_server()
     assert [m for m in ("off", "on", "on:noop", "on:nocapture", "on:publisher",
