@@ -104,11 +104,13 @@ def _arg(e: dict[str, Any], key: str, default: Any = None) -> Any:
 def dtoh_waits(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """How long SGLang's small device-to-host copies waited once they could run, and how
     many started right behind a large one (see the module doc). A copy can run once the
-    previous GPU operation of its stream ended and its launch call (the ``cuda_runtime``
-    event of the same ``correlation``) began; its wait is its start minus that instant."""
+    previous GPU operation of its stream ended and its launch call (the ``cuda_runtime`` or
+    ``cuda_driver`` event of the same ``correlation``) began; its wait is its start minus
+    that instant."""
     gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS), key=lambda e: e["ts"])
     launch = {_arg(e, "correlation"): e["ts"] for e in events
-              if e.get("cat") == "cuda_runtime" and _arg(e, "correlation") is not None}
+              if e.get("cat") in ("cuda_runtime", "cuda_driver")
+              and _arg(e, "correlation") is not None}
     dtoh = [e for e in gpu if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
     large_ends = sorted(e["ts"] + e["dur"] for e in dtoh
                         if _arg(e, "bytes", 0) >= SMALL_COPY_BYTES)
