@@ -25,6 +25,8 @@ concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (
   scheduler thread never pays for a commit or a notice, at the price of GIL hand-offs;
   ``grace=S``: capture with the producer's commit grace at S seconds instead of the hook's
   default, e.g. ``grace=0.005``, the value before the grace became longer than a step;
+  ``nostage``: capture with one ring entry per forward (the hook's deferred captures off:
+  ``HSCAPTURE_STAGE_INTERVAL_MS=0``), the default until the stage;
   ``devids``: capture with the token ids taken from the batch's device input_ids by a torch
   kernel, the default until the host ids, written by the CPU from each request's own array,
   measured better: benchmarks/results/h200-2026-12-02).

@@ -47,8 +47,8 @@ from .errors import CaptureConfigError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["NativeCopier", "native_available", "plan_copies", "span_index", "staging_bytes",
-           "take_ids"]
+__all__ = ["NativeCopier", "native_available", "plan_copies", "plan_group_copies",
+           "span_index", "staging_bytes", "take_ids"]
 
 #: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
 COPY_PATH_ENV = "HSCAPTURE_COPY_PATH"
@@ -150,6 +150,67 @@ class NativeCopier:
         return done, (blocks, stage, ids, pool)
 
 
+    def stage(self, blocks: list[torch.Tensor], spans: list[tuple[int, int]], tokens: int,
+              snapshot: bool) -> tuple[tuple[Any, ...], list[tuple[int, int, int]], Any]:
+        """The sources of a staged group (:mod:`hscapture._staging`): ``(where, sources,
+        keepalive)`` with ``where = ("cuda", device index, caller stream)`` and per block
+        ``(address, row pitch, row width)``. Without ``snapshot`` those are the blocks' own
+        (kept alive by ``keepalive``); with it the rows of ``spans`` are copied now, back to
+        back, into one device staging allocation on the caller's stream (one native call
+        with no device-to-host part: ``side`` is the caller's stream itself, and the ready
+        event is recorded as its "done"), and the sources are that allocation's regions."""
+        idx = blocks[0].get_device()
+        _, _, ready, context, _ = self._device(blocks)
+        caller = _raw_stream(idx)
+        srcs = []
+        for b in blocks:
+            size = b.element_size()
+            srcs.append((b.data_ptr(), b.stride(0) * size, b.shape[1] * size))
+        if not snapshot:
+            return ("cuda", idx, caller), srcs, blocks
+        stage = torch.empty(staging_bytes(tokens, [w for _, _, w in srcs], True),
+                            dtype=torch.uint8, device=blocks[0].device)
+        pre, _ = plan_copies(0, [0] * len(srcs), 0, tokens, spans, srcs, None, True,
+                             stage.data_ptr())
+        err = self._ring.cuda_submit(caller, caller, ready.handle, ready.handle, context, pre,
+                                     None)
+        if err:
+            torch.cuda.synchronize(blocks[0].device)
+            raise CaptureConfigError(f"native CUDA copy (staging snapshot): {err}")
+        at, dense = stage.data_ptr(), []
+        for _, _, width in srcs:
+            dense.append((at, width, width))
+            at += _up(tokens * width)
+        return ("cuda", idx, caller), dense, stage
+
+    def submit_groups(self, payload: int, block_offsets: list[int],
+                      groups: list[tuple[list[tuple[int, int]], list[tuple[int, int, int]]]],
+                      where: tuple[Any, ...], keepalive: Any, timing: Any = None
+                      ) -> tuple[Any, Any]:
+        """Issue the device-to-host copies of staged groups ``(spans, sources)`` into one
+        entry whose payload starts at ``payload`` (their rows back to back, in group order;
+        the token ids were written by the CPU); return (done event, keepalive). The side
+        stream waits for an event recorded NOW on the stream the sources were produced on
+        (``where``'s): it follows every staged forward and snapshot. Any thread may call
+        it (the flush of an idle stage runs on the publisher thread)."""
+        _, idx, caller = where
+        _, side_h, ready, context, pool = self._devices[idx]
+        try:
+            done = pool.pop()
+        except IndexError:
+            done = self._ring.CudaEvent(groups[0][1][0][0])
+        post = plan_group_copies(payload, block_offsets, groups)
+        t = time.perf_counter_ns() if timing is not None else 0
+        err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context, None,
+                                     post)
+        if timing is not None:
+            timing["time_submit_ns"] += time.perf_counter_ns() - t
+        if err:
+            torch.cuda.synchronize(idx)
+            raise CaptureConfigError(f"native CUDA copy: {err}")
+        return done, (keepalive, pool)
+
+
 def take_ids(ids: torch.Tensor, spans: list[tuple[int, int]], tokens: int
              ) -> tuple[torch.Tensor, int, list[tuple[int, int]]]:
     """The token ids of ``spans`` (rows of the 1-D CUDA int64/int32 ``ids``) taken now, on
@@ -229,6 +290,24 @@ def plan_copies(payload: int, block_offsets: list[int], ids_offset: int, tokens:
             post.extend((dst, n, base + 4 * s, n, n, 1))
             dst += n
     return pre, post
+
+
+def plan_group_copies(payload: int, block_offsets: list[int],
+                      groups: list[tuple[list[tuple[int, int]], list[tuple[int, int, int]]]]
+                      ) -> array:
+    """The device-to-host copies of staged groups into one entry (``post`` of
+    :func:`plan_copies`' format): group ``g = (spans, sources)`` has per block ``(address,
+    row pitch, row width)``; block ``b``'s rows of every group go, in group order and span
+    order, back to back to ``payload + block_offsets[b]``."""
+    post = array("Q")
+    for b, off in enumerate(block_offsets):
+        dst = payload + off
+        for spans, srcs in groups:
+            base, pitch, width = srcs[b]
+            for s, e in spans:
+                post.extend((dst, width, base + s * pitch, pitch, width, e - s))
+                dst += (e - s) * width
+    return post
 
 
 def _up(n: int) -> int:

@@ -28,6 +28,7 @@ from . import record as rec
 from ._control import ControlLog
 from ._copies import EntryCopier, HostRowIds, recycle_event
 from ._publish_queue import STOP, Pending, PublishQueue, completed
+from ._staging import Stage, StagedGroup
 from ._producer_resources import ProducerResources, first_attach
 from .endpoint import check_endpoint, default_endpoint
 from .errors import (
@@ -108,6 +109,13 @@ class Producer:
       entry is then announced at most ``publish_interval_s`` (plus one step) after its copy
       completed while captures keep coming, and the commit grace covers the rest. Default 0:
       publish after every capture.
+    - ``stage_interval_s`` > 0 lets an engine adapter defer its captures
+      (``capture_rows(defer=True)``): those of up to that long (or ``stage_bytes``, default
+      1/16 of the ring, of memory held) become ONE entry, so the fixed cost of an entry on
+      the capturing thread is paid once per interval (:mod:`hscapture._staging`). Staged
+      rows are written before anything that takes a sequence number after them (another
+      capture, an abort, ``flush``, ``close``), and by the publisher thread once captures
+      stop: within ``heartbeat_interval_s`` after the interval passed.
     - ``close()`` waits for every copy in flight and publishes everything before it unmaps
       the ring; a segment that a durable subscriber has not finished reading is left in
       ``/dev/shm`` for it (``hscapture cleanup`` removes it once read or unsubscribed).
@@ -136,6 +144,8 @@ class Producer:
         commit_grace_s: float = 0.005,
         inline_publish: bool = True,
         publish_interval_s: float = 0.0,
+        stage_interval_s: float = 0.0,
+        stage_bytes: int | None = None,
     ) -> None:
         if full_policy not in FULL_POLICIES:
             raise CaptureConfigError(
@@ -182,6 +192,11 @@ class Producer:
         self._control = ControlLog()
         self._closed = False
         self._copier = EntryCopier(self._res.pinned is not None, self._counters)
+        #: deferred captures (``capture_rows(defer=True)``) waiting to become one entry,
+        #: and the layout they share (set with the first group)
+        self._stage_layout: tuple = ()
+        self._stage = Stage(stage_interval_s, stage_bytes if stage_bytes is not None
+                            else max(1, self._ring.capacity // 16))
         self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
                     "capacity": self._ring.capacity, "time_ns": time.time_ns()})
         self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
@@ -287,9 +302,21 @@ class Producer:
         layer_map: Sequence[Sequence[int]] | None = None,
         hidden: int | None = None,
         snapshot: bool = False,
+        defer: bool = False,
     ) -> bool:
         """:meth:`capture_batch` for an engine adapter's hot path: the rows are already in
         their wire form, so no per-row object is built or converted here.
+
+        ``defer=True`` (with ``stage_interval_s`` > 0, the ``drop`` policy, host token ids
+        and host or native-CUDA sources; otherwise it captures at once) stages the rows
+        instead of writing an entry now: the captures of up to ``stage_interval_s`` (or
+        ``stage_bytes``) become ONE entry (:mod:`hscapture._staging` says why and what is
+        kept meanwhile). The rows take their sequence numbers when that entry is written:
+        at the first deferred capture past the interval, at :meth:`publish_completed`, an
+        immediate capture, :meth:`abort`, :meth:`flush` or :meth:`close`, or by the
+        publisher thread within ``heartbeat_interval_s`` once captures stop; a full ring
+        then drops the whole entry and reports every row by rid (a subscriber discards the
+        later chunks of a sample reported dropped). Returns True when staged.
 
         ``rows[r]`` is a batch row map exactly as ``record.ROW_KEYS`` lists it (``rid``,
         ``token_start``, ``token_count``, ``last``, ``cached_prefix``, ``extra``, ``fields``:
@@ -312,6 +339,14 @@ class Producer:
             _check_source_range(m["rid"], s, m["token_count"], t_src)
         if isinstance(token_ids, HostRowIds):
             _check_row_ids(token_ids, rows)
+            if defer and self._stage.interval_s > 0 and self.full_policy == "drop":
+                staged = self._stage_rows(rows if isinstance(rows, list) else list(rows),
+                                          list(src_starts), blocks, layers, layer_kinds,
+                                          token_ids, layer_map,
+                                          narrowest if hidden is None else int(hidden), dtype,
+                                          snapshot)
+                if staged:
+                    return True
         return self._capture(rows if isinstance(rows, list) else list(rows),
                              src_starts if isinstance(src_starts, list) else list(src_starts),
                              blocks, layers, layer_kinds, token_ids, layer_map,
@@ -321,15 +356,10 @@ class Producer:
                  blocks: list[torch.Tensor], layers: Sequence[int],
                  layer_kinds: Sequence[str] | None, token_ids: Any, layer_map: Any,
                  hidden: int, dtype: str, snapshot: bool) -> bool:
-        layers = [int(x) for x in layers]
-        kinds = list(layer_kinds) if layer_kinds is not None else ["residual"] * len(layers)
-        if not layers or len(kinds) != len(layers):
-            raise CaptureConfigError(
-                f"expected at least one layer and one kind per layer: {len(layers)} layers, "
-                f"{len(kinds)} kinds")
-        block_cols = [int(b.shape[1]) for b in blocks]
-        if layer_map is not None:
-            layer_map = [[int(b), int(c)] for b, c in layer_map]
+        layers, kinds, block_cols, layer_map = _layout(layers, layer_kinds, blocks, layer_map)
+        if self._stage:
+            with self._lock:     # staged rows first: the ring's order is the calls' order
+                self._write_stage_locked()
         deadline = time.monotonic() + self.wait_timeout_s if self.full_policy == "wait" else 0.0
         counters, timed = self._counters, self.timed
         while True:
@@ -410,17 +440,131 @@ class Producer:
                           len(row_maps), row_maps[0]["rid"])
             self._drop_locked(seq, row_maps, f"copy_error: {type(exc).__name__}", plan.length)
             return False
-        counters = self._counters
-        counters["captured_rows"] += len(row_maps)
-        counters["captured_bytes"] += plan.length
+        self._count_entry(len(row_maps), plan.length, timed, t0, t1, t2)
         self._enqueue(Pending("batch", position, seq, len(row_maps), plan.length,
                               plan.meta_bytes, done, keepalive, row_maps))
+        return True
+
+    def _stage_rows(self, maps: list[dict[str, Any]], starts: list[int],
+                    blocks: list[torch.Tensor], layers: Sequence[int],
+                    layer_kinds: Sequence[str] | None, token_ids: HostRowIds, layer_map: Any,
+                    hidden: int, dtype: str, snapshot: bool) -> bool:
+        """Stage one deferred capture (see :meth:`capture_rows`); False when its sources
+        cannot be staged (the caller captures them at once)."""
+        layers, kinds, block_cols, layer_map = _layout(layers, layer_kinds, blocks, layer_map)
+        timed = self.timed
+        t = time.perf_counter_ns() if timed else 0
+        with self._lock:
+            if self._closed:
+                raise CaptureConfigError("capture on a closed Producer")
+            group = self._copier.stage(maps, starts, blocks, token_ids, snapshot)
+            if group is None:
+                return False
+            key = (group.where, tuple(layers), tuple(kinds), tuple(block_cols), hidden, dtype,
+                   None if layer_map is None else tuple(map(tuple, layer_map)))
+            stage = self._stage
+            if stage and (not stage.accepts(key, group.rids) or stage.due()):
+                self._write_stage_locked()
+            if not stage:
+                self._stage_layout = (layers, kinds, block_cols, layer_map, hidden, dtype)
+            stage.add(key, group)
+            self._counters["staged_rows"] += len(maps)
+            if stage.nbytes >= stage.max_bytes:
+                self._write_stage_locked()
+        if timed:
+            self._counters["time_stage_ns"] += time.perf_counter_ns() - t
+            self._counters["stagings"] += 1
+        if self._inline_due():
+            self._publish_inline()
+        return True
+
+    def _write_stage_locked(self) -> None:
+        """Write every staged group as one entry (under the capture lock), splitting it when
+        it can never fit; nothing staged afterwards."""
+        groups = self._stage.take()
+        if groups:
+            self._counters["stage_writes"] += 1
+            self._write_groups_locked(groups, self._stage_layout)
+
+    def _write_groups_locked(self, groups: list[StagedGroup], layout: tuple) -> None:
+        layers, kinds, block_cols, layer_map, hidden, dtype = layout
+        maps = [m for g in groups for m in g.maps]
+        seq = self._next_seq
+        timed = self.timed
+        t0 = time.perf_counter_ns() if timed else 0
+        try:
+            plan = rec.plan_batch(
+                producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
+                layers=layers, layer_kinds=kinds, convention=self.convention,
+                model=self.model, hidden=hidden, dtype=dtype, rows=maps,
+                block_cols=block_cols, layer_map=layer_map, check=False)
+        except HSCaptureError as exc:
+            # staged rows were accepted: they are reported (a drop entry names only rids and
+            # token ranges, always encodable), never lost
+            self._next_seq = seq + len(maps)
+            self._counters["errors"] += 1
+            log.error("hscapture: %d staged rows (first rid %r) cannot be encoded: %s",
+                      len(maps), maps[0]["rid"], exc)
+            self._drop_locked(seq, maps, f"encode_error: {exc}"[:200], 0)
+            return
+        t1 = time.perf_counter_ns() if timed else 0
+        position = self._reserve(plan.length, plan.tag)
+        if position == -2 and len(maps) > 1:      # too large as one entry: split it
+            if len(groups) == 1:
+                groups = _split_group(groups[0])
+            half = len(groups) // 2
+            self._write_groups_locked(groups[:half], layout)
+            self._write_groups_locked(groups[half:], layout)
+            return
+        self._next_seq = seq + len(maps)
+        if position < 0:
+            self._drop_locked(seq, maps, "ring_full" if position == -1 else
+                              "record_too_large", plan.length)
+            return
+        try:
+            buf = self._ring.payload(position)
+            rec.write_header(buf, plan)
+            t2 = time.perf_counter_ns() if timed else 0
+            done, keepalive = self._copier.copy_groups_into(
+                buf, self._ring.payload_address(position), plan, groups, timed)
+        except Exception as exc:
+            self._ring.abort(position)
+            self._counters["errors"] += 1
+            log.exception("hscapture: copy of %d staged rows (first rid %r) into the ring "
+                          "failed", len(maps), maps[0]["rid"])
+            self._drop_locked(seq, maps, f"copy_error: {type(exc).__name__}", plan.length)
+            return
+        self._count_entry(len(maps), plan.length, timed, t0, t1, t2)
+        self._enqueue(Pending("batch", position, seq, len(maps), plan.length,
+                              plan.meta_bytes, done, keepalive, maps))
+
+    def _count_entry(self, rows: int, length: int, timed: bool, t0: int, t1: int,
+                     t2: int) -> None:
+        counters = self._counters
+        counters["captured_rows"] += rows
+        counters["captured_bytes"] += length
         if timed:   # where a capture's time goes (cumulative ns; divide by captures)
             counters["captures"] += 1
             counters["time_plan_ns"] += t1 - t0
             counters["time_reserve_ns"] += t2 - t1
             counters["time_copy_ns"] += time.perf_counter_ns() - t2
-        return True
+
+    def _write_due_stage(self) -> None:
+        """Write the stage if it is due (any thread; takes the capture lock only then)."""
+        if self._stage and self._stage.due():
+            with self._lock:
+                if not self._closed and self._stage.due():
+                    self._write_stage_locked()
+
+    @property
+    def stage_interval_s(self) -> float:
+        """How long deferred captures may wait to become one entry (0: they do not wait;
+        settable at any time, the stage's rows then go out by the new interval)."""
+        return self._stage.interval_s
+
+    @stage_interval_s.setter
+    def stage_interval_s(self, value: float) -> None:
+        self._stage.interval_s = max(0.0, float(value))
 
     def publish_completed(self) -> None:
         """Commit and announce, in order and without blocking, every queued entry whose copy
@@ -429,6 +573,8 @@ class Producer:
         after the publisher thread's ``commit_grace_s`` (with a ``publish_interval_s``: at
         the first step once the interval passed). A no-op (one check) when nothing is queued,
         ``inline_publish`` is off or the interval has not passed."""
+        if self._stage:
+            self._write_due_stage()
         if self._pubq.pending and self._inline_due():
             self._publish_inline()
 
@@ -443,6 +589,7 @@ class Producer:
         with self._lock:
             if self._closed:
                 raise CaptureConfigError("abort on a closed Producer")
+            self._write_stage_locked()   # staged rows first: they were captured before
             meta = rec.abort_meta(self.producer_id, self.epoch, self._next_seq, self.dp_rank,
                                   rid, str(reason), bool(restart), _plain(extra, "extra"))
             try:
@@ -491,7 +638,12 @@ class Producer:
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every entry so far has been committed and announced (cutting the
-        publisher thread's commit grace short). Raises TimeoutError after ``timeout_s``."""
+        publisher thread's commit grace short); staged rows are written first. Raises
+        TimeoutError after ``timeout_s``."""
+        if self._stage:
+            with self._lock:
+                if not self._closed:
+                    self._write_stage_locked()
         self._pubq.wait_published(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -515,6 +667,10 @@ class Producer:
         try:
             if self._closed:
                 return
+            try:
+                self._write_stage_locked()   # staged rows are captured rows: written first
+            except Exception:
+                self._count_publisher_error()
             self._closed = True          # no capture can start after this
         finally:
             self._lock.release()
@@ -685,6 +841,8 @@ class Producer:
             if head is STOP:
                 break
             if head is None:
+                if self._stage:          # captures stopped with rows staged
+                    self._safe(self._write_due_stage)
                 continue
             if head.done is not None and not completed(head.done):
                 try:
@@ -774,6 +932,35 @@ class Producer:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _layout(layers: Sequence[int], layer_kinds: Sequence[str] | None,
+            blocks: list[torch.Tensor], layer_map: Any
+            ) -> tuple[list[int], list[str], list[int], list[list[int]] | None]:
+    """(layers, kinds, block widths, layer map) of a capture, as plain ints and strs."""
+    layers = [int(x) for x in layers]
+    kinds = list(layer_kinds) if layer_kinds is not None else ["residual"] * len(layers)
+    if not layers or len(kinds) != len(layers):
+        raise CaptureConfigError(
+            f"expected at least one layer and one kind per layer: {len(layers)} layers, "
+            f"{len(kinds)} kinds")
+    block_cols = [int(b.shape[1]) for b in blocks]
+    if layer_map is not None:
+        layer_map = [[int(b), int(c)] for b, c in layer_map]
+    return layers, kinds, block_cols, layer_map
+
+
+def _split_group(g: StagedGroup) -> list[StagedGroup]:
+    """One staged group as two, its rows halved (an entry too large for the ring)."""
+    half = len(g.maps) // 2
+    out = []
+    for sl in (slice(0, half), slice(half, None)):
+        maps = g.maps[sl]
+        tokens = sum(m["token_count"] for m in maps)
+        out.append(StagedGroup(g.where, maps, g.starts[sl], g.sources, g.ids[sl], tokens,
+                               g.nbytes * tokens // max(1, g.tokens), g.keepalive,
+                               {m["rid"] for m in maps}))
+    return out
 
 
 def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str, int]:

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hscapture import _ring
-from hscapture._cuda_copy import plan_copies, staging_bytes, take_ids
+from hscapture._cuda_copy import plan_copies, plan_group_copies, staging_bytes, take_ids
 
 
 def _run(copies, *buffers: np.ndarray) -> None:
@@ -142,6 +142,39 @@ def test_without_a_snapshot_the_side_stream_reads_the_spans_straight_from_the_so
     payload = np.zeros(at + 4 * tokens, dtype=np.uint8)
     pre, post = plan_copies(_addr(payload), offsets, at, tokens, spans, metas, None, False, 0)
     assert len(pre) == 0 and len(post) == 6 * len(spans) * len(blocks)
+    _run(post, payload, *srcs)
+    for w, off in zip(wants, offsets):
+        assert np.array_equal(payload[off:off + w.nbytes].reshape(w.shape), w)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(cases(), min_size=1, max_size=4), st.integers(1, 4))
+def test_staged_groups_rows_go_back_to_back_in_group_order_into_one_entry(groups, n_blocks):
+    """``plan_group_copies``: several forwards' sources (each its own rows, spans and row
+    pitches, or a snapshot's dense staging) into one entry, block by block, every group's
+    rows after the previous group's: executed on host memory and compared with the rows
+    concatenated in group order."""
+    rng = np.random.default_rng(len(groups) * 7 + n_blocks)
+    cols = [int(rng.integers(1, 9)) for _ in range(n_blocks)]
+    esz = 2
+    plan, srcs, wants = [], [], [[] for _ in range(n_blocks)]
+    for t_src, spans, _, _, _, _ in groups:
+        metas = []
+        for b in range(n_blocks):
+            pad = int(rng.integers(0, 4))
+            wide = rng.integers(0, 255, size=(t_src, (cols[b] + pad) * esz), dtype=np.uint8)
+            srcs.append(wide)
+            metas.append((_addr(wide), wide.shape[1], cols[b] * esz))
+            wants[b].append(np.concatenate([wide[s:e, :cols[b] * esz] for s, e in spans]))
+        plan.append((spans, metas))
+    wants = [np.concatenate(w) for w in wants]
+    offsets, at = [], 64
+    for w in wants:
+        offsets.append(at)
+        at = -(-(at + w.nbytes) // 64) * 64
+    payload = np.zeros(at, dtype=np.uint8)
+    post = plan_group_copies(_addr(payload), offsets, plan)
+    assert len(post) == 6 * n_blocks * sum(len(sp) for sp, _ in plan)
     _run(post, payload, *srcs)
     for w, off in zip(wants, offsets):
         assert np.array_equal(payload[off:off + w.nbytes].reshape(w.shape), w)

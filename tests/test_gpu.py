@@ -386,13 +386,14 @@ def test_unpinned_copies_are_exact_too(endpoint):
 
 
 def _capture_packed(p: Producer, maps: list, starts: list, aux: torch.Tensor,
-                    last: torch.Tensor, h: int, ids, snapshot: bool) -> bool:
+                    last: torch.Tensor, h: int, ids, snapshot: bool, defer: bool = False
+                    ) -> bool:
     """``capture_rows`` as the SGLang hook calls it: 3 aux layers packed ``[T, 3h]`` (ids 1, 2,
     3) and the final norm ``[T, h]`` (id 15)."""
     return p.capture_rows(maps, starts, [aux, last], layers=[1, 2, 3, 15],
                           layer_kinds=["residual"] * 3 + ["final_norm"],
                           layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]], hidden=h,
-                          token_ids=ids, snapshot=snapshot)
+                          token_ids=ids, snapshot=snapshot, defer=defer)
 
 
 def _assert_packed_samples(sub: Subscriber, want: dict) -> None:
@@ -534,6 +535,87 @@ def test_the_native_path_takes_the_hooks_captures_and_ineligible_ones_fall_back(
         assert torch.equal(bits(s.tensors["layer_4"]), want[0][0]), rid
         assert torch.equal(s.token_ids.to(torch.int64), want[1]), rid
         s.release()
+
+
+def test_deferred_captures_on_cuda_become_one_entry_exact_behind_a_slow_forward_stream(
+        endpoint, copy_path):
+    """``capture_rows(defer=True)``, as the SGLang hook calls it: 12 forwards on a side
+    "forward" stream, scattered rows, host ids overwritten after every call; odd forwards are
+    CUDA-graph-like (snapshot: the sources are overwritten with NaN right after the call),
+    even ones drop their sources and allocate and fill fresh tensors of the same size (the
+    staged entry must keep the memory it reads). The last forward's values land only after
+    a ~0.3 s GPU sleep on that stream, and the stage is written from the default stream: the
+    copies must wait for the forward stream, not for the stream current at the write. The
+    native path writes the 12 forwards as ONE entry; the torch path captures at once. Every
+    sample exact."""
+    from array import array
+
+    from hscapture._copies import HostRowIds
+
+    p = Producer(endpoint, producer_id=f"gpu-{uuid.uuid4().hex[:8]}", capacity=512 << 20,
+                 stage_interval_s=60.0, stage_bytes=256 << 20)
+    sub = Subscriber(endpoint)
+    try:
+        sub.wait_ready(timeout=20)
+        dev = torch.device("cuda")
+        g = torch.Generator(device=dev).manual_seed(17)
+        rng = np.random.default_rng(17)
+        k, h = 3, 256
+        lens = [9, 1, 130, 4, 47, 2, 300, 8]
+        offs = [sum(lens[:i]) for i in range(len(lens))]
+        wanted = [0, 2, 3, 5, 6]
+        T = sum(lens)
+        fwd = torch.cuda.Stream()
+        cycles = int(_cycles_per_second() * 0.3)
+        want, scratch = {}, []
+        for f in range(12):
+            snapshot = bool(f % 2)
+            truth_aux = torch.randn(T, k * h, generator=g, device=dev).to(torch.bfloat16)
+            truth_last = torch.randn(T, h, generator=g, device=dev).to(torch.bfloat16)
+            prompts = {i: array("q", rng.integers(0, 150_000, 400 + lens[i]).tolist())
+                       for i in wanted}
+            prefix = {i: int(rng.integers(0, 400)) for i in wanted}
+            maps = [{"rid": f"defer-{f}-{i}", "token_start": 0, "token_count": lens[i],
+                     "last": True, "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+                    for i in wanted]
+            for m, i in zip(maps, wanted):
+                s0, n = offs[i], lens[i]
+                want[m["rid"]] = ([bits(truth_aux[s0:s0 + n, j * h:(j + 1) * h])
+                                   for j in range(k)] + [bits(truth_last[s0:s0 + n])],
+                                  torch.tensor(prompts[i][prefix[i]:prefix[i] + n]))
+            fwd.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(fwd):
+                aux = torch.empty_like(truth_aux)
+                last = torch.empty_like(truth_last)
+                if f == 11:
+                    torch.cuda._sleep(cycles)        # the last forward is still running
+                aux.copy_(truth_aux)
+                last.copy_(truth_last)
+                ids = HostRowIds([(prompts[i], prefix[i], lens[i]) for i in wanted])
+                assert _capture_packed(p, maps, [offs[i] for i in wanted], aux, last, h, ids,
+                                       snapshot, defer=True)
+                for a in prompts.values():
+                    a[:] = array("q", [-1]) * len(a)
+                if snapshot:
+                    aux.fill_(float("nan"))
+                    last.fill_(float("nan"))
+                else:
+                    del aux, last          # the engine lets go; its allocator hands out anew
+                    scratch.append(torch.full((T, (k + 1) * h), float("nan"), device=dev,
+                                              dtype=torch.bfloat16))
+        staged = p.stats().get("staged_rows", 0)
+        p.flush(timeout_s=30)        # from the default stream, which is idle
+        st = p.stats()
+        if copy_path == "native":
+            assert staged == 12 * len(wanted) and st["stage_writes"] == 1, st
+            assert st.get("native_copies") == 1, st
+        else:
+            assert staged == 0 and st.get("torch_copies") == 12, st
+        _assert_packed_samples(sub, want)
+        assert p.stats().get("dropped", 0) == 0
+    finally:
+        sub.close()
+        p.close()
 
 
 def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(endpoint):

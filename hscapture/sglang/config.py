@@ -35,6 +35,10 @@ every rank. Nothing here imports SGLang.
 completed captures at most once per this many milliseconds (``0``: after every forward, at
 ~25 us more of its CPU per forward; why: ``hook.PUBLISH_INTERVAL_S``).
 
+``HSCAPTURE_STAGE_INTERVAL_MS`` (0 to 10000, default 50): the captures of up to this many
+milliseconds of forwards are written as one ring entry (``0``: one entry per forward; why:
+``hook.STAGE_INTERVAL_S``). Samples are announced up to this much later.
+
 Per request (``sampling_params.custom_params``; they travel with the sample):
 
 - ``hscapture_loss_mask``: one 0/1 per prompt token, stored as the sample's ``loss_mask``
@@ -64,6 +68,8 @@ DEFAULT_PARAM = "hscapture"
 DEFAULT_CONVENTION = "sglang-eagle3-aux"
 #: the default of ``HSCAPTURE_PUBLISH_INTERVAL_MS`` (why 20 ms: ``hook.PUBLISH_INTERVAL_S``)
 DEFAULT_PUBLISH_INTERVAL_MS = 20.0
+#: the default of ``HSCAPTURE_STAGE_INTERVAL_MS`` (why: ``hook.STAGE_INTERVAL_S``)
+DEFAULT_STAGE_INTERVAL_MS = 50.0
 
 #: ``sampling_params.custom_params[META_PARAM]``: a request's per-sample metadata
 META_PARAM = f"{DEFAULT_PARAM}_meta"
@@ -243,6 +249,8 @@ class CaptureConfig:
     wait_timeout_s: float = 0.0
     #: the producer's ``publish_interval_s`` (``HSCAPTURE_PUBLISH_INTERVAL_MS`` / 1000)
     publish_interval_s: float = DEFAULT_PUBLISH_INTERVAL_MS / 1e3
+    #: the producer's ``stage_interval_s`` (``HSCAPTURE_STAGE_INTERVAL_MS`` / 1000)
+    stage_interval_s: float = DEFAULT_STAGE_INTERVAL_MS / 1e3
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
@@ -328,14 +336,8 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         wait_s = float(env.get("HSCAPTURE_WAIT_TIMEOUT_S", "0") or 0)
     except ValueError as exc:
         raise CaptureConfigError("HSCAPTURE_WAIT_TIMEOUT_S: expected seconds") from exc
-    interval = env.get("HSCAPTURE_PUBLISH_INTERVAL_MS", "").strip()
-    try:
-        interval_ms = float(interval) if interval else DEFAULT_PUBLISH_INTERVAL_MS
-    except ValueError:
-        interval_ms = math.nan
-    if not 0.0 <= interval_ms <= 10_000.0:   # (nan fails too)
-        raise CaptureConfigError(f"HSCAPTURE_PUBLISH_INTERVAL_MS: expected milliseconds from 0 "
-                                 f"to 10000, found {interval!r}")
+    interval_ms = _millis(env, "HSCAPTURE_PUBLISH_INTERVAL_MS", DEFAULT_PUBLISH_INTERVAL_MS)
+    stage_ms = _millis(env, "HSCAPTURE_STAGE_INTERVAL_MS", DEFAULT_STAGE_INTERVAL_MS)
     producer_id = env.get("HSCAPTURE_PRODUCER_ID", "sglang").strip() or "sglang"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", producer_id):
         raise CaptureConfigError(
@@ -352,10 +354,24 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         full_policy=policy,
         wait_timeout_s=wait_s,
         publish_interval_s=interval_ms / 1e3,
+        stage_interval_s=stage_ms / 1e3,
         model=env.get("HSCAPTURE_MODEL") or None,
         convention=env.get("HSCAPTURE_CONVENTION", DEFAULT_CONVENTION) or DEFAULT_CONVENTION,
         env=env,
     )
+
+
+def _millis(env: Mapping[str, str], name: str, default: float) -> float:
+    """Milliseconds from 0 to 10000 in ``env[name]`` (``default`` when unset or empty)."""
+    text = env.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 10_000.0:   # (nan fails too)
+        raise CaptureConfigError(f"{name}: expected milliseconds from 0 to 10000, found "
+                                 f"{text!r}")
+    return value
 
 
 def endpoint_for_dp_rank(endpoint: str | None, dp_rank: int) -> str | None:

@@ -77,7 +77,12 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
 from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
-from .config import DEFAULT_PUBLISH_INTERVAL_MS, CaptureConfig, endpoint_for_dp_rank
+from .config import (
+    DEFAULT_PUBLISH_INTERVAL_MS,
+    DEFAULT_STAGE_INTERVAL_MS,
+    CaptureConfig,
+    endpoint_for_dp_rank,
+)
 
 log = logging.getLogger("hscapture.sglang")
 
@@ -110,6 +115,14 @@ COMMIT_GRACE_S = 0.05
 #: At the 1B long mix's ~3 GB/s of capture 20 ms is ~60 MB of ring; the producer publishes
 #: early, whatever the interval, once queued entries hold 1/8 of its ring.
 PUBLISH_INTERVAL_S = DEFAULT_PUBLISH_INTERVAL_MS / 1e3   # HSCAPTURE_PUBLISH_INTERVAL_MS sets it
+#: the producer's ``stage_interval_s``: the hook's captures are deferred
+#: (``Producer.capture_rows(defer=True)``) and those of up to this long become one ring entry,
+#: so the fixed part of an entry's cost on the scheduler's thread (plan and encode, reserve,
+#: header, the copies' description and submission, queueing: ~190 us of a 1B forward's ~280 us
+#: hook, benchmarks/results/h200-2026-12-02c) is paid once per interval instead of once per
+#: forward. Meanwhile the forward's outputs stay referenced (or, for CUDA-graph outputs, their
+#: rows are copied on the GPU at once), bounded by 1/16 of the ring.
+STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_MS sets it
 
 
 @dataclass(frozen=True)
@@ -200,6 +213,7 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
         dp_rank=ranks.dp_rank,
         commit_grace_s=COMMIT_GRACE_S,
         publish_interval_s=config.publish_interval_s,
+        stage_interval_s=config.stage_interval_s,
     )
 
 
@@ -265,7 +279,8 @@ class SGLangCaptureHook:
         # ``devids`` (token ids taken from the batch's device input_ids by one torch kernel,
         # the default before the host ids; benchmarks/results/h200-2026-12-02) or
         # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S),
-        # ``interval=S`` (its publish interval is S seconds instead of the configured one);
+        # ``interval=S`` (its publish interval is S seconds instead of the configured one),
+        # ``nostage`` (one ring entry per forward: no deferred captures);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
@@ -575,7 +590,8 @@ class SGLangCaptureHook:
             t = timing.mark("ids")
             ok = self.producer.capture_rows(maps, starts, blocks, layers=cap_layers,
                                             layer_kinds=kinds, token_ids=ids,
-                                            layer_map=layer_map, hidden=h, snapshot=snapshot)
+                                            layer_map=layer_map, hidden=h, snapshot=snapshot,
+                                            defer=self._mode != "nostage")
             timing.add_producer(timing.mark("capture") - t, self._mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
         inflight, done, completed = self._inflight, self._done, 0
