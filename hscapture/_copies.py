@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import _cuda_copy
-from ._staging import StagedGroup
+from ._staging import StagedGroup, StagedRow, entry_spans
 
 log = logging.getLogger("hscapture")
 
@@ -187,66 +187,62 @@ class EntryCopier:
     # -- staged captures (hscapture._staging): the rows kept now, copied when written --------
 
     def stage(self, maps: list[dict[str, Any]], starts: list[int], blocks: list[torch.Tensor],
-              token_ids: HostRowIds, snapshot: bool) -> StagedGroup | None:
-        """The rows of one capture kept for a later entry (:mod:`hscapture._staging`), or None
-        when this path cannot stage them (device token ids, or CUDA sources the native path
-        does not take: the caller captures them at once).
+              token_ids: HostRowIds, snapshot: bool
+              ) -> tuple[StagedGroup, list[int], list[tuple[Any, int, int]]] | None:
+        """The sources of one capture kept for a later entry (:mod:`hscapture._staging`) as
+        ``(group, starts, ids)``: the rows' first source rows in the group's sources and
+        their token ids (copied out of the engine's buffers now); or None when this path
+        cannot stage them (device token ids, or CUDA sources the native path does not take:
+        the caller captures them at once).
 
-        The token ids are copied out of the engine's buffers now. With ``snapshot`` the rows
-        are copied now too: on the host by the CPU, on a GPU device-to-device on the caller's
-        stream (one native call, in stream order before anything the caller enqueues next);
-        without it the sources are referenced until the entry's copy completed (the engine's
-        allocator cannot hand their memory out again while they are)."""
+        With ``snapshot`` the rows are copied now: on the host by the CPU, on a GPU
+        device-to-device on the caller's stream (one native call, in stream order before
+        anything the caller enqueues next); without it the sources are referenced until the
+        entry's copy completed (the engine's allocator cannot hand their memory out again
+        while they are)."""
         if not isinstance(token_ids, HostRowIds):
             return None
         first = blocks[0]
+        if first.is_cuda and (self.native is None or not _cuda_copy.eligible(blocks, None)):
+            return None
         spans = _spans(starts, maps)
         tokens = sum(e - s for s, e in spans)
         # what the stage holds: the rows' copies (snapshot), else the whole sources
         nbytes = (tokens if snapshot else int(first.shape[0])) * \
             sum(int(b.shape[1]) for b in blocks) * first.element_size()
         ids = [(_copy_ids(buf, s, n), 0, n) for buf, s, n in token_ids.parts]
-        rids = {m["rid"] for m in maps}
-        if not first.is_cuda:
-            if snapshot:
-                sources: list[Any] = [_gather(b, spans, copy=True) for b in blocks]
-                starts = _dense_starts(maps)
-            else:
-                sources = list(blocks)
-            return StagedGroup(("host",), maps, starts, sources, ids, tokens, nbytes,
-                               sources, rids)
-        if self.native is None or not _cuda_copy.eligible(blocks, None):
-            return None
-        where, sources, keepalive = self.native.stage(blocks, spans, tokens, snapshot)
         if snapshot:
             starts = _dense_starts(maps)
-        return StagedGroup(where, maps, starts, sources, ids, tokens, nbytes, keepalive, rids)
+        if not first.is_cuda:
+            sources: list[Any] = [_gather(b, spans, copy=True) for b in blocks] if snapshot \
+                else list(blocks)
+            return StagedGroup(("host",), sources, nbytes, sources), starts, ids
+        where, sources, keepalive = self.native.stage(blocks, spans, tokens, snapshot)
+        return StagedGroup(where, sources, nbytes, keepalive), starts, ids
 
-    def copy_groups_into(self, buf: memoryview, payload_address: int, plan: Any,
-                         groups: list[StagedGroup], timed: bool = False) -> tuple[Any, Any]:
-        """Start copying staged groups (one layout, one ``where``) into one entry, their rows
-        in group order; return (done event or None, keepalive), as :meth:`copy_into`."""
-        parts = [p for g in groups for p in g.ids]
+    def copy_staged_into(self, buf: memoryview, payload_address: int, plan: Any,
+                         groups: list[StagedGroup], rows: list[StagedRow],
+                         timed: bool = False) -> tuple[Any, Any]:
+        """Start copying staged rows (one layout, one ``where``) into one entry, in row
+        order; return (done event or None, keepalive), as :meth:`copy_into`."""
         t = time.perf_counter_ns() if timed else 0
-        self._write_ids(buf, plan.ids_offset, parts)
+        self._write_ids(buf, plan.ids_offset, [p for r in rows for p in r.ids])
         if timed:
             self._counters["time_ids_ns"] += time.perf_counter_ns() - t
         self._counters["host_id_captures"] += 1
-        keep = [g.keepalive for g in groups]
+        spans = entry_spans(rows)
         if groups[0].where[0] == "host":
             views = _block_views(buf, plan, groups[0].sources)
-            at = 0
-            for g in groups:
-                spans = _spans(g.starts, g.maps)
-                for dst, src in zip(views, g.sources):
-                    _gather_into(dst[at:at + g.tokens], src, spans)
-                at += g.tokens
+            for b, dst in enumerate(views):
+                at = 0
+                for g, s, e in spans:
+                    dst[at:at + e - s].copy_(groups[g].sources[b][s:e])
+                    at += e - s
             return None, None
         self._counters["native_copies"] += 1
-        return self.native.submit_groups(
-            payload_address, plan.block_offsets,
-            [(_spans(g.starts, g.maps), g.sources) for g in groups], groups[0].where, keep,
-            self._counters if timed else None)
+        return self.native.submit_staged(
+            payload_address, plan.block_offsets, spans, [g.sources for g in groups],
+            groups[0].where, [g.keepalive for g in groups], self._counters if timed else None)
 
 
 def _copy_ids(buf: Any, start: int, count: int) -> Any:

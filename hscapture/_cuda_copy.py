@@ -47,7 +47,7 @@ from .errors import CaptureConfigError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["NativeCopier", "native_available", "plan_copies", "plan_group_copies",
+__all__ = ["NativeCopier", "native_available", "plan_copies", "plan_staged_copies",
            "span_index", "staging_bytes", "take_ids"]
 
 #: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
@@ -183,23 +183,24 @@ class NativeCopier:
             at += _up(tokens * width)
         return ("cuda", idx, caller), dense, stage
 
-    def submit_groups(self, payload: int, block_offsets: list[int],
-                      groups: list[tuple[list[tuple[int, int]], list[tuple[int, int, int]]]],
+    def submit_staged(self, payload: int, block_offsets: list[int],
+                      spans: list[tuple[int, int, int]], sources: list[list[tuple[int, int, int]]],
                       where: tuple[Any, ...], keepalive: Any, timing: Any = None
                       ) -> tuple[Any, Any]:
-        """Issue the device-to-host copies of staged groups ``(spans, sources)`` into one
-        entry whose payload starts at ``payload`` (their rows back to back, in group order;
-        the token ids were written by the CPU); return (done event, keepalive). The side
-        stream waits for an event recorded NOW on the stream the sources were produced on
-        (``where``'s): it follows every staged forward and snapshot. Any thread may call
-        it (the flush of an idle stage runs on the publisher thread)."""
+        """Issue the device-to-host copies of a staged entry whose payload starts at
+        ``payload``: its token rows in order as ``(group, first row, end)`` spans of the
+        groups' ``sources`` (:func:`plan_staged_copies`; the token ids were written by the
+        CPU); return (done event, keepalive). The side stream waits for an event recorded NOW
+        on the stream the sources were produced on (``where``'s): it follows every staged
+        forward and snapshot. Any thread may call it (the write of an idle stage runs on the
+        publisher thread)."""
         _, idx, caller = where
         _, side_h, ready, context, pool = self._devices[idx]
         try:
             done = pool.pop()
         except IndexError:
-            done = self._ring.CudaEvent(groups[0][1][0][0])
-        post = plan_group_copies(payload, block_offsets, groups)
+            done = self._ring.CudaEvent(sources[0][0][0])
+        post = plan_staged_copies(payload, block_offsets, spans, sources)
         t = time.perf_counter_ns() if timing is not None else 0
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context, None,
                                      post)
@@ -292,21 +293,20 @@ def plan_copies(payload: int, block_offsets: list[int], ids_offset: int, tokens:
     return pre, post
 
 
-def plan_group_copies(payload: int, block_offsets: list[int],
-                      groups: list[tuple[list[tuple[int, int]], list[tuple[int, int, int]]]]
-                      ) -> array:
-    """The device-to-host copies of staged groups into one entry (``post`` of
-    :func:`plan_copies`' format): group ``g = (spans, sources)`` has per block ``(address,
-    row pitch, row width)``; block ``b``'s rows of every group go, in group order and span
-    order, back to back to ``payload + block_offsets[b]``."""
+def plan_staged_copies(payload: int, block_offsets: list[int],
+                       spans: list[tuple[int, int, int]],
+                       sources: list[list[tuple[int, int, int]]]) -> array:
+    """The device-to-host copies of a staged entry (``post`` of :func:`plan_copies`' format):
+    ``sources[g][b] = (address, row pitch, row width)`` of group ``g``'s block ``b``; the
+    entry's token rows are the ``(g, s, e)`` ``spans`` in order (rows ``[s, e)`` of group
+    ``g``), which go back to back, block by block, to ``payload + block_offsets[b]``."""
     post = array("Q")
     for b, off in enumerate(block_offsets):
         dst = payload + off
-        for spans, srcs in groups:
-            base, pitch, width = srcs[b]
-            for s, e in spans:
-                post.extend((dst, width, base + s * pitch, pitch, width, e - s))
-                dst += (e - s) * width
+        for g, s, e in spans:
+            base, pitch, width = sources[g][b]
+            post.extend((dst, width, base + s * pitch, pitch, width, e - s))
+            dst += (e - s) * width
     return post
 
 

@@ -28,7 +28,7 @@ from . import record as rec
 from ._control import ControlLog
 from ._copies import EntryCopier, HostRowIds, recycle_event
 from ._publish_queue import STOP, Pending, PublishQueue, completed
-from ._staging import Stage, StagedGroup
+from ._staging import Stage, StagedGroup, StagedRow
 from ._producer_resources import ProducerResources, first_attach
 from .endpoint import check_endpoint, default_endpoint
 from .errors import (
@@ -111,7 +111,7 @@ class Producer:
       publish after every capture.
     - ``stage_interval_s`` > 0 lets an engine adapter defer its captures
       (``capture_rows(defer=True)``): those of up to that long (or ``stage_bytes``, default
-      1/16 of the ring, of memory held) become ONE entry, so the fixed cost of an entry on
+      1/16 of the ring and at most 1/4, of memory held) become ONE entry, so the fixed cost of an entry on
       the capturing thread is paid once per interval (:mod:`hscapture._staging`). Staged
       rows are written before anything that takes a sequence number after them (another
       capture, an abort, ``flush``, ``close``), and by the publisher thread once captures
@@ -195,8 +195,11 @@ class Producer:
         #: deferred captures (``capture_rows(defer=True)``) waiting to become one entry,
         #: and the layout they share (set with the first group)
         self._stage_layout: tuple = ()
-        self._stage = Stage(stage_interval_s, stage_bytes if stage_bytes is not None
-                            else max(1, self._ring.capacity // 16))
+        # (at most a quarter of the ring: a staged entry, merged rows included, always fits
+        # an empty ring; only one forward's own rows can be larger, as without a stage)
+        self._stage = Stage(stage_interval_s, min(
+            self._ring.capacity // 4,
+            self._ring.capacity // 16 if stage_bytes is None else int(stage_bytes)))
         self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
                     "capacity": self._ring.capacity, "time_ns": time.time_ns()})
         self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
@@ -457,17 +460,19 @@ class Producer:
         with self._lock:
             if self._closed:
                 raise CaptureConfigError("capture on a closed Producer")
-            group = self._copier.stage(maps, starts, blocks, token_ids, snapshot)
-            if group is None:
+            got = self._copier.stage(maps, starts, blocks, token_ids, snapshot)
+            if got is None:
                 return False
+            group, starts, ids = got
             key = (group.where, tuple(layers), tuple(kinds), tuple(block_cols), hidden, dtype,
                    None if layer_map is None else tuple(map(tuple, layer_map)))
             stage = self._stage
-            if stage and (not stage.accepts(key, group.rids) or stage.due()):
+            if stage and (not stage.accepts(key, maps) or stage.due() or
+                          stage.nbytes + group.nbytes > stage.max_bytes):
                 self._write_stage_locked()
             if not stage:
                 self._stage_layout = (layers, kinds, block_cols, layer_map, hidden, dtype)
-            stage.add(key, group)
+            stage.add(key, group, maps, starts, ids)
             self._counters["staged_rows"] += len(maps)
             if stage.nbytes >= stage.max_bytes:
                 self._write_stage_locked()
@@ -481,14 +486,15 @@ class Producer:
     def _write_stage_locked(self) -> None:
         """Write every staged group as one entry (under the capture lock), splitting it when
         it can never fit; nothing staged afterwards."""
-        groups = self._stage.take()
-        if groups:
+        groups, rows = self._stage.take()
+        if rows:
             self._counters["stage_writes"] += 1
-            self._write_groups_locked(groups, self._stage_layout)
+            self._write_rows_locked(groups, rows, self._stage_layout)
 
-    def _write_groups_locked(self, groups: list[StagedGroup], layout: tuple) -> None:
+    def _write_rows_locked(self, groups: list[StagedGroup], rows: list[StagedRow],
+                           layout: tuple) -> None:
         layers, kinds, block_cols, layer_map, hidden, dtype = layout
-        maps = [m for g in groups for m in g.maps]
+        maps = [r.map for r in rows]
         seq = self._next_seq
         timed = self.timed
         t0 = time.perf_counter_ns() if timed else 0
@@ -509,12 +515,10 @@ class Producer:
             return
         t1 = time.perf_counter_ns() if timed else 0
         position = self._reserve(plan.length, plan.tag)
-        if position == -2 and len(maps) > 1:      # too large as one entry: split it
-            if len(groups) == 1:
-                groups = _split_group(groups[0])
-            half = len(groups) // 2
-            self._write_groups_locked(groups[:half], layout)
-            self._write_groups_locked(groups[half:], layout)
+        if position == -2 and len(rows) > 1:      # too large as one entry: halves
+            half = len(rows) // 2
+            self._write_rows_locked(groups, rows[:half], layout)
+            self._write_rows_locked(groups, rows[half:], layout)
             return
         self._next_seq = seq + len(maps)
         if position < 0:
@@ -525,8 +529,8 @@ class Producer:
             buf = self._ring.payload(position)
             rec.write_header(buf, plan)
             t2 = time.perf_counter_ns() if timed else 0
-            done, keepalive = self._copier.copy_groups_into(
-                buf, self._ring.payload_address(position), plan, groups, timed)
+            done, keepalive = self._copier.copy_staged_into(
+                buf, self._ring.payload_address(position), plan, groups, rows, timed)
         except Exception as exc:
             self._ring.abort(position)
             self._counters["errors"] += 1
@@ -948,19 +952,6 @@ def _layout(layers: Sequence[int], layer_kinds: Sequence[str] | None,
     if layer_map is not None:
         layer_map = [[int(b), int(c)] for b, c in layer_map]
     return layers, kinds, block_cols, layer_map
-
-
-def _split_group(g: StagedGroup) -> list[StagedGroup]:
-    """One staged group as two, its rows halved (an entry too large for the ring)."""
-    half = len(g.maps) // 2
-    out = []
-    for sl in (slice(0, half), slice(half, None)):
-        maps = g.maps[sl]
-        tokens = sum(m["token_count"] for m in maps)
-        out.append(StagedGroup(g.where, maps, g.starts[sl], g.sources, g.ids[sl], tokens,
-                               g.nbytes * tokens // max(1, g.tokens), g.keepalive,
-                               {m["rid"] for m in maps}))
-    return out
 
 
 def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str, int]:

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hscapture import _ring
-from hscapture._cuda_copy import plan_copies, plan_group_copies, staging_bytes, take_ids
+from hscapture._cuda_copy import plan_copies, plan_staged_copies, staging_bytes, take_ids
 
 
 def _run(copies, *buffers: np.ndarray) -> None:
@@ -148,34 +148,38 @@ def test_without_a_snapshot_the_side_stream_reads_the_spans_straight_from_the_so
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(cases(), min_size=1, max_size=4), st.integers(1, 4))
-def test_staged_groups_rows_go_back_to_back_in_group_order_into_one_entry(groups, n_blocks):
-    """``plan_group_copies``: several forwards' sources (each its own rows, spans and row
-    pitches, or a snapshot's dense staging) into one entry, block by block, every group's
-    rows after the previous group's: executed on host memory and compared with the rows
-    concatenated in group order."""
+@given(st.lists(cases(), min_size=1, max_size=4), st.integers(1, 4), st.randoms())
+def test_a_staged_entrys_spans_go_back_to_back_in_order_from_each_groups_sources(
+        groups, n_blocks, rnd):
+    """``plan_staged_copies``: several forwards' sources (each its own row pitches) and the
+    entry's token rows as ``(group, start, end)`` spans in any order across the groups (a
+    merged row's pieces come from several): executed on host memory and compared with the
+    spans' rows concatenated in order, block by block."""
     rng = np.random.default_rng(len(groups) * 7 + n_blocks)
     cols = [int(rng.integers(1, 9)) for _ in range(n_blocks)]
     esz = 2
-    plan, srcs, wants = [], [], [[] for _ in range(n_blocks)]
-    for t_src, spans, _, _, _, _ in groups:
-        metas = []
+    sources, arrays, spans = [], [], []
+    for g, (t_src, g_spans, _, _, _, _) in enumerate(groups):
+        metas, mine = [], []
         for b in range(n_blocks):
             pad = int(rng.integers(0, 4))
             wide = rng.integers(0, 255, size=(t_src, (cols[b] + pad) * esz), dtype=np.uint8)
-            srcs.append(wide)
+            mine.append(wide)
             metas.append((_addr(wide), wide.shape[1], cols[b] * esz))
-            wants[b].append(np.concatenate([wide[s:e, :cols[b] * esz] for s, e in spans]))
-        plan.append((spans, metas))
-    wants = [np.concatenate(w) for w in wants]
+        sources.append(metas)
+        arrays.append(mine)
+        spans += [(g, s, e) for s, e in g_spans]
+    rnd.shuffle(spans)
+    wants = [np.concatenate([arrays[g][b][s:e, :cols[b] * esz] for g, s, e in spans])
+             for b in range(n_blocks)]
     offsets, at = [], 64
     for w in wants:
         offsets.append(at)
         at = -(-(at + w.nbytes) // 64) * 64
     payload = np.zeros(at, dtype=np.uint8)
-    post = plan_group_copies(_addr(payload), offsets, plan)
-    assert len(post) == 6 * n_blocks * sum(len(sp) for sp, _ in plan)
-    _run(post, payload, *srcs)
+    post = plan_staged_copies(_addr(payload), offsets, spans, sources)
+    assert len(post) == 6 * n_blocks * len(spans)
+    _run(post, payload, *[a for mine in arrays for a in mine])
     for w, off in zip(wants, offsets):
         assert np.array_equal(payload[off:off + w.nbytes].reshape(w.shape), w)
 

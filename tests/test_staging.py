@@ -17,7 +17,7 @@ import torch
 
 from hscapture import Producer, Subscriber
 from hscapture._copies import HostRowIds
-from hscapture._staging import Stage, StagedGroup
+from hscapture._staging import Stage, StagedGroup, entry_spans
 from hscapture.errors import IncompleteSampleError, SampleDroppedError
 
 H = 8
@@ -92,20 +92,61 @@ def test_deferred_captures_of_several_forwards_become_one_entry_with_exact_bytes
         s.release()
 
 
-def test_a_staged_rid_seen_again_writes_the_stage_first_so_its_chunks_stay_in_order(pair):
+def test_a_chunk_continuing_a_staged_row_is_merged_into_it_and_arrives_as_one_row(pair):
+    """A prompt split across two forwards (the usual case with long chunks and short
+    prompts): its second chunk continues the staged row, so the entry holds ONE row of 16
+    tokens taken piece by piece from both forwards' sources, with its loss mask joined."""
     p, sub = pair()
     f1, f2 = Forward(1, 16), Forward(2, 16)
-    assert f1.capture(p, [_row("long", 0, 10, last=False), _row("x", 0, 4)], [0, 10],
-                      defer=True)
-    assert f2.capture(p, [_row("long", 10, 6)], [3], defer=True)
-    assert p.stats()["stage_writes"] == 1      # the second chunk could not join the first
+    head = _row("long", 0, 10, last=False)
+    head["fields"] = {"loss_mask": bytes([0] * 4 + [1] * 6)}
+    tail = _row("long", 10, 6)
+    tail["fields"] = {"loss_mask": bytes([1] * 5 + [0])}
+    assert f1.capture(p, [_row("x", 0, 4), head], [10, 0], defer=True)
+    assert f2.capture(p, [tail], [3], defer=True)
     p.flush(timeout_s=10)
+    st = p.stats()
+    assert st["stage_writes"] == 1 and st["next_seq"] == 2 and st["staged_rows"] == 3
     s = sub.get("long", timeout=10)
-    assert s.num_tokens == 16 and s.meta["chunks"] == 2
+    assert s.num_tokens == 16 and s.meta["chunks"] == 1
     assert torch.equal(s.tensors["layer_3"][:10], f1.aux[0:10, :H])
-    assert torch.equal(s.tensors["layer_3"][10:], f2.aux[3:9, :H])
+    assert torch.equal(s.tensors["layer_5"][10:], f2.aux[3:9, H:])
     assert s.token_ids.tolist() == list(f1.ids[0:10]) + list(f2.ids[3:9])
+    assert bytes(s.fields["loss_mask"].tolist()) == head["fields"]["loss_mask"] + \
+        tail["fields"]["loss_mask"]
     f1.expect(sub.get("x", timeout=10), 10, 4)
+
+
+def test_a_staged_rid_that_does_not_continue_writes_the_stage_first(pair):
+    """The same rid again, but not where its staged row ends (a new request reusing the rid
+    after a complete one): never two rows of one rid in one entry, so the stage is written
+    first and each arrives on its own."""
+    p, sub = pair()
+    f1, f2 = Forward(1, 16), Forward(2, 16)
+    assert f1.capture(p, [_row("again", 0, 8)], [0], defer=True)
+    assert f2.capture(p, [_row("again", 0, 5)], [2], defer=True)
+    assert p.stats()["stage_writes"] == 1
+    f1.expect(sub.get("again", timeout=10), 0, 8)
+    p.flush(timeout_s=10)
+    f2.expect(sub.get("again", timeout=10), 2, 5)
+
+
+def test_a_stage_is_written_before_it_outgrows_its_bound_so_merged_rows_always_fit(pair):
+    """A stage bound asked larger than the ring is held to a quarter of it; a capture that
+    would take the stage past the bound writes the stage first. Three 94 KiB chunks of one
+    sample on a 1 MiB ring: the first two merge into one row, the third goes into the next
+    entry; the sample arrives whole, from two rows."""
+    p, sub = pair(capacity=1 << 20, stage_bytes=64 << 20)
+    fs = [Forward(k, 1500) for k in range(1, 4)]            # 1500 x 64 B = 94 KiB each
+    for k, f in enumerate(fs):
+        assert f.capture(p, [_row("big", 1500 * k, 1500, last=k == 2)], [0], defer=True)
+    assert p.stats()["stage_writes"] == 1
+    p.flush(timeout_s=10)
+    s = sub.get("big", timeout=30)
+    assert s.num_tokens == 4500 and s.meta["chunks"] == 2
+    for k, f in enumerate(fs):
+        assert torch.equal(s.tensors["layer_3"][1500 * k:1500 * (k + 1)], f.aux[:, :H])
+    assert p.stats()["next_seq"] == 2 and p.stats().get("dropped", 0) == 0
 
 
 def test_an_abort_after_staged_rows_comes_after_them_in_the_ring(pair):
@@ -164,54 +205,53 @@ def test_close_writes_the_staged_rows_and_announces_them(pair):
 
 
 def test_a_full_ring_drops_the_whole_staged_entry_and_names_every_rid(pair):
-    p, sub = pair(capacity=1 << 20, stage_bytes=64 << 20, sub_kw={"zero_copy": True})
-    big = Forward(1, 6000)                        # 6000 x 16 x 4 B = 375 KiB a row set
-    assert big.capture(p, [_row("hold", 0, 6000)], [0])
+    """Two forwards staged as one 312 KiB entry while a borrowed sample holds all but ~205
+    KiB of the ring: the entry is dropped whole and every rid in it named; the dropped
+    sample's later chunk is discarded, never delivered short."""
+    p, sub = pair(capacity=2 << 20, stage_bytes=512 << 10, sub_kw={"zero_copy": True})
+    big = Forward(1, 24800)                       # 24800 x 64 B = 1.51 MiB
+    assert big.capture(p, [_row("hold", 0, 24800)], [0])
     held = sub.get("hold", timeout=10)            # borrowed, not released: holds the ring
-    f = Forward(2, 6000)
-    assert f.capture(p, [_row("d1", 0, 3000), _row("d2", 0, 2500, last=False)], [0, 3000],
+    f, g = Forward(2, 3000), Forward(3, 2000)
+    assert f.capture(p, [_row("d1", 0, 1500), _row("d2", 0, 1200, last=False)], [0, 1500],
                      defer=True)
-    g = Forward(3, 6000)
-    assert g.capture(p, [_row("d3", 0, 3000)], [0], defer=True)
+    assert g.capture(p, [_row("d3", 0, 2000)], [0], defer=True)
     p.flush(timeout_s=10)
-    assert p.stats()["dropped"] == 3
+    assert p.stats()["dropped"] == 3 and p.stats()["stage_writes"] == 1
     for rid in ("d1", "d2", "d3"):
         with pytest.raises(SampleDroppedError, match="ring_full"):
             sub.get(rid, timeout=10)
     held.release()
-    # the dropped sample's later chunk is discarded, never delivered short
-    assert f.capture(p, [_row("d2", 2500, 500)], [5500], defer=True)
+    assert f.capture(p, [_row("d2", 1200, 300)], [2700], defer=True)
     assert f.capture(p, [_row("ok", 0, 10)], [0])
     f.expect(sub.get("ok", timeout=10), 0, 10)
     with pytest.raises(SampleDroppedError):
         sub.get("d2", timeout=1)
 
 
-def test_a_staged_entry_too_large_for_the_ring_is_split_and_every_row_arrives_or_is_named(
+def test_a_staged_forward_too_large_for_the_ring_is_split_and_every_row_arrives_or_is_named(
         pair):
-    """Three forwards of ~312 KiB rows staged under a stage bound larger than the ring: the
-    entry can never fit, so it is split (by group, then by row) and written piece by piece;
-    the pieces that find room arrive exact, the others are dropped and named by rid."""
-    p, sub = pair(capacity=1 << 20, stage_bytes=64 << 20)
-    forwards = [Forward(k, 5000) for k in range(1, 4)]
-    for k, f in enumerate(forwards):
-        assert f.capture(p, [_row(f"r{k}a", 0, 2500), _row(f"r{k}b", 0, 2500)], [0, 2500],
-                         defer=True)
+    """One deferred forward whose three rows (~312 KiB each) can never fit the 1 MiB ring as
+    one entry: it is split by rows and written piece by piece; the pieces that find room
+    arrive exact, the others are dropped and named by rid."""
+    p, sub = pair(capacity=1 << 20)
+    f = Forward(1, 15000)
+    rids = ["r0", "r1", "r2"]
+    assert f.capture(p, [_row(r, 0, 5000) for r in rids], [0, 5000, 10000], defer=True)
     p.flush(timeout_s=10)
     arrived, named = [], []
-    for k, f in enumerate(forwards):
-        for rid, start in ((f"r{k}a", 0), (f"r{k}b", 2500)):
-            try:
-                s = sub.get(rid, timeout=10)
-            except SampleDroppedError as exc:
-                assert "ring_full" in str(exc)
-                named.append(rid)
-                continue
-            f.expect(s, start, 2500)
-            arrived.append(rid)
-    assert arrived[:2] == ["r0a", "r0b"]          # the first piece always fits
-    assert sorted(arrived + named) == sorted(f"r{k}{x}" for k in range(3) for x in "ab")
-    assert p.stats()["dropped"] == len(named) and p.stats()["next_seq"] == 6
+    for k, rid in enumerate(rids):
+        try:
+            s = sub.get(rid, timeout=10)
+        except SampleDroppedError as exc:
+            assert "ring_full" in str(exc)
+            named.append(rid)
+            continue
+        f.expect(s, 5000 * k, 5000)
+        arrived.append(rid)
+    assert arrived[:1] == ["r0"]                  # the first piece always fits
+    assert sorted(arrived + named) == rids
+    assert p.stats().get("dropped", 0) == len(named) and p.stats()["next_seq"] == 3
 
 
 def test_device_token_ids_or_no_interval_capture_at_once(pair):
@@ -237,21 +277,34 @@ def test_an_abort_of_a_sample_whose_chunk_is_staged_reports_it_incomplete(pair):
         sub.get("ab", timeout=10)
 
 
-def _group(rids, nbytes=10):
-    return StagedGroup(("host",), [_row(r, 0, 1) for r in rids], [0] * len(rids), [], [],
-                       len(rids), nbytes, None, set(rids))
+def _add(st, key, g, rows, now):
+    maps = [_row(rid, start, n, last) for rid, start, n, last in rows]
+    st.add(key, StagedGroup(("host",), [], 10), maps, [0] * len(maps),
+           [(None, 0, m["token_count"]) for m in maps], now=now)
+    return maps
 
 
-def test_a_stage_refuses_another_layout_or_a_staged_rid_and_hands_out_groups_in_order():
+def test_a_stage_refuses_another_layout_or_a_rid_that_does_not_continue_and_merges_one_that_does():
     st = Stage(interval_s=1.0, max_bytes=25)
-    assert not st and st.accepts("k", {"a"}) and not st.due()
-    st.add("k", _group(["a", "b"]), now=100.0)
-    assert st.accepts("k", {"c"})
-    assert not st.accepts("k", {"b", "c"}) and not st.accepts("other", {"c"})
-    st.add("k", _group(["c"]), now=100.5)
+    assert not st and st.accepts("k", [_row("a", 0, 1)]) and not st.due()
+    _add(st, "k", 0, [("a", 0, 4, False), ("b", 0, 2, True)], now=100.0)
+    assert st.accepts("k", [_row("c", 0, 1)])
+    assert st.accepts("k", [_row("a", 4, 3)])                 # continues a
+    assert not st.accepts("k", [_row("a", 5, 3)])             # a gap
+    assert not st.accepts("k", [_row("b", 2, 1)])             # b was complete
+    assert not st.accepts("other", [_row("c", 0, 1)])
+    other_extra = _row("a", 4, 3)
+    other_extra["extra"] = {"attempt": 1}
+    assert not st.accepts("k", [other_extra])
+    _add(st, "k", 1, [("a", 4, 3, True), ("c", 0, 1, True)], now=100.5)
     assert not st.due(now=100.9) and st.due(now=101.0)
-    st.add("k", _group(["d"]), now=100.6)
+    _add(st, "k", 2, [("d", 0, 1, True)], now=100.6)
     assert st.due(now=100.7)                                  # 30 bytes >= 25
-    groups = st.take()
-    assert [g.maps[0]["rid"] for g in groups] == ["a", "c", "d"]
-    assert not st and st.rows == 0 and st.accepts("other", {"a"})
+    groups, rows = st.take()
+    assert len(groups) == 3
+    assert [(r.map["rid"], r.map["token_start"], r.map["token_count"], r.map["last"])
+            for r in rows] == [("a", 0, 7, True), ("b", 0, 2, True), ("c", 0, 1, True),
+                               ("d", 0, 1, True)]
+    assert rows[0].pieces == [(0, 0, 4), (1, 0, 3)]
+    assert entry_spans(rows) == [(0, 0, 4), (1, 0, 3), (0, 0, 2), (1, 0, 1), (2, 0, 1)]
+    assert not st and st.accepts("other", [_row("a", 4, 1)])

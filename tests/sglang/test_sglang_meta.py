@@ -26,6 +26,9 @@ def meta_params(meta, **more):
 
 def test_the_meta_of_whole_and_chunked_samples_arrives_with_every_sample(rig):
     hook, sub, srv = rig()
+    # one entry per forward, so the chunks arrive as chunks (staged, they would be merged
+    # into one row: tests/test_staging.py)
+    hook.producer.stage_interval_s = 0.0
     whole = srv.new_req("hscap-whole", 7, custom_params=meta_params({"id": "w", "row": 3}))
     long = srv.new_req("hscap-long", 25, custom_params=meta_params(
         {"id": "l", "split": "eval", "weight": 0.25, "hard": True, "note": None}))
