@@ -27,6 +27,7 @@ from test_sglang_plugin import HERE, _entry_point_path  # noqa: E402
 
 CHILD = textwrap.dedent(r"""
     import json, os, sys, time, warnings
+    import torch
     warnings.filterwarnings("ignore")
     sys.path.insert(0, os.environ["SUPPORT_DIR"])
     import sglang.srt.managers.tp_worker as tpw
@@ -70,8 +71,29 @@ CHILD = textwrap.dedent(r"""
         s = sub.get("hscap-exit", timeout=10)
         s.release()
     sub.close()                                      # durable: detached with 1 unread entry
+    expect = {}
+    if os.environ.get("STAGED"):
+        # rows the hook deferred (the stage) when the process ends: a sample whole in the
+        # stage, and one whose first chunk was committed and whose last chunk is staged
+        import hashlib
+        p.stage_interval_s = 3600.0                  # written by close() only, not by time
+        def forward(rows):
+            batch = srv.extend(rows)                 # SGLang's batch and the model's result
+            holder["result"] = srv._result
+            tpw.TpModelWorker.forward_batch_generation(srv.worker, batch)
+        whole, split = srv.new_req("hscap-staged", 7), srv.new_req("hscap-split", 12)
+        forward([(split, 0, 6)])
+        p.flush()                                    # the split sample's first chunk: committed
+        staged0 = p.stats()["staged_rows"]
+        forward([(whole, 0, 7), (split, 6, 6)])
+        assert p.stats()["staged_rows"] == staged0 + 2, p.stats()
+        for req in (whole, split):
+            expect[req.rid] = {
+                "ids": list(req.origin_input_ids),
+                "sha": {k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes())
+                        .hexdigest() for k, v in srv.expected(req).items()}}
     print("READY " + json.dumps({"segment": p.segment, "endpoint": p.endpoint,
-                                 "pid": os.getpid()}), flush=True)
+                                 "pid": os.getpid(), "expect": expect}), flush=True)
     import faulthandler                               # a hang in the ending shows its stacks
     faulthandler.dump_traceback_later(45, exit=False)  # (before the parent's 60 s give up)
     how = os.environ["END"]
@@ -83,8 +105,8 @@ CHILD = textwrap.dedent(r"""
 """)
 
 
-def _start(tmp_path: Path, sock_dir: Path, unique_id: str, end: str, durable: str = ""
-           ) -> tuple[subprocess.Popen, dict]:
+def _start(tmp_path: Path, sock_dir: Path, unique_id: str, end: str, durable: str = "",
+           staged: bool = False) -> tuple[subprocess.Popen, dict]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HSCAPTURE_") and k != "SGLANG_PLUGINS"}
     extra = _entry_point_path(tmp_path)
@@ -93,7 +115,7 @@ def _start(tmp_path: Path, sock_dir: Path, unique_id: str, end: str, durable: st
         extra.append(str(HERE / "_stubs"))
     env["PYTHONPATH"] = os.pathsep.join(extra + [p for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p])
-    env.update(SUPPORT_DIR=str(HERE), END=end, DURABLE=durable,
+    env.update(SUPPORT_DIR=str(HERE), END=end, DURABLE=durable, STAGED="1" if staged else "",
                HSCAPTURE_ENDPOINT=f"ipc://{sock_dir}/cap.sock",
                HSCAPTURE_PRODUCER_ID=unique_id, HSCAPTURE_RING_BYTES="16M")
     proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdin=subprocess.PIPE,
@@ -177,3 +199,58 @@ def test_sigkill_leaves_the_segment_for_the_next_start_to_remove(tmp_path, sock_
     assert _end(proc2, None) == 0
     assert not Path(f"/dev/shm/{info['segment']}").exists()
     assert _gone(info2, sock_dir) == {"segment": True, "socket": True, "claim": True}
+
+
+def _sha(t) -> str:
+    import hashlib
+
+    import torch
+
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def test_sigterm_writes_the_staged_rows_and_a_returning_durable_subscriber_gets_them_exact(
+        tmp_path, sock_dir, unique_id):
+    """Rows the hook staged (deferred captures, not yet in the ring) when SIGTERM comes are
+    written by the plugin's close: the whole staged sample and the one whose last chunk was
+    staged arrive exact, after the sample committed before them."""
+    from hscapture import Subscriber
+
+    name = f"drain-{unique_id}"
+    proc, info = _start(tmp_path, sock_dir, unique_id, "wait", durable=name, staged=True)
+    assert _end(proc, signal.SIGTERM) == -signal.SIGTERM
+    with Subscriber(info["endpoint"], name=name) as sub:
+        assert sub.get("hscap-exit", timeout=20).num_tokens == 9
+        for rid, want in info["expect"].items():
+            s = sub.get(rid, timeout=20)
+            assert s.token_ids.tolist() == want["ids"], rid
+            assert {k: _sha(v) for k, v in s.tensors.items()} == want["sha"], rid
+        st = sub.stats()
+        assert not st["incomplete"] and not st["dropped"] and not st["lost"], st
+        sub.unsubscribe()
+    from hscapture.ring import cleanup_stale
+
+    cleanup_stale(info["segment"])
+
+
+def test_sigkill_with_rows_staged_reports_the_sample_whose_first_chunk_was_committed(
+        tmp_path, sock_dir, unique_id):
+    """SIGKILL cannot be handled: staged rows were never committed and are gone with the
+    process (as copies in flight are). A sample with a committed chunk is still reported
+    incomplete by rid to the returning durable subscriber, never delivered short."""
+    from hscapture import Subscriber
+
+    name = f"drain-{unique_id}"
+    proc, info = _start(tmp_path, sock_dir, unique_id, "wait", durable=name, staged=True)
+    assert _end(proc, signal.SIGKILL) == -signal.SIGKILL
+    with Subscriber(info["endpoint"], name=name, producer_timeout_s=1.0) as sub:
+        assert sub.get("hscap-exit", timeout=20).num_tokens == 9
+        deadline = time.monotonic() + 30
+        while "hscap-split" not in sub.stats()["incomplete"] and time.monotonic() < deadline:
+            assert sub.poll(0.05) is None, "a sample of the killed producer was delivered"
+        st = sub.stats()
+        assert "hscap-split" in st["incomplete"], st
+        sub.unsubscribe()
+    from hscapture.ring import cleanup_stale
+
+    cleanup_stale(info["segment"])
