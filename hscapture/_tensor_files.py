@@ -4,7 +4,10 @@
   tensors (the trainers' token-major layouts over the shards' layer-major data), produced a
   slice of tokens at a time into a reused per-thread buffer while it is written;
 - :class:`_Sink` / :func:`_write_tensor`: buffered ``os.writev`` of tensor bytes, short
-  writes resumed;
+  writes resumed; a joined tensor going to a plain file is written by one native call
+  (``hscapture._files.writev_rows``: one iovec per token row of each source, gathered by the
+  kernel straight from the mapped shards, no bounce copy) where no CRC-32 is needed
+  (safetensors);
 - :func:`_torch_save`: ``torch.save``'s zip container written here (torch still pickles,
   through ``torch.serialization._save``), the same bytes as ``torch.save`` (pinned by
   tests/test_export_torchzip.py) without torch's staging copy, the CRC-32 by ISA-L when
@@ -29,6 +32,11 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .errors import ExportError
+
+try:    # the native row-interleaved writev (built with the package; the bounce path without it)
+    from . import _files
+except ImportError:     # pragma: no cover - an uncompiled checkout
+    _files = None
 
 try:    # ISA-L's CRC-32 (carry-less multiply): the same values as zlib.crc32, ~10x faster
     from isal.isal_zlib import crc32 as _crc32
@@ -146,7 +154,8 @@ class _Sink:
 
     def __init__(self, f: Any) -> None:
         self.f = f
-        self.fd = f.fileno() if isinstance(f, (io.BufferedWriter, io.FileIO)) else None
+        self.fd = f.fileno() if isinstance(f, (io.BufferedWriter, io.BufferedRandom, io.FileIO)) \
+            else None
         if self.fd is not None:
             f.flush()
         self.held: list[Any] = []
@@ -178,9 +187,18 @@ class _Sink:
                 todo[i] = memoryview(todo[i]).cast("B")[got:]
 
 
-def _write_tensor(sink: _Sink, t: torch.Tensor | _Joined) -> int:
-    """Write ``t``'s bytes (a :class:`_Joined` chunk by chunk); returns the CRC-32."""
+def _write_tensor(sink: _Sink, t: torch.Tensor | _Joined, crc32: bool = True) -> int:
+    """Write ``t``'s bytes; returns their CRC-32 (0 without ``crc32``). A :class:`_Joined` of
+    several sources, into a plain file and with no CRC wanted (safetensors), goes by
+    :func:`_write_rows`; otherwise chunk by chunk through the bounce buffer, where the CRC is
+    taken from the cache-hot chunk. (With the native writev the CRC would cost a second
+    pass over the bytes, read back or row by row from the sources: measured no faster than
+    the bounce path, 3.9-4.3 vs 3.9 ms for a 512 x 3 x 2,048 bf16 SpecForge sample.)"""
     crc = 0
+    if not crc32 and isinstance(t, _Joined) and len(t.sources) > 1 and _files is not None \
+            and sink.fd is not None:
+        _write_rows(sink, t)
+        return 0
     if isinstance(t, _Joined):
         for b, transient in t.chunks():
             crc = _crc32(b, crc)
@@ -190,6 +208,16 @@ def _write_tensor(sink: _Sink, t: torch.Tensor | _Joined) -> int:
         crc = _crc32(b)
         sink.write(b)
     return crc
+
+
+def _write_rows(sink: _Sink, t: _Joined) -> None:
+    """``t``'s bytes by one native row-interleaved writev at the sink's position, after what
+    the sink holds."""
+    sink.close()
+    first = t.sources[0]
+    sink.pos += _files.writev_rows(sink.fd, [_bytes_of(x) for x in t.sources],
+                                   int(first.shape[1]) * first.element_size(), 0,
+                                   int(first.shape[0]))
 
 
 # -- torch.save's zip container, written without torch's copy and CRC -------------------------

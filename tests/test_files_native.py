@@ -1,0 +1,84 @@
+"""hscapture._files.writev_rows, the exports' row-interleaved writer: the kernel gathers token
+rows of K layer-major buffers straight into the file (no bounce copy). It writes exactly the
+interleaving (any K, row width, first row, row count), refuses sources too small before it
+writes a byte, reports a failed write with what was written, and the speculators export
+writes the same bytes through it as through the bounce path."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from hscapture import _files
+from hscapture import _tensor_files as TF
+from hscapture import export as E
+
+
+def _write(path, sources, row_bytes, first, rows) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return _files.writev_rows(fd, sources, row_bytes, first, rows)
+    finally:
+        os.close(fd)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 6), total=st.integers(0, 700), row_bytes=st.integers(1, 97),
+       data=st.data())
+def test_writev_rows_writes_exactly_the_row_interleaving(tmp_path_factory, k, total,
+                                                         row_bytes, data):
+    # 700 rows x 6 sources is past IOV_MAX (1,024 iovecs): several writev calls
+    first = data.draw(st.integers(0, total))
+    rows = data.draw(st.integers(0, total - first))
+    rng = np.random.default_rng(total * 131 + row_bytes)
+    srcs = [rng.integers(0, 256, (total, row_bytes), dtype=np.uint8) for _ in range(k)]
+    path = tmp_path_factory.mktemp("rows") / "out.bin"
+    n = _write(path, [s.reshape(-1) for s in srcs], row_bytes, first, rows)
+    want = np.stack([s[first:first + rows] for s in srcs], axis=1).tobytes()
+    assert n == len(want)
+    assert path.read_bytes() == want
+
+
+def test_a_source_too_small_is_refused_before_anything_is_written(tmp_path):
+    a, b = bytearray(64), bytearray(63)
+    path = tmp_path / "out.bin"
+    with pytest.raises(ValueError, match=r"source 1 holds 63 bytes, expected at least 64"):
+        _write(path, [a, b], 16, 0, 4)
+    assert path.read_bytes() == b""
+
+
+def test_a_failed_write_raises_oserror_saying_how_much_was_written(tmp_path):
+    path = tmp_path / "ro.bin"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match=r"after 0 of 32 bytes"):
+            _files.writev_rows(fd, [bytearray(16), bytearray(16)], 8, 0, 2)
+    finally:
+        os.close(fd)
+
+
+def test_the_speculators_file_is_the_same_through_the_native_writer_and_the_bounce_path(
+        tmp_path, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    layers = [torch.randn(300, 96, generator=g).bfloat16() for _ in range(4)]
+    items = [("token_ids", torch.arange(300, dtype=torch.int64)),
+             ("hidden_states", TF._join(layers, (300, 4, 96)))]
+    called = []
+    real = TF._write_rows
+    monkeypatch.setattr(TF, "_write_rows", lambda *a: (called.append(1), real(*a)))
+    native = tmp_path / "native.safetensors"
+    E._write_atomic(str(native), lambda f: E._write_safetensors(f, items), False)
+    assert called, "the native writer was not used"
+    monkeypatch.setattr(TF, "_files", None)
+    bounce = tmp_path / "bounce.safetensors"
+    E._write_atomic(str(bounce), lambda f: E._write_safetensors(f, items), False)
+    assert native.read_bytes() == bounce.read_bytes()
+    with safe_open(str(native), "pt") as f:
+        assert torch.equal(f.get_tensor("hidden_states"), torch.stack(layers, dim=1))
