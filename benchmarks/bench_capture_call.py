@@ -21,6 +21,14 @@ hook's part), the device work (the copies run behind), the synchronize and the s
 releases between calls. ``--host-ids --no-snapshot`` is the SGLang hook's prefill path (ids
 from each request's host array, no CUDA graph); ``--profile FILE`` appends the producer's stage
 timers and a cProfile of the native path per row count.
+
+``--defer MS`` is the hook's default path since 6fec9dd: ``capture_rows(defer=True)`` with a
+stage interval of MS (the hook's ``HSCAPTURE_STAGE_INTERVAL_MS``, default 50), calls paced
+``--step-ms`` apart (a ``time.sleep`` between calls, outside the clock: an engine's forward
+step; the 1B server's was ~15 ms), so most calls only stage their rows and the call that
+finds the stage due also writes it as one entry. Reported then beside the median (a staging
+call): the MEAN per call (the amortized cost, writes and inline publishes included), and the
+producer's ``stagings`` / ``stage_writes``.
 """
 
 from __future__ import annotations
@@ -56,6 +64,10 @@ def main() -> int:
                     help="token ids as HostRowIds from array('q') (the SGLang hook's default)")
     ap.add_argument("--no-snapshot", action="store_true",
                     help="snapshot=False (SGLang prefills without CUDA graphs)")
+    ap.add_argument("--defer", type=float, default=0.0, metavar="MS",
+                    help="deferred captures with this stage interval (ms); 0: one entry a call")
+    ap.add_argument("--step-ms", type=float, default=15.0,
+                    help="with --defer: time between calls (outside the clock)")
     ap.add_argument("--profile", default=None,
                     help="after the timed runs, FILE gets a cProfile of --calls native-path "
                          "calls (sorted by own time) and the producer's stage timers")
@@ -77,7 +89,7 @@ def main() -> int:
             os.environ.pop("HSCAPTURE_COPY_PATH", None)
         ep = f"ipc:///tmp/hsc-bcc-{path}-{uuid.uuid4().hex[:6]}.sock"
         producers[path] = Producer(ep, producer_id=f"bcc-{path}-{uuid.uuid4().hex[:6]}",
-                                   capacity=1 << 30)
+                                   capacity=1 << 30, stage_interval_s=args.defer / 1e3)
         subs[path] = Subscriber(ep)
         subs[path].wait_ready(timeout=20)
     os.environ.pop("HSCAPTURE_COPY_PATH", None)
@@ -96,7 +108,7 @@ def main() -> int:
             ids = HostRowIds([(host, s, args.tokens) for s in starts])
         n = [0]
 
-        def one(path: str) -> tuple[float, float]:
+        def one(path: str) -> tuple[float, float, float]:
             p = producers[path]
             wall, cpu = [], []
             for _ in range(args.calls):
@@ -108,15 +120,18 @@ def main() -> int:
                 ok = p.capture_rows(maps, starts, [aux, last], layers=[1, 2, 3, 15],
                                     layer_kinds=["residual"] * 3 + ["final_norm"],
                                     token_ids=ids, layer_map=[[0, 0], [0, h], [0, 2 * h], [1, 0]],
-                                    hidden=h, snapshot=not args.no_snapshot)
+                                    hidden=h, snapshot=not args.no_snapshot,
+                                    defer=args.defer > 0)
                 wall.append((time.perf_counter_ns() - t0) / 1e3)
                 cpu.append((time.thread_time_ns() - c0) / 1e3)
                 assert ok, "dropped"
                 torch.cuda.synchronize()     # complete: the next call publishes it inline
                 drain(path)
+                if args.defer > 0:
+                    time.sleep(args.step_ms / 1e3)   # pacing: an engine's forward step
             p.flush()
             drain(path)
-            return statistics.median(wall), statistics.median(cpu)
+            return statistics.median(wall), statistics.median(cpu), statistics.fmean(wall)
 
         def drain(path: str) -> None:
             while True:
@@ -133,21 +148,27 @@ def main() -> int:
                     runs[path].append(r)
         res = {}
         for path, rs in runs.items():
-            res[path] = {"wall_us": _stats.summarize([w for w, _ in rs]),
-                         "cpu_us": _stats.summarize([c for _, c in rs])}
-        res["native_over_torch_wall"] = _stats.ratio_summary([w for w, _ in runs["native"]],
-                                                             [w for w, _ in runs["torch"]])
+            res[path] = {"wall_us": _stats.summarize([w for w, _, _ in rs]),
+                         "cpu_us": _stats.summarize([c for _, c, _ in rs]),
+                         "mean_wall_us": _stats.summarize([m for _, _, m in rs])}
+        res["native_over_torch_wall"] = _stats.ratio_summary([w for w, _, _ in runs["native"]],
+                                                             [w for w, _, _ in runs["torch"]])
         results[f"{nrows}x{args.tokens}"] = res
         def us(m: dict) -> str:
             return f"{m['median']:.0f} [{m['min']:.0f}..{m['max']:.0f}]"
 
         print(f"{nrows:3d} rows x {args.tokens} tok: native {us(res['native']['wall_us'])} us "
               f"wall ({us(res['native']['cpu_us'])} cpu); torch {us(res['torch']['wall_us'])} "
-              f"us wall ({us(res['torch']['cpu_us'])} cpu)", flush=True)
+              f"us wall ({us(res['torch']['cpu_us'])} cpu); mean per call native "
+              f"{us(res['native']['mean_wall_us'])}, torch {us(res['torch']['mean_wall_us'])}",
+              flush=True)
         if args.profile:
             profile(args, producers["native"], one, nrows)
-    stats = {path: {k2: v for k2, v in p.stats().items() if k2.endswith("copies") or k2 == "dropped"}
+    stats = {path: {k2: v for k2, v in p.stats().items()
+                    if k2.endswith("copies") or k2 in ("dropped", "stagings", "stage_writes",
+                                                        "staged_rows", "captures")}
              for path, p in producers.items()}
+    print(f"counters: {stats}", flush=True)
     for path in producers:
         subs[path].close()
         producers[path].close()
@@ -170,9 +191,11 @@ def profile(args: argparse.Namespace, producer: object, one: object, nrows: int)
     before = dict(producer._counters)
     one("native")
     after = producer._counters
-    n = max(1, after["captures"] - before.get("captures", 0))
+    n = args.calls
+    writes = after["captures"] - before.get("captures", 0)
     lines = [f"== {nrows} rows x {args.tokens} tokens, host ids {args.host_ids}, "
-             f"snapshot {not args.no_snapshot}: stage means over {n} captures (us)"]
+             f"snapshot {not args.no_snapshot}, defer {args.defer} ms: stage means per call "
+             f"over {n} calls ({writes} entries written) (us)"]
     for key in sorted(after):
         if key.startswith("time_"):
             lines.append(f"  {key:24s} {(after[key] - before.get(key, 0)) / n / 1e3:8.1f}")
