@@ -10,7 +10,8 @@ on the scheduler's thread. Two producers on one GPU, one per copy path (the torc
 with ``HSCAPTURE_COPY_PATH=torch``), each with its own subscriber process taking and releasing
 every entry; per repetition each path runs ``--calls`` captures of the same batch (3 aux
 layers packed ``[T, 3H]`` + final norm ``[T, H]``, bf16, ``--rows`` rows of ``--tokens`` tokens
-in scattered spans: every other row of a batch twice as large, CUDA int64 token ids,
+in scattered spans: every other row of a batch twice as large (``--contiguous``: back to back,
+as when every request of a forward is captured), CUDA int64 token ids,
 ``snapshot=True`` as with CUDA graphs), the two paths alternating (ABBA), after a warm-up.
 
 Timed: wall and thread CPU time around each ``capture_rows`` call (``time.perf_counter_ns`` /
@@ -64,6 +65,10 @@ def main() -> int:
                     help="token ids as HostRowIds from array('q') (the SGLang hook's default)")
     ap.add_argument("--no-snapshot", action="store_true",
                     help="snapshot=False (SGLang prefills without CUDA graphs)")
+    ap.add_argument("--contiguous", action="store_true",
+                    help="rows back to back (every request of the forward captured, as in "
+                         "bench_server) instead of scattered spans")
+    ap.add_argument("--capacity-mb", type=int, default=1024, help="ring MiB (bench_server: 4096)")
     ap.add_argument("--defer", type=float, default=0.0, metavar="MS",
                     help="deferred captures with this stage interval (ms); 0: one entry a call")
     ap.add_argument("--step-ms", type=float, default=15.0,
@@ -89,15 +94,17 @@ def main() -> int:
             os.environ.pop("HSCAPTURE_COPY_PATH", None)
         ep = f"ipc:///tmp/hsc-bcc-{path}-{uuid.uuid4().hex[:6]}.sock"
         producers[path] = Producer(ep, producer_id=f"bcc-{path}-{uuid.uuid4().hex[:6]}",
-                                   capacity=1 << 30, stage_interval_s=args.defer / 1e3)
+                                   capacity=args.capacity_mb << 20,
+                                   stage_interval_s=args.defer / 1e3)
         subs[path] = Subscriber(ep)
         subs[path].wait_ready(timeout=20)
     os.environ.pop("HSCAPTURE_COPY_PATH", None)
     assert producers["native"]._copier.native is not None, "native copy path unavailable"
     results, goals = {}, []
     for nrows in [int(x) for x in args.rows.split(",")]:
-        T = 2 * nrows * args.tokens
-        starts = [2 * i * args.tokens for i in range(nrows)]
+        gap = 1 if args.contiguous else 2
+        T = gap * nrows * args.tokens
+        starts = [gap * i * args.tokens for i in range(nrows)]
         aux = torch.randn(T, k * h, device="cuda").to(torch.bfloat16)
         last = torch.randn(T, h, device="cuda").to(torch.bfloat16)
         ids = torch.randint(0, 32000, (T,), device="cuda")
