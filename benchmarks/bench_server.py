@@ -27,6 +27,9 @@ concurrency; prompt tokens/s = prompt tokens / that time. "on" requests opt in (
   default, e.g. ``grace=0.005``, the value before the grace became longer than a step;
   ``nostage``: capture with one ring entry per forward (the hook's deferred captures off:
   ``HSCAPTURE_STAGE_INTERVAL_MS=0``), the default until the stage;
+  ``nosnapstage``: deferred captures only where no snapshot is needed (forwards of SGLang's
+  piecewise prefill graph are captured at once: bench_capture_call measured staging with a
+  snapshot dearer than capturing at once, benchmarks/results/h200-2026-12-02e);
   ``devids``: capture with the token ids taken from the batch's device input_ids by a torch
   kernel, the default until the host ids, written by the CPU from each request's own array,
   measured better: benchmarks/results/h200-2026-12-02).

@@ -280,7 +280,8 @@ class SGLangCaptureHook:
         # the default before the host ids; benchmarks/results/h200-2026-12-02) or
         # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S),
         # ``interval=S`` (its publish interval is S seconds instead of the configured one),
-        # ``nostage`` (one ring entry per forward: no deferred captures);
+        # ``nostage`` (one ring entry per forward: no deferred captures); ``nosnapstage``
+        # (deferred only when no snapshot is needed: graph outputs are captured at once);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
@@ -591,7 +592,8 @@ class SGLangCaptureHook:
             ok = self.producer.capture_rows(maps, starts, blocks, layers=cap_layers,
                                             layer_kinds=kinds, token_ids=ids,
                                             layer_map=layer_map, hidden=h, snapshot=snapshot,
-                                            defer=self._mode != "nostage")
+                                            defer=self._mode != "nostage" and not (
+                                                snapshot and self._mode == "nosnapstage"))
             timing.add_producer(timing.mark("capture") - t, self._mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
         inflight, done, completed = self._inflight, self._done, 0

@@ -282,6 +282,30 @@ def test_the_benchmarks_hook_modes_noop_and_publisher_do_what_they_say(rig, tmp_
     check(sub.get(c.rid, timeout=10), srv, c)
 
 
+def test_the_benchmarks_stage_modes_defer_what_they_say_and_every_sample_is_exact(
+        rig, tmp_path, monkeypatch):
+    """By default the hook's captures are deferred (staged), CUDA-graph forwards included;
+    ``nostage`` captures every forward at once; ``nosnapstage`` defers only forwards whose
+    outputs need no snapshot. Whatever the mode, every sample arrives exact."""
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig()
+    hook.producer.stage_interval_s = 3600.0       # written by flush() only, not by time
+    staged = {}
+    for name in ("", "nostage", "nosnapstage"):
+        set_mode(hook, mode, name)
+        for graph in (False, True):
+            r = srv.new_req(f"hscap-{name or 'on'}-{graph}", 9)
+            before = hook.producer.stats().get("staged_rows", 0)
+            srv.extend([(r, 0, 9)], graph=graph)
+            staged[(name, graph)] = hook.producer.stats().get("staged_rows", 0) - before
+            hook.producer.flush()
+            check(sub.get(r.rid, timeout=10), srv, r)
+    assert staged == {("", False): 1, ("", True): 1, ("nostage", False): 0,
+                      ("nostage", True): 0, ("nosnapstage", False): 1,
+                      ("nosnapstage", True): 0}, staged
+
+
 def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_path,
                                                                        monkeypatch):
     """The hook's timing keeps each benchmark mode's capturing calls apart (modes alternate
