@@ -406,11 +406,8 @@ class Producer:
         timed = self.timed
         t0 = time.perf_counter_ns() if timed else 0
         try:
-            plan = rec.plan_batch(
-                producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
-                layers=layers, layer_kinds=kinds, convention=self.convention, model=self.model,
-                hidden=hidden, dtype=dtype, rows=row_maps, block_cols=block_cols,
-                layer_map=layer_map, check=False)
+            plan = self._plan(seq, row_maps, (layers, kinds, block_cols, layer_map, hidden,
+                                              dtype))
         except HSCaptureError as exc:
             raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
         t1 = time.perf_counter_ns() if timed else 0
@@ -429,24 +426,10 @@ class Producer:
             self._drop_locked(seq, row_maps, "ring_full" if position == -1
                               else "record_too_large", plan.length)
             return False
-        try:
-            buf = self._ring.payload(position)
-            rec.write_header(buf, plan)
-            t2 = time.perf_counter_ns() if timed else 0
-            done, keepalive = self._copier.copy_into(
-                buf, self._ring.payload_address(position), plan, starts, row_maps, blocks,
-                token_ids, snapshot, timed)
-        except Exception as exc:
-            self._ring.abort(position)
-            self._counters["errors"] += 1
-            log.exception("hscapture: copy of %d rows (first rid %r) into the ring failed",
-                          len(row_maps), row_maps[0]["rid"])
-            self._drop_locked(seq, row_maps, f"copy_error: {type(exc).__name__}", plan.length)
-            return False
-        self._count_entry(len(row_maps), plan.length, timed, t0, t1, t2)
-        self._enqueue(Pending("batch", position, seq, len(row_maps), plan.length,
-                              plan.meta_bytes, done, keepalive, row_maps))
-        return True
+        return self._fill_locked(seq, row_maps, plan, position, "rows", timed, t0, t1,
+                                 lambda buf, address: self._copier.copy_into(
+                                     buf, address, plan, starts, row_maps, blocks, token_ids,
+                                     snapshot, timed))
 
     def _stage_rows(self, maps: list[dict[str, Any]], starts: list[int],
                     blocks: list[torch.Tensor], layers: Sequence[int],
@@ -493,17 +476,12 @@ class Producer:
 
     def _write_rows_locked(self, groups: list[StagedGroup], rows: list[StagedRow],
                            layout: tuple) -> None:
-        layers, kinds, block_cols, layer_map, hidden, dtype = layout
         maps = [r.map for r in rows]
         seq = self._next_seq
         timed = self.timed
         t0 = time.perf_counter_ns() if timed else 0
         try:
-            plan = rec.plan_batch(
-                producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
-                layers=layers, layer_kinds=kinds, convention=self.convention,
-                model=self.model, hidden=hidden, dtype=dtype, rows=maps,
-                block_cols=block_cols, layer_map=layer_map, check=False)
+            plan = self._plan(seq, maps, layout)
         except HSCaptureError as exc:
             # staged rows were accepted: they are reported (a drop entry names only rids and
             # token ranges, always encodable), never lost
@@ -525,22 +503,42 @@ class Producer:
             self._drop_locked(seq, maps, "ring_full" if position == -1 else
                               "record_too_large", plan.length)
             return
+        self._fill_locked(seq, maps, plan, position, "staged rows", timed, t0, t1,
+                          lambda buf, address: self._copier.copy_staged_into(
+                              buf, address, plan, groups, rows, timed))
+
+    def _plan(self, seq: int, maps: list[dict[str, Any]], layout: tuple) -> Any:
+        """The batch entry's plan for ``maps`` from ``seq`` (``layout``: layers, kinds, block
+        widths, layer map, hidden, dtype); raises HSCaptureError if it cannot be encoded."""
+        layers, kinds, block_cols, layer_map, hidden, dtype = layout
+        return rec.plan_batch(
+            producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
+            layers=layers, layer_kinds=kinds, convention=self.convention, model=self.model,
+            hidden=hidden, dtype=dtype, rows=maps, block_cols=block_cols,
+            layer_map=layer_map, check=False)
+
+    def _fill_locked(self, seq: int, maps: list[dict[str, Any]], plan: Any, position: int,
+                     what: str, timed: bool, t0: int, t1: int, copy: Any) -> bool:
+        """Write the header of the entry reserved at ``position`` and start its copies
+        (``copy(buf, address) -> (done, keepalive)``), then queue it for publishing; a copy
+        that fails gives the position back and drops the rows, recorded and reported
+        (False)."""
         try:
             buf = self._ring.payload(position)
             rec.write_header(buf, plan)
             t2 = time.perf_counter_ns() if timed else 0
-            done, keepalive = self._copier.copy_staged_into(
-                buf, self._ring.payload_address(position), plan, groups, rows, timed)
+            done, keepalive = copy(buf, self._ring.payload_address(position))
         except Exception as exc:
             self._ring.abort(position)
             self._counters["errors"] += 1
-            log.exception("hscapture: copy of %d staged rows (first rid %r) into the ring "
-                          "failed", len(maps), maps[0]["rid"])
+            log.exception("hscapture: copy of %d %s (first rid %r) into the ring failed",
+                          len(maps), what, maps[0]["rid"])
             self._drop_locked(seq, maps, f"copy_error: {type(exc).__name__}", plan.length)
-            return
+            return False
         self._count_entry(len(maps), plan.length, timed, t0, t1, t2)
         self._enqueue(Pending("batch", position, seq, len(maps), plan.length,
                               plan.meta_bytes, done, keepalive, maps))
+        return True
 
     def _count_entry(self, rows: int, length: int, timed: bool, t0: int, t1: int,
                      t2: int) -> None:
