@@ -114,12 +114,15 @@ uint64_t writev_rows(int fd, nb::handle sources, uint64_t row_bytes, uint64_t fi
             err = write_all(fd, iov.data(), int(j), &written);
         }
     }
-    if (err) {
-        errno = err;
-        PyErr_SetFromErrno(PyExc_OSError);
-        PyErr_Format(PyExc_OSError, "writev_rows: %s after %llu of %llu bytes", strerror(err),
-                     (unsigned long long)written,
-                     (unsigned long long)(rows * row_bytes * uint64_t(k)));
+    if (err) {   // OSError(errno, message): .errno is set (ENOSPC: a full disk), the subclass too
+        const std::string msg = "writev_rows: " + std::string(strerror(err)) + " after " +
+                                std::to_string(written) + " of " +
+                                std::to_string(rows * row_bytes * uint64_t(k)) + " bytes";
+        PyObject* args = Py_BuildValue("(is)", err, msg.c_str());
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
         throw nb::python_error();
     }
     return written;

@@ -6,6 +6,7 @@ writes the same bytes through it as through the bounce path."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -58,8 +59,9 @@ def test_a_failed_write_raises_oserror_saying_how_much_was_written(tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
     try:
-        with pytest.raises(OSError, match=r"after 0 of 32 bytes"):
+        with pytest.raises(OSError, match=r"after 0 of 32 bytes") as got:
             _files.writev_rows(fd, [bytearray(16), bytearray(16)], 8, 0, 2)
+        assert got.value.errno == errno.EBADF      # the errno travels (ENOSPC: a full disk)
     finally:
         os.close(fd)
 
