@@ -29,7 +29,9 @@ stage interval of MS (the hook's ``HSCAPTURE_STAGE_INTERVAL_MS``, default 50), c
 step; the 1B server's was ~15 ms), so most calls only stage their rows and the call that
 finds the stage due also writes it as one entry. Reported then beside the median (a staging
 call): the MEAN per call (the amortized cost, writes and inline publishes included), and the
-producer's ``stagings`` / ``stage_writes``.
+producer's ``stagings`` / ``stage_writes``. Only the native path stages: the torch path's
+figures under ``--defer`` are captures at once (``EntryCopier.stage`` declines them), paced
+the same way.
 """
 
 from __future__ import annotations
