@@ -141,9 +141,10 @@ def main() -> None:
     ap.add_argument("--formats", default="specforge,speculators")
     ap.add_argument("--fsync", action="store_true", help="fsync every file on both sides")
     ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--crc", choices=["default", "zlib"], default="default",
-                    help="zlib: force zlib.crc32 in the export's zip writer (what it uses "
-                         "without isal)")
+    ap.add_argument("--crc", choices=["default", "isal", "zlib"], default="default",
+                    help="isal / zlib: force that CRC-32 in the export's zip writer (what it "
+                         "uses without the native module's PCLMUL CRC; the joined tensors then "
+                         "go by the bounce path, as they did before writev_rows_crc32)")
     ap.add_argument("--profile", action="store_true", help="add the per-sample stage profile")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
@@ -161,6 +162,10 @@ def main() -> None:
         import zlib
 
         T._crc32, T.CRC32_IMPL = zlib.crc32, "zlib"
+    elif a.crc == "isal":
+        from isal.isal_zlib import crc32
+
+        T._crc32, T.CRC32_IMPL = crc32, "isal"
     nw = a.workers or min(4, os.cpu_count() or 1)
     root = tempfile.mkdtemp(dir=a.dir)
     config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,

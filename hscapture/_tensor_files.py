@@ -6,13 +6,13 @@
 - :class:`_Sink` / :func:`_write_tensor`: buffered ``os.writev`` of tensor bytes, short
   writes resumed; a joined tensor going to a plain file is written by one native call
   (``hscapture._files.writev_rows``: one iovec per token row of each source, gathered by the
-  kernel straight from the mapped shards, no bounce copy) where no CRC-32 is needed
-  (safetensors);
+  kernel straight from the mapped shards, no bounce copy), with the zip record's CRC-32 taken
+  in the same call where one is needed (SpecForge's ``.ckpt``: ``writev_rows_crc32``);
 - :func:`_torch_save`: ``torch.save``'s zip container written here (torch still pickles,
   through ``torch.serialization._save``), the same bytes as ``torch.save`` (pinned by
-  tests/test_export_torchzip.py) without torch's staging copy, the CRC-32 by ISA-L when
-  ``isal`` is installed (else zlib); ``torch.save`` itself when this torch's ``_save`` differs
-  or a file would need zip64.
+  tests/test_export_torchzip.py) without torch's staging copy, the CRC-32 by
+  :data:`CRC32_IMPL`; ``torch.save`` itself when this torch's ``_save`` differs or a file
+  would need zip64.
 """
 
 from __future__ import annotations
@@ -38,12 +38,19 @@ try:    # the native row-interleaved writev (built with the package; the bounce 
 except ImportError:     # pragma: no cover - an uncompiled checkout
     _files = None
 
-try:    # ISA-L's CRC-32 (carry-less multiply): the same values as zlib.crc32, ~10x faster
-    from isal.isal_zlib import crc32 as _crc32
-    CRC32_IMPL = "isal"
-except ImportError:     # pragma: no cover - depends on what is installed
-    from zlib import crc32 as _crc32
-    CRC32_IMPL = "zlib"
+#: the CRC-32 of the zip records: the same values as zlib.crc32 from each. Ours (carry-less
+#: multiply, GIL released; ``_files.CRC32_IMPL`` says which kind) where the CPU has PCLMUL,
+#: else ISA-L's (also carry-less multiply), else zlib's (~10x slower than either).
+if _files is not None and _files.CRC32_IMPL != "table":
+    _crc32 = _files.crc32
+    CRC32_IMPL = f"native-{_files.CRC32_IMPL}"
+else:   # pragma: no cover - depends on the CPU and on what is installed
+    try:
+        from isal.isal_zlib import crc32 as _crc32
+        CRC32_IMPL = "isal"
+    except ImportError:
+        from zlib import crc32 as _crc32
+        CRC32_IMPL = "zlib"
 
 #: bytes of the per-thread buffer that joined layers are interleaved into, a slice of tokens at
 #: a time, before each slice is written (reused: no page of it is faulted in twice)
@@ -189,35 +196,42 @@ class _Sink:
 
 def _write_tensor(sink: _Sink, t: torch.Tensor | _Joined, crc32: bool = True) -> int:
     """Write ``t``'s bytes; returns their CRC-32 (0 without ``crc32``). A :class:`_Joined` of
-    several sources, into a plain file and with no CRC wanted (safetensors), goes by
-    :func:`_write_rows`; otherwise chunk by chunk through the bounce buffer, where the CRC is
-    taken from the cache-hot chunk. (With the native writev the CRC would cost a second
-    pass over the bytes, read back or row by row from the sources: measured no faster than
-    the bounce path, 3.9-4.3 vs 3.9 ms for a 512 x 3 x 2,048 bf16 SpecForge sample.)"""
+    several sources going to a plain file is written by :func:`_write_rows` (one native call,
+    the GIL released, the CRC taken there batch by batch from cache just before the kernel
+    copies it); otherwise chunk by chunk through the bounce buffer (a compressing sink, no
+    native module), the CRC taken from the cache-hot chunk. With the native CRC
+    (:data:`CRC32_IMPL` ``native-*``) a module-level ``_crc32`` swapped by a test or the
+    benchmark's ``--crc zlib`` sends the joined tensor by the bounce path, through it."""
+    if isinstance(t, _Joined) and len(t.sources) > 1 and _files is not None \
+            and sink.fd is not None and (not crc32 or _crc32 is _files.crc32):
+        return _write_rows(sink, t, crc32)
     crc = 0
-    if not crc32 and isinstance(t, _Joined) and len(t.sources) > 1 and _files is not None \
-            and sink.fd is not None:
-        _write_rows(sink, t)
-        return 0
     if isinstance(t, _Joined):
         for b, transient in t.chunks():
-            crc = _crc32(b, crc)
+            if crc32:
+                crc = _crc32(b, crc)
             sink.write(b, transient)
     elif t.numel():
         b = _bytes_of(t)
-        crc = _crc32(b)
+        if crc32:
+            crc = _crc32(b)
         sink.write(b)
     return crc
 
 
-def _write_rows(sink: _Sink, t: _Joined) -> None:
+def _write_rows(sink: _Sink, t: _Joined, crc32: bool = False) -> int:
     """``t``'s bytes by one native row-interleaved writev at the sink's position, after what
-    the sink holds."""
+    the sink holds; returns their CRC-32 with ``crc32`` (else 0)."""
     sink.close()
     first = t.sources[0]
-    sink.pos += _files.writev_rows(sink.fd, [_bytes_of(x) for x in t.sources],
-                                   int(first.shape[1]) * first.element_size(), 0,
-                                   int(first.shape[0]))
+    args = (sink.fd, [_bytes_of(x) for x in t.sources],
+            int(first.shape[1]) * first.element_size(), 0, int(first.shape[0]))
+    if crc32:
+        n, crc = _files.writev_rows_crc32(*args)
+    else:
+        n, crc = _files.writev_rows(*args), 0
+    sink.pos += n
+    return crc
 
 
 # -- torch.save's zip container, written without torch's copy and CRC -------------------------

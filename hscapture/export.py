@@ -39,8 +39,9 @@ Guarantees:
 
 * A SpecForge ``.ckpt`` is byte for byte what ``torch.save`` writes for its dict (written by
   this module's own zip writer straight from the memory-mapped shards: no assembled aux
-  tensor, CRC-32 by ISA-L when ``isal`` is installed, else zlib; tests/test_export_torchzip.py
-  compares with torch.save); ``.ckpt.gz`` is torch.save itself through gzip.
+  tensor, its rows gathered by the kernel and its CRC-32 taken in the same native call, the GIL
+  released; tests/test_export_torchzip.py and tests/test_files_native.py compare with
+  torch.save); ``.ckpt.gz`` is torch.save itself through gzip.
 * Every file is written under a temporary name and renamed into place once complete (and
   fsync'd unless ``fsync=False``); ``hscapture_export.json`` (the manifest) says
   ``"status": "complete"`` only after every file is in place.

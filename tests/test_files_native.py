@@ -1,13 +1,17 @@
-"""hscapture._files.writev_rows, the exports' row-interleaved writer: the kernel gathers token
-rows of K layer-major buffers straight into the file (no bounce copy). It writes exactly the
-interleaving (any K, row width, first row, row count), refuses sources too small before it
-writes a byte, reports a failed write with what was written, and the speculators export
-writes the same bytes through it as through the bounce path."""
+"""hscapture._files, the exports' native writer: writev_rows gathers token rows of K layer-major
+buffers straight into the file (no bounce copy). It writes exactly the interleaving (any K, row
+width, first row, row count), refuses sources too small before it writes a byte, reports a
+failed write with what was written; writev_rows_crc32 also returns the CRC-32 of what it wrote;
+crc32 equals zlib.crc32 in every implementation this CPU has (tables, 128-bit and AVX-512
+carry-less folds), at every length, alignment and starting value; and both exports write the
+same bytes through the native writer as through the bounce path."""
 
 from __future__ import annotations
 
 import errno
 import os
+import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -46,6 +50,81 @@ def test_writev_rows_writes_exactly_the_row_interleaving(tmp_path_factory, k, to
     assert path.read_bytes() == want
 
 
+IMPLS = [i for i in ("table", "pclmul", "vpclmul")
+         if i == "table" or _files.CRC32_IMPL in (i, "vpclmul")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=0, max_size=3000), skip=st.integers(0, 15),
+       value=st.integers(0, 2**32 - 1), impl=st.sampled_from(IMPLS + ["auto"]))
+def test_crc32_equals_zlibs_at_every_length_alignment_and_start(data, skip, value, impl):
+    # lengths around the 16/64/256-byte steps of the folds, unaligned starts, continued CRCs
+    view = memoryview(data)[min(skip, len(data)):]
+    assert _files.crc32(view, value, impl) == zlib.crc32(view, value)
+
+
+def test_crc32_of_megabytes_equals_zlibs_in_each_implementation():
+    b = np.random.default_rng(5).integers(0, 256, (3 << 20) + 77, dtype=np.uint8)
+    want = zlib.crc32(b)
+    for impl in IMPLS:
+        assert _files.crc32(b, 0, impl) == want, impl
+    head = _files.crc32(b[:1 << 20])
+    assert _files.crc32(b[1 << 20:], head) == want         # continued across calls
+
+
+def test_crc32_refuses_an_implementation_this_cpu_lacks_by_name():
+    with pytest.raises(ValueError, match=r"'sse9' is unknown or not supported by this CPU"):
+        _files.crc32(b"abc", 0, "sse9")
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 5), total=st.integers(0, 500), row_bytes=st.integers(1, 300),
+       start=st.integers(0, 2**32 - 1), data=st.data())
+def test_writev_rows_crc32_returns_the_crc_of_exactly_what_it_wrote(tmp_path_factory, k, total,
+                                                                   row_bytes, start, data):
+    first = data.draw(st.integers(0, total))
+    rows = data.draw(st.integers(0, total - first))
+    rng = np.random.default_rng(total * 7 + row_bytes)
+    srcs = [rng.integers(0, 256, (total, row_bytes), dtype=np.uint8) for _ in range(k)]
+    path = tmp_path_factory.mktemp("crc") / "out.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        n, crc = _files.writev_rows_crc32(fd, [s.reshape(-1) for s in srcs], row_bytes, first,
+                                          rows, start)
+    finally:
+        os.close(fd)
+    got = path.read_bytes()
+    assert got == np.stack([s[first:first + rows] for s in srcs], axis=1).tobytes()
+    assert n == len(got) and crc == zlib.crc32(got, start)
+
+
+def test_the_specforge_file_is_the_same_through_the_native_writer_and_the_bounce_path(
+        tmp_path, monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    T, H = 700, 512                                  # past the writer's ~1 MiB CRC batches
+    d = {"input_ids": torch.arange(T, dtype=torch.int64),
+         "loss_mask": torch.ones(T, dtype=torch.int64),
+         "hidden_state": torch.randn(1, T, H, generator=g).bfloat16(),
+         "aux_hidden_state": TF._join([torch.randn(T, H, generator=g).bfloat16()
+                                       for _ in range(3)], (1, T, 3 * H))}
+    called = []
+    real = TF._write_rows
+    monkeypatch.setattr(TF, "_write_rows", lambda *a: (called.append(a[2]), real(*a))[1])
+    native = tmp_path / "native.ckpt"
+    with open(native, "wb") as f:
+        TF._torch_save(d, f)
+    assert called == [True], "the native writer (with its CRC) was not used"
+    monkeypatch.setattr(TF, "_files", None)
+    bounce = tmp_path / "bounce.ckpt"
+    with open(bounce, "wb") as f:
+        TF._torch_save(d, f)
+    assert native.read_bytes() == bounce.read_bytes()
+    with zipfile.ZipFile(native) as z:
+        assert z.testzip() is None                  # every record's CRC-32 checks
+    got = torch.load(native, mmap=True, weights_only=True)
+    assert torch.equal(got["aux_hidden_state"], d["aux_hidden_state"].materialize())
+
+
 def test_a_source_too_small_is_refused_before_anything_is_written(tmp_path):
     a, b = bytearray(64), bytearray(63)
     path = tmp_path / "out.bin"
@@ -74,7 +153,7 @@ def test_the_speculators_file_is_the_same_through_the_native_writer_and_the_boun
              ("hidden_states", TF._join(layers, (300, 4, 96)))]
     called = []
     real = TF._write_rows
-    monkeypatch.setattr(TF, "_write_rows", lambda *a: (called.append(1), real(*a)))
+    monkeypatch.setattr(TF, "_write_rows", lambda *a: (called.append(1), real(*a))[1])
     native = tmp_path / "native.safetensors"
     E._write_atomic(str(native), lambda f: E._write_safetensors(f, items), False)
     assert called, "the native writer was not used"
