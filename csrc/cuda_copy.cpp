@@ -189,10 +189,14 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
         if ((rc = copy(d, pre[i], cs, false)) != CUDA_SUCCESS) return describe(d, rc, "cuMemcpy(2D)Async (snapshot)", err), rc;
     // The side stream waits for everything the caller's stream has enqueued so far (the forward
     // pass and the snapshots above): stream order is the only ordering the copies rely on.
-    if ((rc = d.event_record(reinterpret_cast<CUevent>(ready), cs)) != CUDA_SUCCESS)
-        return describe(d, rc, "cuEventRecord (ready)", err), rc;
-    if ((rc = d.stream_wait_event(ss, reinterpret_cast<CUevent>(ready), 0)) != CUDA_SUCCESS)
-        return describe(d, rc, "cuStreamWaitEvent", err), rc;
+    // When they are one stream (a staged snapshot: no device-to-host part) that order holds
+    // already, and the record + self-wait would be two driver calls doing nothing.
+    if (ss != cs) {
+        if ((rc = d.event_record(reinterpret_cast<CUevent>(ready), cs)) != CUDA_SUCCESS)
+            return describe(d, rc, "cuEventRecord (ready)", err), rc;
+        if ((rc = d.stream_wait_event(ss, reinterpret_cast<CUevent>(ready), 0)) != CUDA_SUCCESS)
+            return describe(d, rc, "cuStreamWaitEvent", err), rc;
+    }
     for (size_t i = 0; i < n_post; ++i)
         if ((rc = copy(d, post[i], ss, true)) != CUDA_SUCCESS) return describe(d, rc, "cuMemcpy(2D)Async (to the ring)", err), rc;
     if ((rc = d.event_record(reinterpret_cast<CUevent>(done), ss)) != CUDA_SUCCESS)
