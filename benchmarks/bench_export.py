@@ -17,6 +17,12 @@ GB/s of each side (median, min-max) and the paired ratio export speed / raw spee
 (= raw seconds / export seconds of the same pair): median, min-max, the distribution-free 95 %
 interval of the median, and whether the whole spread clears 0.8.
 
+``--breakdown`` adds, for SpecForge, what each part of one sample's write costs on its own (one
+thread, best over the samples): the raw side's writev into a new file; the aux rows by the native
+writer with their CRC; the final layer's CRC and its write; torch's pickling and the zip
+records with the tensor bytes left out; and the whole file. Where the export's time goes on a
+given host, measured rather than inferred from the totals.
+
 ``--profile`` adds a per-sample stage profile (one thread, in process, page cache warm): for
 each format, milliseconds per sample to load (reader), build (assemble what is written) and
 write (serialize + write the file), next to the raw side's load and writev.
@@ -132,6 +138,93 @@ def profile_stages(src: str, out: str, fmt: str, reps: int = 3) -> dict:
     return best
 
 
+def breakdown_specforge(src: str, out: str, reps: int = 5) -> dict:
+    """Microseconds per sample of each part of a SpecForge file's write (see the module
+    docstring), one thread, best of ``reps`` passes over the samples, each part into new
+    files (as the export writes them)."""
+    from hscapture import _files
+    from hscapture import _tensor_files as T
+    from hscapture import export as E
+    from hscapture.reader import open_shards
+
+    ss = open_shards(src)
+    plan = E._make_plan(ss, "specforge", None, "require", None)
+    names = plan.names()
+    samples = [ss.load(i, names=names) for i in range(len(ss))]
+    built = [E._build_specforge(s, plan) for s in samples]
+
+    class _Null:        # a file object that keeps nothing (no fileno: the sink writes to it)
+        def write(self, b: object) -> int:
+            return len(b)   # type: ignore[arg-type]
+
+    def new_fd(name: str) -> int:
+        path = os.path.join(out, name)
+        if os.path.exists(path):
+            os.unlink(path)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def raw(i: int) -> None:
+        fd = new_fd(f"raw{i}")
+        try:
+            os.writev(fd, [T._bytes_of(samples[i].tensors[k]) for k in names])
+        finally:
+            os.close(fd)
+
+    def aux(i: int) -> None:
+        j = built[i]["aux_hidden_state"]
+        fd = new_fd(f"aux{i}")
+        try:
+            first = j.sources[0]
+            _files.writev_rows_crc32(fd, [T._bytes_of(x) for x in j.sources],
+                                     int(first.shape[1]) * first.element_size(), 0,
+                                     int(first.shape[0]))
+        finally:
+            os.close(fd)
+
+    def final_crc(i: int) -> None:
+        T._crc32(T._bytes_of(built[i]["hidden_state"]))
+
+    def final_write(i: int) -> None:
+        fd = new_fd(f"final{i}")
+        try:
+            os.writev(fd, [T._bytes_of(built[i]["hidden_state"])])
+        finally:
+            os.close(fd)
+
+    def container(i: int) -> None:
+        T._torch_save(built[i], _Null())
+
+    def whole(i: int) -> None:
+        E._write_atomic(os.path.join(out, f"{i}.ckpt"),
+                        lambda f: E._save_specforge(built[i], f, False), False)
+
+    def load(i: int) -> None:
+        ss.load(i, names=names)
+
+    parts = {"raw.writev": raw, "aux.native_writev_crc32": aux, "final.crc32": final_crc,
+             "final.writev": final_write, "load": load, "whole_file": whole}
+    best: dict[str, float] = {}
+    real = T._write_tensor
+    for _ in range(reps):
+        _clear(out)
+        for name, f in parts.items():
+            t0 = time.perf_counter()
+            for i in range(len(samples)):
+                f(i)
+            best[name] = min(best.get(name, float("inf")),
+                             (time.perf_counter() - t0) / len(samples) * 1e6)
+        T._write_tensor = lambda sink, t, crc32=True: 0     # the container without tensor bytes
+        try:
+            t0 = time.perf_counter()
+            for i in range(len(samples)):
+                container(i)
+            best["container_python"] = min(best.get("container_python", float("inf")),
+                                           (time.perf_counter() - t0) / len(samples) * 1e6)
+        finally:
+            T._write_tensor = real
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=100)
@@ -146,6 +239,8 @@ def main() -> None:
                          "uses without the native module's PCLMUL CRC; the joined tensors then "
                          "go by the bounce path, as they did before writev_rows_crc32)")
     ap.add_argument("--profile", action="store_true", help="add the per-sample stage profile")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="add SpecForge's per-part write costs (one thread)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -257,6 +352,11 @@ def main() -> None:
                     src, os.path.join(root, fmt + "-prof"), fmt)
                 print(f"{fmt} profile (ms/sample, 1 thread): " +
                       ", ".join(f"{k} {v:.3f}" for k, v in prof.items()), flush=True)
+            if a.breakdown and fmt == "specforge":
+                results[fmt]["breakdown_us_per_sample"] = bd = breakdown_specforge(
+                    src, os.path.join(root, fmt + "-parts"))
+                print(f"{fmt} breakdown (us/sample, 1 thread): " +
+                      ", ".join(f"{k} {v:.0f}" for k, v in bd.items()), flush=True)
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(raw_out, ignore_errors=True)
         print(json.dumps({k: {"export_vs_raw_median": v["export_vs_raw"]["median"],
