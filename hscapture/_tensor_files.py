@@ -194,37 +194,48 @@ class _Sink:
                 todo[i] = memoryview(todo[i]).cast("B")[got:]
 
 
+#: a plain tensor at least this large, with a CRC wanted, goes by the native writer too (its
+#: CRC then taken per cache-sized batch just before the write, not in a pass of its own)
+_NATIVE_CRC_MIN = 1 << 20
+
+
 def _write_tensor(sink: _Sink, t: torch.Tensor | _Joined, crc32: bool = True) -> int:
-    """Write ``t``'s bytes; returns their CRC-32 (0 without ``crc32``). A :class:`_Joined` of
-    several sources going to a plain file is written by :func:`_write_rows` (one native call,
-    the GIL released, the CRC taken there batch by batch from cache just before the kernel
-    copies it); otherwise chunk by chunk through the bounce buffer (a compressing sink, no
-    native module), the CRC taken from the cache-hot chunk. With the native CRC
+    """Write ``t``'s bytes; returns their CRC-32 (0 without ``crc32``). Into a plain file with
+    the native module, by :func:`_write_rows` (one native call, the GIL released, the CRC
+    taken there batch by batch from cache just before the kernel copies it): a
+    :class:`_Joined` of several sources always, a plain tensor of ``_NATIVE_CRC_MIN`` bytes
+    or more when its CRC is wanted. Otherwise a joined tensor goes chunk by chunk through the
+    bounce buffer (a compressing sink, no native module), its CRC taken from the cache-hot
+    chunk, and a plain one is handed to the sink as it is. With the native CRC
     (:data:`CRC32_IMPL` ``native-*``) a module-level ``_crc32`` swapped by a test or the
-    benchmark's ``--crc zlib`` sends the joined tensor by the bounce path, through it."""
-    if isinstance(t, _Joined) and len(t.sources) > 1 and _files is not None \
-            and sink.fd is not None and (not crc32 or _crc32 is _files.crc32):
-        return _write_rows(sink, t, crc32)
-    crc = 0
+    benchmark's ``--crc`` sends everything by the other paths, through it."""
+    native = _files is not None and sink.fd is not None and \
+        (not crc32 or _crc32 is _files.crc32)
     if isinstance(t, _Joined):
+        if native and len(t.sources) > 1:
+            return _write_rows(sink, list(t.sources), crc32)
+        crc = 0
         for b, transient in t.chunks():
             if crc32:
                 crc = _crc32(b, crc)
             sink.write(b, transient)
-    elif t.numel():
-        b = _bytes_of(t)
-        if crc32:
-            crc = _crc32(b)
-        sink.write(b)
-    return crc
+        return crc
+    if not t.numel():
+        return 0
+    if native and crc32 and t.dim() and t.numel() * t.element_size() >= _NATIVE_CRC_MIN:
+        return _write_rows(sink, [t.reshape(-1, t.shape[-1])], True)
+    b = _bytes_of(t)
+    sink.write(b)
+    return _crc32(b) if crc32 else 0
 
 
-def _write_rows(sink: _Sink, t: _Joined, crc32: bool = False) -> int:
-    """``t``'s bytes by one native row-interleaved writev at the sink's position, after what
-    the sink holds; returns their CRC-32 with ``crc32`` (else 0)."""
+def _write_rows(sink: _Sink, sources: list[torch.Tensor], crc32: bool = False) -> int:
+    """The row interleaving of ``sources`` (2-D ``[T, W]`` tensors of one shape and dtype; one
+    source: its own bytes) by one native writev at the sink's position, after what the sink
+    holds; returns the bytes' CRC-32 with ``crc32`` (else 0)."""
     sink.close()
-    first = t.sources[0]
-    args = (sink.fd, [_bytes_of(x) for x in t.sources],
+    first = sources[0]
+    args = (sink.fd, [_bytes_of(x) for x in sources],
             int(first.shape[1]) * first.element_size(), 0, int(first.shape[0]))
     if crc32:
         n, crc = _files.writev_rows_crc32(*args)

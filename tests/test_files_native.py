@@ -101,7 +101,7 @@ def test_writev_rows_crc32_returns_the_crc_of_exactly_what_it_wrote(tmp_path_fac
 def test_the_specforge_file_is_the_same_through_the_native_writer_and_the_bounce_path(
         tmp_path, monkeypatch):
     g = torch.Generator().manual_seed(4)
-    T, H = 700, 512                                  # past the writer's ~1 MiB CRC batches
+    T, H = 1100, 512       # past the writer's ~1 MiB CRC batches; hidden_state past 1 MiB
     d = {"input_ids": torch.arange(T, dtype=torch.int64),
          "loss_mask": torch.ones(T, dtype=torch.int64),
          "hidden_state": torch.randn(1, T, H, generator=g).bfloat16(),
@@ -109,11 +109,14 @@ def test_the_specforge_file_is_the_same_through_the_native_writer_and_the_bounce
                                        for _ in range(3)], (1, T, 3 * H))}
     called = []
     real = TF._write_rows
-    monkeypatch.setattr(TF, "_write_rows", lambda *a: (called.append(a[2]), real(*a))[1])
+    monkeypatch.setattr(TF, "_write_rows",
+                        lambda *a: (called.append((len(a[1]), a[2])), real(*a))[1])
     native = tmp_path / "native.ckpt"
     with open(native, "wb") as f:
         TF._torch_save(d, f)
-    assert called == [True], "the native writer (with its CRC) was not used"
+    # hidden_state (one source), then aux_hidden_state (three), each with its CRC; the small
+    # id and mask records stay with the sink
+    assert called == [(1, True), (3, True)], "the native writer (with its CRC) was not used"
     monkeypatch.setattr(TF, "_files", None)
     bounce = tmp_path / "bounce.ckpt"
     with open(bounce, "wb") as f:
