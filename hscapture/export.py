@@ -583,6 +583,19 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     counts = {"mode": loss_mask, "stored": len(plan.rids) - len(plan.no_mask),
               "all_ones": len(plan.no_mask),
               "all_ones_rids": [plan.rids[i] for i in plan.no_mask[:100]]}
+    try:
+        return _write_all(ss, plan, out, fmt, counts, fsync, workers, progress, t0)
+    except HSCaptureError:
+        raise
+    except OSError as e:    # a full disk, a read-only or vanished directory: typed, resumable
+        raise ExportError(f"export to {out} failed: {e}; rerun to resume") from e
+
+
+def _write_all(ss: ShardSet, plan: _Plan, out: str, fmt: str, counts: dict[str, Any],
+               fsync: bool, workers: int | None, progress: bool, t0: float) -> ExportResult:
+    """Every file of the export (the manifest first as in progress, then the samples, the
+    speculators dataset, the manifest as complete); an OSError anywhere is the caller's to
+    report."""
     manifest = _manifest(plan, ss, out, "in_progress", counts)
     _write_manifest(out, manifest, fsync)
 
@@ -635,10 +648,6 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
                         pending.add(pool.submit(one, nxt))
                 if nbytes and bar.n % 64 == 0:
                     bar.set_postfix_str(f"{nbytes / max(time.perf_counter() - t0, 1e-9) / 1e9:.2f} GB/s")
-    except HSCaptureError:
-        raise
-    except OSError as e:
-        raise ExportError(f"export to {out} failed: {e}; rerun to resume") from e
     finally:
         bar.close()
 
