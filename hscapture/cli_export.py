@@ -51,14 +51,23 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
     """Export the samples of SHARD_DIR to OUT in SpecForge's or speculators' layout.
 
     Resumable: rerunning skips complete files and rewrites partial ones. Refuses (exit 2)
-    when the captured layers or the loss masks cannot produce what the trainer needs.
+    when the captured layers or the loss masks cannot produce what the trainer needs; exits
+    1 when a write failed (a full disk: every file in place is complete) and 130 when
+    interrupted (Ctrl-C): rerun to resume.
     """
-    from .export import ExportError, export as run_export
+    from .export import ExportError, ExportWriteError, export as run_export
 
     try:
         r = run_export(shard_dir, out, fmt, layers=layers, loss_mask=loss_mask,
                        num_layers=num_layers, progress=not quiet, overwrite=overwrite,
                        fsync=not no_fsync, workers=workers, gzip=gz)
+    except KeyboardInterrupt:
+        click.echo(f"export to {out} interrupted: every file in place is complete; rerun to "
+                   f"resume", err=True)
+        raise SystemExit(130) from None
+    except ExportWriteError as e:
+        click.echo(f"error: {e}", err=True)
+        raise SystemExit(1) from None
     except ExportError as e:
         click.echo(f"error: {e}", err=True)
         raise SystemExit(2) from None

@@ -39,6 +39,7 @@ __all__ = [
     "InvalidMetaError",
     "UnsupportedEngineError",
     "ExportError",
+    "ExportWriteError",
 ]
 
 
@@ -170,3 +171,8 @@ class UnsupportedEngineError(HSCaptureError):
 class ExportError(HSCaptureError):
     """An export cannot be made (layers not captured, no loss mask, output holds another
     export) or failed while writing (:mod:`hscapture.export`)."""
+
+
+class ExportWriteError(ExportError):
+    """An export failed while writing (a full disk, an unwritable or vanished directory):
+    every file already in place is complete, and a rerun resumes."""

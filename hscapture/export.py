@@ -78,11 +78,11 @@ from typing import Any, Sequence
 import torch
 
 from ._tensor_files import _join, _Joined, _materialized, _own, _Sink, _torch_save, _write_tensor
-from .errors import ExportError, HSCaptureError
+from .errors import ExportError, ExportWriteError, HSCaptureError
 from .reader import ShardSet, StoredSample
 from .sample import layer_name
 
-__all__ = ["export", "ExportResult", "ExportError", "FORMATS", "MANIFEST_NAME",
+__all__ = ["export", "ExportResult", "ExportError", "ExportWriteError", "FORMATS", "MANIFEST_NAME",
            "SPECFORGE_GROUP", "META_KEY"]
 
 FORMATS = ("specforge", "speculators")
@@ -551,8 +551,8 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
             6, as SpecForge reads them) instead of ``data_{i}.ckpt``.
 
     Returns an :class:`ExportResult`; raises :class:`ExportError` (nothing written) when the
-    shards cannot produce the target, and :class:`ExportError` for a failed write (a rerun
-    resumes).
+    shards cannot produce the target, and :class:`ExportWriteError` (an ``ExportError``) for a
+    failed write: every file already in place is complete, and a rerun resumes.
     """
     t0 = time.perf_counter()
     src = os.fspath(shard_dir)
@@ -588,7 +588,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     except HSCaptureError:
         raise
     except OSError as e:    # a full disk, a read-only or vanished directory: typed, resumable
-        raise ExportError(f"export to {out} failed: {e}; rerun to resume") from e
+        raise ExportWriteError(f"export to {out} failed: {e}; rerun to resume") from e
 
 
 def _write_all(ss: ShardSet, plan: _Plan, out: str, fmt: str, counts: dict[str, Any],

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hscapture.export import MANIFEST_NAME, ExportError, export
+from hscapture.export import MANIFEST_NAME, ExportWriteError, export
 from shard_support import make_sample, write_shards
 
 from specforge.data.preprocessing import list_local_files
@@ -117,11 +117,11 @@ def test_a_disk_that_fills_mid_export_stops_it_typed_and_a_rerun_after_growing_i
     src, samples = shards
     out = fs / "out"
     # 4 MiB: under one sample's 5 MiB, so the first sample file already fills the disk
-    with pytest.raises(ExportError, match=r"(?s)No space left.*rerun to resume"):
+    with pytest.raises(ExportWriteError, match=r"(?s)No space left.*rerun to resume"):
         export(src, out, fmt, progress=False, fsync=False, workers=2)
     assert _no_partial_final_file(out, fmt, samples) == 0
     _grow(fs, 24 << 20)          # room for a few samples, not all
-    with pytest.raises(ExportError, match=r"(?s)No space left.*rerun to resume"):
+    with pytest.raises(ExportWriteError, match=r"(?s)No space left.*rerun to resume"):
         export(src, out, fmt, progress=False, fsync=False, workers=2)
     kept = _no_partial_final_file(out, fmt, samples)
     assert 0 < kept < N
@@ -143,7 +143,7 @@ def test_a_disk_that_fills_at_the_speculators_dataset_stops_it_typed_and_a_rerun
     assert rest > 64 << 10, rest
     _grow(fs, files + 16384)     # every sample file and the manifest fit, the dataset does not
     out = fs / "out"
-    with pytest.raises(ExportError, match=r"rerun to resume"):
+    with pytest.raises(ExportWriteError, match=r"rerun to resume"):
         export(src, out, "speculators", progress=False, fsync=False, workers=2)
     assert _no_partial_final_file(out, "speculators", samples) == N
     assert '"status": "complete"' not in (out / MANIFEST_NAME).read_text()
