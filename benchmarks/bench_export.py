@@ -19,7 +19,8 @@ interval of the median, and whether the whole spread clears 0.8.
 
 ``--breakdown`` adds, for SpecForge, what each part of one sample's write costs on its own (one
 thread, best over the samples): the raw side's writev into a new file; the aux rows by the native
-writer with their CRC; the final layer's CRC and its write; torch's pickling and the zip
+writer with their CRC; the final layer's CRC and its write; both layers' native writes into one
+new file, and the same under a temporary name renamed into place; torch's pickling and the zip
 records with the tensor bytes left out; and the whole file. Where the export's time goes on a
 given host, measured rather than inferred from the totals.
 
@@ -170,16 +171,17 @@ def breakdown_specforge(src: str, out: str, reps: int = 5) -> dict:
         finally:
             os.close(fd)
 
-    def aux(i: int) -> None:
+    def aux(i: int, into: int | None = None) -> None:
         j = built[i]["aux_hidden_state"]
-        fd = new_fd(f"aux{i}")
+        fd = new_fd(f"aux{i}") if into is None else into
         try:
             first = j.sources[0]
             _files.writev_rows_crc32(fd, [T._bytes_of(x) for x in j.sources],
                                      int(first.shape[1]) * first.element_size(), 0,
                                      int(first.shape[0]))
         finally:
-            os.close(fd)
+            if into is None:
+                os.close(fd)
 
     def final_crc(i: int) -> None:
         T._crc32(T._bytes_of(built[i]["hidden_state"]))
@@ -194,6 +196,25 @@ def breakdown_specforge(src: str, out: str, reps: int = 5) -> dict:
     def container(i: int) -> None:
         T._torch_save(built[i], _Null())
 
+    def both(fd: int, i: int) -> None:      # the final layer, then the aux rows: one file
+        fin = built[i]["hidden_state"]
+        _files.writev_rows_crc32(fd, [T._bytes_of(fin)], int(fin.shape[-1]) * fin.element_size(),
+                                 0, int(fin.numel() // fin.shape[-1]))
+        aux(i, fd)
+
+    def one_file(i: int) -> None:
+        fd = new_fd(f"one{i}")
+        try:
+            both(fd, i)
+        finally:
+            os.close(fd)
+
+    def one_file_renamed(i: int) -> None:   # the same under a temporary name, then renamed
+        path = os.path.join(out, f"ren{i}")
+        with open(path + ".tmp", "wb") as f:
+            both(f.fileno(), i)
+        os.replace(path + ".tmp", path)
+
     def whole(i: int) -> None:
         E._write_atomic(os.path.join(out, f"{i}.ckpt"),
                         lambda f: E._save_specforge(built[i], f, False), False)
@@ -202,7 +223,9 @@ def breakdown_specforge(src: str, out: str, reps: int = 5) -> dict:
         ss.load(i, names=names)
 
     parts = {"raw.writev": raw, "aux.native_writev_crc32": aux, "final.crc32": final_crc,
-             "final.writev": final_write, "load": load, "whole_file": whole}
+             "final.writev": final_write, "load": load,
+             "one_file.native": one_file, "one_file.native_renamed": one_file_renamed,
+             "whole_file": whole}
     best: dict[str, float] = {}
     real = T._write_tensor
     for _ in range(reps):
