@@ -323,6 +323,7 @@ NB_MODULE(_ring, m) {
     so["pid"] = L::S_PID;
     so["name"] = L::S_NAME;
     so["attached_at"] = L::S_ATTACHED_AT;
+    so["delivered"] = L::S_DELIVERED;
     m.attr("SLOT_OFFSETS") = so;
     nb::dict rh;
     rh["state"] = L::R_STATE;
@@ -466,6 +467,13 @@ NB_MODULE(_ring, m) {
         .def_prop_ro("durable", &hsc::Consumer::durable)
         .def_prop_ro("resume_name", &hsc::Consumer::resume_name)
         .def_prop_ro("attached_at", &hsc::Consumer::attached_at)
+        .def_prop_ro("delivered", &hsc::Consumer::delivered,
+                     "Durable: 1 + the record sequence number through which every sample was "
+                     "acknowledged in order (0: none), as the slot holds it; a resumer reads "
+                     "the previous owner's value.")
+        .def("store_delivered", &hsc::Consumer::store_delivered, "value"_a,
+             "Durable: record that every sample through sequence number value - 1 was "
+             "acknowledged (monotonic; anonymous consumers: a no-op).")
         .def_prop_ro("expired", &hsc::Consumer::expired)
         .def_prop_ro("lost_from", &hsc::Consumer::lost_from)
         .def_prop_ro("lost_to", &hsc::Consumer::lost_to)

@@ -34,6 +34,11 @@
 //   (7) attached_at rides on `released`: a registrant relaxed-stores attached_at, then
 //       seq_cst-stores released = h1; a resumer seq_cst-loads released, then relaxed-loads
 //       attached_at, and so sees the registrant's value.
+//   (8) delivered: only the slot's owner stores it (release, after the acknowledgements it
+//       stands for); a registrant of a FREE slot zeroes it before its ACTIVE CAS (3); a
+//       resumer acquire-loads it after its own CAS (5) and sees the last owner's value (that
+//       owner is dead or detached: its stores are complete). Nothing in the ring is ordered
+//       by it; it only tells a resumer which samples past `released` were acknowledged.
 //
 // Liveness is not in shared memory at all: each party holds an OFD lock (fcntl F_OFD_SETLK)
 // on one byte of the segment file; the kernel drops it when the process dies, and anyone can
@@ -809,6 +814,9 @@ uint64_t Consumer::register_protocol(ConsumerSlot& s, uint64_t word) {
     const uint64_t h0 = hdr_->head.load(std::memory_order_seq_cst);
     s.released.store(h0, std::memory_order_seq_cst);
     if (fresh) s.attached_at.store(h0, std::memory_order_relaxed);  // h1 below; h0 if we die between
+    // SYNC POINT (8): a new subscription has acknowledged nothing (an EXPIRED slot of our name
+    // keeps its value: its numbers are this segment's, and acknowledged stays acknowledged)
+    if (fresh) s.delivered.store(0, std::memory_order_relaxed);
     uint64_t mine;
     do {
         mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE, durable);
@@ -926,6 +934,20 @@ void Consumer::release(uint64_t position) {
     // Releasing the end of the last record poll() returned also releases the padding/aborted
     // records poll() skipped after it (they hold no data).
     store_released(position == last_end_ ? position_ : position);
+}
+
+uint64_t Consumer::delivered() const {
+    require_open("delivered");
+    // SYNC POINT (8) acquire: the previous owner's last store (it is gone).
+    return my_slot_->delivered.load(std::memory_order_acquire);
+}
+
+void Consumer::store_delivered(uint64_t value) {
+    require_open("store_delivered");
+    if (resume_name_.empty()) return;   // anonymous: nobody resumes it
+    // SYNC POINT (8) release, monotonic: only we store it while we own the slot
+    if (value > my_slot_->delivered.load(std::memory_order_relaxed))
+        my_slot_->delivered.store(value, std::memory_order_release);
 }
 
 void Consumer::store_released(uint64_t position) {

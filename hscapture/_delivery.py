@@ -172,6 +172,9 @@ class Delivery:
                names: tuple, rv: Any) -> None:
         """A sample that came in one row: a borrowed view, or a copy."""
         total = rv.token_count
+        if rv.seq < src.acknowledged_below:      # an earlier owner of the place acknowledged it
+            self.ledger.counts["acknowledged_before"] += 1
+            return
         if self.expected and not self._check_expected(src, rv.rid, total):
             return
         layer_names, dtype = names
@@ -200,17 +203,23 @@ class Delivery:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)
             src.borrowed.add(record.position)
-            sample._release = self._releaser([(src, record.position)])
+            sample._release = self._releaser([(src, record.position)],
+                                             self._ack_entry(src, rv.seq))
         self._deliver(sample, nbytes)
 
     def _assemble(self, src: Source, p: Partial, holds: Holds) -> None:
         chunks = sorted(p.chunks, key=lambda c: c.start)
         rid = p.key[1]
         total = p.total or 0
-        release: Callable[[], None] | None = self._releaser(holds)
-        if not self._check_expected(src, rid, total):
-            release()
+        last_seq = max(c.seq for c in chunks)
+        if last_seq < src.acknowledged_below:    # an earlier owner of the place acknowledged it
+            self.ledger.counts["acknowledged_before"] += 1
+            self._releaser(holds)()
             return
+        if not self._check_expected(src, rid, total):
+            self._releaser(holds)()
+            return
+        release: Callable[[], None] | None = self._releaser(holds, self._ack_entry(src, last_seq))
         if not self.durable:   # nothing to acknowledge: give the ring back now
             release()
             release = None
@@ -251,11 +260,25 @@ class Delivery:
         counts["sample_bytes"] += sample.nbytes if nbytes is None else nbytes
         self.ready.append(sample)
 
-    def _releaser(self, holds: Holds) -> Callable[[], None]:
+    def _ack_entry(self, src: Source, last_seq: int) -> tuple[Source, list[Any]] | None:
+        """Durable: this sample's place in its source's in-order acknowledgements (queued
+        now, in sequence order: see :meth:`Source.acknowledge`)."""
+        if not self.durable:
+            return None
+        entry = [last_seq, False]
+        src.unacked.append(entry)
+        return src, entry
+
+    def _releaser(self, holds: Holds, ack: tuple[Source, list[Any]] | None = None
+                  ) -> Callable[[], None]:
+        """The release (for a durable subscriber: the acknowledgement) of a sample holding
+        ``holds``; after :meth:`close` it gives nothing back and acknowledges nothing."""
         def release() -> None:
             for src, position in holds:
                 src.borrowed.discard(position)
             if not self.closed:
+                if ack is not None:
+                    ack[0].acknowledge(ack[1])
                 for src in {id(s): s for s, _ in holds}.values():
                     src.release()
                     self.on_released(src)

@@ -60,10 +60,14 @@ class Subscriber:
       or fails, or for ``partial_hold_s`` at most, so that a crash mid-sample gets the whole
       sample again on return instead of a report.
     - With ``name`` the subscription is durable: from its first attach until
-      :meth:`unsubscribe`, across clean and unclean exits of this process, every entry the
-      producer committed is delivered to a subscriber of the same name exactly once (as far as
-      this process released it) or reported. ``close()`` keeps the place; ``unsubscribe()``
-      gives it up.
+      :meth:`unsubscribe`, across clean and unclean exits of this process, every sample the
+      producer committed is delivered to a subscriber of the same name exactly once or
+      reported. Releasing a sample acknowledges it. A sample that was not acknowledged
+      (never taken, or not released before a crash) is delivered again to the next
+      subscriber of the name. One that was acknowledged, along with every sample queued
+      before it, is not delivered again, even when an older record it could not release held
+      its record back (the slot's ``delivered``, docs/ARCHITECTURE.md). ``close()`` keeps the
+      place; ``unsubscribe()`` gives it up.
     - Records of different producer incarnations are never mixed; two live producers with one
       producer id are refused (reported in ``stats()["conflicts"]``), never merged.
     - Malformed or forged input never raises out of poll/iteration: it is counted, reported
@@ -272,10 +276,12 @@ class Subscriber:
     def _shutdown(self, unsubscribe: bool) -> None:
         if self._closed:
             return
+        # closed first: the views of the samples never taken are emptied below, but neither
+        # acknowledged nor given back (a durable place gets them again)
+        self._delivery.closed = True
         for sample in list(self._delivery.ready):
             if sample.borrowed:
                 sample.release()
         self._closed = True
-        self._delivery.closed = True
         self._registry.close(unsubscribe)
         self._wire.close()

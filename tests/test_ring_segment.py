@@ -35,6 +35,7 @@ def test_layout_constants_are_exported_once_from_the_native_layout():
     assert _ring.MAGIC == int.from_bytes(b"HSCRING1", "little")
     assert _ring.LAYOUT_VERSION == 3  # 3: durable slots, attached_at, control_reserve
     assert _ring.SLOT_OFFSETS["attached_at"] == _ring.SLOT_OFFSETS["name"] + _ring.SLOT_NAME_LEN
+    assert _ring.SLOT_OFFSETS["delivered"] == _ring.SLOT_OFFSETS["attached_at"] + 8
     assert len({_ring.SLOT_FREE, _ring.SLOT_ACTIVE, _ring.SLOT_EXPIRED}) == 3
     assert list(_ring.RECORD_HEADER_OFFSETS) == [
         "state", "magic", "epoch", "seq", "payload_len", "total_len", "position", "tag", "reserved"]

@@ -59,7 +59,13 @@
 //  +---------------------------------------------------------------+ 88
 //  |  attached_at (u64 atomic): position the subscription started  |
 //  |  reading at (h1 of the registration protocol)                 |
-//  +---------------------------------------------------------------+ 96 .. 128 pad
+//  +---------------------------------------------------------------+ 96
+//  |  delivered (u64 atomic, durable slots): 1 + the highest record |
+//  |  sequence number through which the subscriber acknowledged    |
+//  |  every sample, in order (0: none); carried across owners of   |
+//  |  the name, so a resumer skips what was acknowledged past       |
+//  |  `released` (a sample held by an older record kept it back)   |
+//  +---------------------------------------------------------------+ 104 .. 128 pad
 //
 // Slot states: FREE (anyone may register), ACTIVE (bounds the producer at `released`),
 // EXPIRED (a durable slot the producer gave up on: keeps name and released, bounds nothing).
@@ -161,7 +167,8 @@ constexpr std::size_t S_PID = S_RELEASED + sizeof(uint64_t);
 constexpr std::size_t S_NAME = S_PID + sizeof(uint64_t);
 constexpr std::size_t SLOT_NAME_LEN = 64;
 constexpr std::size_t S_ATTACHED_AT = S_NAME + SLOT_NAME_LEN;
-constexpr std::size_t S_END = S_ATTACHED_AT + sizeof(uint64_t);
+constexpr std::size_t S_DELIVERED = S_ATTACHED_AT + sizeof(uint64_t);
+constexpr std::size_t S_END = S_DELIVERED + sizeof(uint64_t);
 static_assert(SLOT_NAME_LEN % sizeof(uint64_t) == 0, "the name is stored as whole u64 words");
 static_assert(S_END <= SLOT_SIZE, "slot overflows its two cache lines");
 
@@ -254,6 +261,9 @@ struct ConsumerSlot {
     // a reader racing a writer reads stale words, never undefined behaviour.
     std::atomic<uint64_t> name[SLOT_NAME_LEN / sizeof(uint64_t)];
     std::atomic<uint64_t> attached_at;
+    // Written only by the slot's owner (release store, monotonic); zeroed by a registrant of a
+    // FREE slot before the ACTIVE CAS that publishes it; loaded by a resumer after its CAS.
+    std::atomic<uint64_t> delivered;
     uint8_t pad[SLOT_SIZE - S_END];
 };
 

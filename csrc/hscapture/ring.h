@@ -203,6 +203,11 @@ public:
     bool durable() const { return !resume_name_.empty(); }
     const std::string& resume_name() const { return resume_name_; }
     uint64_t attached_at() const { return attached_at_; }
+    // Durable slots: 1 + the record sequence number through which every sample was
+    // acknowledged in order (0: none), as the slot holds it (a resumer reads the previous
+    // owner's value); store_delivered keeps it monotonic (a smaller value is a no-op).
+    uint64_t delivered() const;
+    void store_delivered(uint64_t value);
     bool expired() const { return expired_; }
     uint64_t lost_from() const { return lost_from_; }
     uint64_t lost_to() const { return lost_to_; }
