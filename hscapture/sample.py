@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 __all__ = ["Sample", "layer_name"]
@@ -101,9 +102,9 @@ class Sample:
     def detach(self) -> "Sample":
         """Copy every tensor into process memory and release the ring space."""
         if self.borrowed:
-            self.tensors = {k: v.clone() for k, v in self.tensors.items()}
-            self.token_ids = self.token_ids.clone()
-            self.fields = {k: v.clone() for k, v in self.fields.items()}
+            self.tensors = {k: _owned(v) for k, v in self.tensors.items()}
+            self.token_ids = _owned(self.token_ids)
+            self.fields = {k: _owned(v) for k, v in self.fields.items()}
             self.borrowed = False
         self.release()
         return self
@@ -118,3 +119,17 @@ class _Borrow:
 
     def __exit__(self, *exc: object) -> None:
         self.sample.release()
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in process memory, made by numpy on this thread (bytes, any dtype).
+
+    Not ``t.clone()``: torch runs a copy of megabytes on its intra-op thread pool, and on a
+    host whose cores are busy (a trainer's process, a server beside it) the pool's barrier
+    waits for descheduled threads. On the 2-core CPU machine with both cores busy, an 8 MB
+    bf16 clone took p90 8.0 ms against 0.67 ms for this copy; idle, 2.95 vs 0.62 ms
+    (``hscapture._delivery._copy`` has the same reason)."""
+    if not t.is_contiguous() or t.numel() == 0:
+        return t.clone()
+    flat = t.reshape(-1).view(torch.uint8).numpy()
+    return torch.from_numpy(np.array(flat, copy=True)).view(t.dtype).reshape(t.shape)
