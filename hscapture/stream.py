@@ -21,9 +21,11 @@ Guarantees (both):
   received and verified but not handed out because the feed stopped: with a durable
   ``name`` they are NOT acknowledged and the next subscriber of that name receives them).
   With a durable ``name`` this holds across a crash of the trainer's process too. A sample
-  handed out is acknowledged as it is handed out and never handed out again. The ones taken
-  out of the subscriber but not handed out (up to ``prefetch``) go to the next subscriber of
-  the name (tests/test_stream_durable.py).
+  is acknowledged as it is handed out (``device="cpu"``), or once its copy to the GPU has
+  completed (``device="cuda"``: a crash before that hands it out again). An acknowledged
+  sample is never handed out again. The samples taken out of the subscriber but not handed
+  out (up to ``prefetch``) go to the next subscriber of the name
+  (tests/test_stream_durable.py, CPU).
 - **Clean shutdown.** The subscriber is closed when the feed stops (``max_samples`` reached,
   ``idle_timeout_s`` without a sample), when :meth:`close` is called, or when the iterator is
   garbage collected. A durable subscription keeps its place (``close``, not ``unsubscribe``).
