@@ -108,8 +108,8 @@ class Source:
         #: by an earlier owner of the place (the slot's ``delivered``): skipped, not repeated
         self.acknowledged_below = int(consumer.delivered) if resumed and \
             getattr(consumer, "durable", False) else 0
-        #: durable: ``[last row's seq, acknowledged]`` of every sample handed out and not yet
-        #: part of the acknowledged prefix, in hand-out (= sequence) order
+        #: durable: ``[last row's seq, acknowledged]`` of every sample queued for the user
+        #: and not yet part of the acknowledged prefix, in queue (= sequence) order
         self.unacked: collections.deque[list[Any]] = collections.deque()
         self.unread = False       # the last budgeted pump stopped with entries maybe left
         #: called (no arguments) just before the ring is unmapped: a reader that registered

@@ -211,8 +211,10 @@ def _write_tensor(sink: _Sink, t: torch.Tensor | _Joined, crc32: bool = True) ->
     benchmark's ``--crc`` sends everything by the other paths, through it."""
     native = _files is not None and sink.fd is not None and \
         (not crc32 or _crc32 is _files.crc32)
+    if isinstance(t, _Joined) and len(t.sources) == 1:
+        t = t.sources[0]             # its own bytes: written as a plain tensor
     if isinstance(t, _Joined):
-        if native and len(t.sources) > 1:
+        if native:
             return _write_rows(sink, list(t.sources), crc32)
         crc = 0
         for b, transient in t.chunks():
