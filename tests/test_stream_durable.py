@@ -1,6 +1,7 @@
 """A durable live stream (``hscapture.stream(name=...)``) whose trainer process dies: a real
-trainer process takes K samples and SIGKILLs itself, with up to ``prefetch`` more taken out
-of the subscriber but not handed out. A second trainer process of the same name then gets
+trainer process takes K samples, pauses until the producer has captured everything (so the
+feed is sure to prefetch), and SIGKILLs itself at the first sample after that with samples
+taken out of the subscriber but not handed out. A second trainer process of the same name then gets
 every sample the first did not hand out (the prefetched ones included), exact. No sample is
 handed out twice, none is lost, and nothing is reported, while a real producer process keeps
 capturing (``full_policy="wait"``) the whole time."""
@@ -33,16 +34,22 @@ for s in feed:
     os.write(fd, (s.rid + "\n").encode())     # unbuffered: in the kernel before the kill
     n += 1
     if n == kill_after:
-        assert feed.buffered > 0, "nothing prefetched: the kill would test nothing"
+        # the test answers once the producer has captured every request: from then on each
+        # next() tops the buffer up from notices already sent
+        print("paused", flush=True)
+        sys.stdin.readline()
+    elif kill_after and n > kill_after and feed.buffered > 0:
         os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no acknowledgement
 print(json.dumps(feed.report()))
 """
 
 
-def _trainer(endpoint: str, sizes: Path, log: Path, kill_after: int, idle: float):
-    return subprocess.run([sys.executable, "-c", TRAINER, str(HERE), endpoint, str(sizes),
-                           str(log), str(kill_after), str(idle)],
-                          capture_output=True, text=True, env=_env(), timeout=180)
+def _trainer(endpoint: str, sizes: Path, log: Path, kill_after: int,
+             idle: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", TRAINER, str(HERE), endpoint, str(sizes),
+                             str(log), str(kill_after), str(idle)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
 
 
 def test_a_durable_stream_resumes_after_its_trainer_is_killed_with_nothing_lost_or_twice(
@@ -57,15 +64,20 @@ def test_a_durable_stream_resumes_after_its_trainer_is_killed_with_nothing_lost_
     try:
         p.wait_event("ready")
         first = _trainer(endpoint, sizes, tmp_path / "first.log", kill_after=150, idle=30)
-        assert first.returncode == -9, (first.returncode, first.stderr[-3000:])
+        assert first.stdout.readline().strip() == "paused", first.communicate(timeout=60)
+        assert p.wait_event("captured", timeout=60)["dropped"] == []
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        out, err = first.communicate(timeout=180)
+        assert first.returncode == -9, (first.returncode, out, err[-3000:])
         handed_first = (tmp_path / "first.log").read_text().split()
-        assert len(handed_first) == 150
+        assert 150 < len(handed_first) < len(reqs), len(handed_first)
         # the second trainer of the same name: everything the first did not hand out
         second = _trainer(endpoint, sizes, tmp_path / "second.log", kill_after=0, idle=3)
-        assert second.returncode == 0, second.stderr[-3000:]
-        report = json.loads(second.stdout.strip().splitlines()[-1])
+        out, err = second.communicate(timeout=180)
+        assert second.returncode == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
         handed_second = (tmp_path / "second.log").read_text().split()
-        assert p.wait_event("captured", timeout=60)["dropped"] == []
         assert not set(handed_first) & set(handed_second), "a sample was handed out twice"
         assert len(handed_second) == len(set(handed_second)) == report["delivered"]
         assert set(handed_first) | set(handed_second) == {r for r, _, _ in reqs}
