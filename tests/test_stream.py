@@ -79,6 +79,8 @@ def test_slow_trainer_fills_the_ring_and_every_drop_is_reported_by_rid(endpoint,
     requests = [[f"d{i}", 200, 200] for i in range(40)]
     proc = start_producer(spec(endpoint, requests, capacity=1 << 20, policy="drop"), tmp_path)
     try:
+        # the producer is up before the feed's idle clock runs (it captures once we attach)
+        read_events(proc, "ready")
         ds = StreamDataset(endpoint, idle_timeout_s=3, prefetch=2)
         it = iter(ds)
         first = [next(it)["rid"]]
