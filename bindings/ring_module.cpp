@@ -324,6 +324,7 @@ NB_MODULE(_ring, m) {
     so["name"] = L::S_NAME;
     so["attached_at"] = L::S_ATTACHED_AT;
     so["delivered"] = L::S_DELIVERED;
+    so["unsettled"] = L::S_UNSETTLED;
     m.attr("SLOT_OFFSETS") = so;
     nb::dict rh;
     rh["state"] = L::R_STATE;
@@ -474,6 +475,12 @@ NB_MODULE(_ring, m) {
         .def("store_delivered", &hsc::Consumer::store_delivered, "value"_a,
              "Durable: record that every sample through sequence number value - 1 was "
              "acknowledged (monotonic; anonymous consumers: a no-op).")
+        .def_prop_ro("unsettled", &hsc::Consumer::unsettled,
+                     "Durable: 1 + the lowest record sequence number at which a chunk that "
+                     "continues a sample its start was not seen may no longer be skipped on "
+                     "resume (0: no bound but delivered), as the slot holds it.")
+        .def("store_unsettled", &hsc::Consumer::store_unsettled, "value"_a,
+             "Durable: record the bound above (any value; anonymous consumers: a no-op).")
         .def_prop_ro("expired", &hsc::Consumer::expired)
         .def_prop_ro("lost_from", &hsc::Consumer::lost_from)
         .def_prop_ro("lost_to", &hsc::Consumer::lost_to)

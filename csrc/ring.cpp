@@ -39,6 +39,11 @@
 //       resumer acquire-loads it after its own CAS (5) and sees the last owner's value (that
 //       owner is dead or detached: its stores are complete). Nothing in the ring is ordered
 //       by it; it only tells a resumer which samples past `released` were acknowledged.
+//       unsettled is stored by the owner alike (release, any value), zeroed alike, and a
+//       resumer acquire-loads it after its CAS; the owner stores a smaller value BEFORE the
+//       `released` store (2) that lets the ring pass the chunks it protects, and a larger one
+//       only AFTER the `delivered` store that covers them, so whatever pair of values a crash
+//       leaves is conservative.
 //
 // Liveness is not in shared memory at all: each party holds an OFD lock (fcntl F_OFD_SETLK)
 // on one byte of the segment file; the kernel drops it when the process dies, and anyone can
@@ -817,6 +822,7 @@ uint64_t Consumer::register_protocol(ConsumerSlot& s, uint64_t word) {
     // SYNC POINT (8): a new subscription has acknowledged nothing (an EXPIRED slot of our name
     // keeps its value: its numbers are this segment's, and acknowledged stays acknowledged)
     if (fresh) s.delivered.store(0, std::memory_order_relaxed);
+    if (fresh) s.unsettled.store(0, std::memory_order_relaxed);
     uint64_t mine;
     do {
         mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE, durable);
@@ -948,6 +954,19 @@ void Consumer::store_delivered(uint64_t value) {
     // SYNC POINT (8) release, monotonic: only we store it while we own the slot
     if (value > my_slot_->delivered.load(std::memory_order_relaxed))
         my_slot_->delivered.store(value, std::memory_order_release);
+}
+
+uint64_t Consumer::unsettled() const {
+    require_open("unsettled");
+    // SYNC POINT (8) acquire: the previous owner's last store (it is gone).
+    return my_slot_->unsettled.load(std::memory_order_acquire);
+}
+
+void Consumer::store_unsettled(uint64_t value) {
+    require_open("store_unsettled");
+    if (resume_name_.empty()) return;   // anonymous: nobody resumes it
+    // SYNC POINT (8) release: before the released store (2) it must precede, when smaller
+    my_slot_->unsettled.store(value, std::memory_order_release);
 }
 
 void Consumer::store_released(uint64_t position) {

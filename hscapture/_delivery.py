@@ -19,6 +19,7 @@ import torch
 from . import notice as nt
 from ._assembly import Assembler, Chunk, Partial
 from ._ledger import Ledger, LostRange
+from ._settlement import Settlement
 from ._source import Source
 from .errors import SampleMismatchError
 from .sample import Sample, layer_name
@@ -65,6 +66,8 @@ class Delivery:
         self.closed = False
         #: called with a source after a released sample gave some of its records back
         self.on_released: Callable[[Source], None] = lambda src: None
+        #: durable: the settlement of every partial tracked as unsettled, by key
+        self._unsettled: dict[tuple[int, str], Settlement] = {}
 
     # -- entries -------------------------------------------------------------------------
 
@@ -123,6 +126,12 @@ class Delivery:
             self._whole(src, record, meta, schema, names, rv)
             return
         if p is None:
+            starts = rv.token_start == 0 or rv.token_start == rv.cached_prefix
+            if not starts and rv.seq < src.settlement.continuations_below:
+                # it continues a sample an earlier owner of this durable place acknowledged
+                # (its first rows lie before the place's resume position)
+                counts["acknowledged_before"] += 1
+                return
             if rv.cached_prefix and rv.token_start == rv.cached_prefix:
                 self.fail(key, f"prefix cache hit: positions [0, {rv.cached_prefix}) were "
                                f"not computed (disable the radix cache or bust it per "
@@ -132,6 +141,9 @@ class Delivery:
                                             "convention": meta["convention"],
                                             "model": meta["model"], "dp_rank": meta["dp_rank"],
                                             "extra": rv.extra, "cached_prefix": rv.cached_prefix})
+            if not starts and self.durable:
+                # a resumer might find this partial's later rows without this one
+                self._track(src, key, rv.seq)
         if p.schema != schema:
             self.reject(key, "chunks disagree on layers, kinds, dtype or hidden size")
             return
@@ -172,7 +184,7 @@ class Delivery:
                names: tuple, rv: Any) -> None:
         """A sample that came in one row: a borrowed view, or a copy."""
         total = rv.token_count
-        if rv.seq < src.acknowledged_below:      # an earlier owner of the place acknowledged it
+        if rv.seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
             return
         if self.expected and not self._check_expected(src, rv.rid, total):
@@ -212,7 +224,10 @@ class Delivery:
         rid = p.key[1]
         total = p.total or 0
         last_seq = max(c.seq for c in chunks)
-        if last_seq < src.acknowledged_below:    # an earlier owner of the place acknowledged it
+        settled = self._unsettled.pop(p.key, None)
+        if settled is not None:
+            settled.finish(p.key, last_seq)
+        if last_seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
             self._releaser(holds)()
             return
@@ -260,16 +275,30 @@ class Delivery:
         counts["sample_bytes"] += sample.nbytes if nbytes is None else nbytes
         self.ready.append(sample)
 
-    def _ack_entry(self, src: Source, last_seq: int) -> tuple[Source, list[Any]] | None:
+    def _ack_entry(self, src: Source, last_seq: int) -> tuple[Settlement, list[Any]] | None:
         """Durable: this sample's place in its source's in-order acknowledgements (queued
-        now, in sequence order: see :meth:`Source.acknowledge`)."""
+        now, in sequence order: see :meth:`Settlement.acknowledge
+        <hscapture._settlement.Settlement.acknowledge>`)."""
         if not self.durable:
             return None
-        entry = [last_seq, False]
-        src.unacked.append(entry)
-        return src, entry
+        entry = src.settlement.queue(last_seq)
+        return None if entry is None else (src.settlement, entry)
 
-    def _releaser(self, holds: Holds, ack: tuple[Source, list[Any]] | None = None
+    def _track(self, src: Source, key: tuple[int, str], first_seq: int) -> None:
+        """Durable: ``key``'s partial may not be found whole by a resumer (before any of its
+        records is released: :meth:`Settlement.track <hscapture._settlement.Settlement.
+        track>`)."""
+        src.settlement.track(key, first_seq)
+        self._unsettled[key] = src.settlement
+
+    def _unpin(self, p: Partial) -> None:
+        """Stop holding the ring for ``p`` (its chunks are copies): tracked first (durable)."""
+        self.ledger.counts["partials_unpinned"] += 1
+        if self.durable and p.chunks:
+            self._track(p.holds[0][0], p.key, min(c.seq for c in p.chunks))
+        self._unhold(p)
+
+    def _releaser(self, holds: Holds, ack: tuple[Settlement, list[Any]] | None = None
                   ) -> Callable[[], None]:
         """The release (for a durable subscriber: the acknowledgement) of a sample holding
         ``holds``; after :meth:`close` it gives nothing back and acknowledges nothing."""
@@ -306,8 +335,7 @@ class Delivery:
         for first, _, p in held:
             if consumer.position - first <= limit:
                 break
-            self.ledger.counts["partials_unpinned"] += 1
-            self._unhold(p)
+            self._unpin(p)
 
     def pop_partial(self, key: tuple[int, str]) -> Partial | None:
         """Forget the partial sample ``key`` and release the records it held."""
@@ -325,7 +353,10 @@ class Delivery:
 
     def fail(self, key: tuple[int, str], reason: str, kind: str) -> None:
         """Sample ``key`` = (epoch, rid) cannot be delivered: report it as ``kind``."""
-        self.pop_partial(key)
+        p = self.pop_partial(key)
+        settled = self._unsettled.pop(key, None)
+        if settled is not None:
+            settled.finish(key, max((c.seq for c in p.chunks), default=0) if p else 0)
         self.ledger.record_failure(key, reason, kind)
         self.expected.pop(key[1], None)
 
@@ -342,8 +373,7 @@ class Delivery:
         past ``incomplete_timeout_s``."""
         for p in self.asm.stale(now - self.partial_hold_s):
             if p.holds:   # its chunks are copies: stop holding the ring for it
-                self.ledger.counts["partials_unpinned"] += 1
-                self._unhold(p)
+                self._unpin(p)
         for p in self.asm.stale(now - self.incomplete_timeout_s):
             self.fail(p.key, f"no chunk for {self.incomplete_timeout_s:g}s; still missing "
                              f"{p.describe_gaps()}", "incomplete")

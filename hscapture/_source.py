@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from . import record as rec
 from ._ledger import Ledger, LostRange
 from ._sequence import SequenceTracker
+from ._settlement import Settlement
 from .errors import NoticeError, RingError
 
 log = logging.getLogger("hscapture")
@@ -104,13 +105,9 @@ class Source:
         self.attach_head = 0      # producer head when we attached: older notices are gone
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
-        #: durable: samples whose last row's sequence number is below this were acknowledged
-        #: by an earlier owner of the place (the slot's ``delivered``): skipped, not repeated
-        self.acknowledged_below = int(consumer.delivered) if resumed and \
-            getattr(consumer, "durable", False) else 0
-        #: durable: ``[last row's seq, acknowledged]`` of every sample queued for the user
-        #: and not yet part of the acknowledged prefix, in queue (= sequence) order
-        self.unacked: collections.deque[list[Any]] = collections.deque()
+        #: durable: the acknowledgements a resumer of this place reads (what an earlier owner
+        #: acknowledged is skipped, not repeated: :mod:`hscapture._settlement`)
+        self.settlement = Settlement(consumer, resumed)
         self.unread = False       # the last budgeted pump stopped with entries maybe left
         #: called (no arguments) just before the ring is unmapped: a reader that registered
         #: :meth:`data_region` with CUDA unregisters it here (hscapture.stream, device=)
@@ -212,6 +209,8 @@ class Source:
                     continue
                 if reported:   # the ring has what a heartbeat called lost: the ring wins
                     self.retract(entry.seq, entry.n)
+            if self.settlement.inherited:
+                self.settlement.read(entry.seq + max(entry.n, 1) - 1)
             sink.on_entry(self, record, entry)
             self.release()
             spent += entry.n or 1
@@ -228,16 +227,6 @@ class Source:
             self.held, self.held_since = record, now
             return False
         return now - self.held_since > self.notice_grace_s
-
-    def acknowledge(self, entry: list[Any]) -> None:
-        """Durable: the sample of ``entry`` (an element of :attr:`unacked`) was acknowledged;
-        record in the slot how far every sample is, in order (a resumer skips those)."""
-        entry[1] = True
-        q, through = self.unacked, 0
-        while q and q[0][1]:
-            through = q.popleft()[0] + 1
-        if through and self.consumer is not None:
-            self.consumer.store_delivered(through)
 
     def release(self) -> None:
         """Give the ring back up to the oldest record still referenced."""

@@ -84,7 +84,7 @@ def test_unsubscribe_frees_the_slot_for_good(ring_name):
 
 # --- delivered: what was acknowledged past released ------------------------------------------
 
-def test_delivered_survives_a_crash_and_a_resume_and_a_fresh_subscription_starts_at_zero(
+def test_delivered_and_unsettled_survive_a_crash_and_a_resume_and_a_fresh_subscription_starts_at_zero(
         ring_name, tmp_path):
     p = _ring.Producer(ring_name, 1 << 16, 4)
     try:
@@ -92,22 +92,25 @@ def test_delivered_survives_a_crash_and_a_resume_and_a_fresh_subscription_starts
         code = ("import os, signal, sys; from hscapture import _ring; "
                 f"c = _ring.Consumer({ring_name!r}, 0, 'd'); assert c.delivered == 0; "
                 "c.store_delivered(7); c.store_delivered(5); assert c.delivered == 7; "
+                "assert c.unsettled == 0; c.store_unsettled(11); c.store_unsettled(4); "
                 "os.kill(os.getpid(), signal.SIGKILL)")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert r.returncode == -signal.SIGKILL, r.stderr
         c = _ring.Consumer(ring_name, 0, "d", resume_only=True)
         assert c.resumed and c.delivered == 7          # monotonic: the 5 changed nothing
+        assert c.unsettled == 4                        # not monotonic: the last store
         c.store_delivered(9)
         c.close()
         c = _ring.Consumer(ring_name, 0, "d", resume_only=True)
         assert c.delivered == 9                        # a clean detach keeps it too
         c.unsubscribe()
         fresh = _ring.Consumer(ring_name, 0, "d")      # the name again, a new subscription
-        assert not fresh.resumed and fresh.delivered == 0
+        assert not fresh.resumed and fresh.delivered == 0 and fresh.unsettled == 0
         fresh.close()
         anon = _ring.Consumer(ring_name)
         anon.store_delivered(3)                        # anonymous: nobody resumes it
-        assert anon.delivered == 0
+        anon.store_unsettled(3)
+        assert anon.delivered == 0 and anon.unsettled == 0
         anon.close()
     finally:
         p.close(True)

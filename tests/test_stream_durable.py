@@ -1,89 +1,151 @@
-"""A durable live stream (``hscapture.stream(name=...)``) whose trainer process dies: a real
-trainer process takes K samples, pauses until the producer has captured everything (so the
-feed is sure to prefetch), and SIGKILLs itself at the first sample after that with samples
-taken out of the subscriber but not handed out. A second trainer process of the same name then gets
-every sample the first did not hand out (the prefetched ones included), exact. No sample is
-handed out twice, none is lost, and nothing is reported, while a real producer process keeps
-capturing (``full_policy="wait"``) the whole time."""
+"""A durable live stream (``hscapture.stream(name=...)``) whose trainer process dies or stops:
+real trainer processes of one name take turns on a real producer process that keeps
+capturing chunked, interleaved samples (``full_policy="wait"``). Each trainer takes some
+samples and then SIGKILLs itself (a crash: no close, no acknowledgement), or closes the feed;
+the next one of the same name gets every sample the earlier ones did not hand out, the
+prefetched ones included, exact. No sample is handed out twice, and every one is handed out
+or reported.
+
+:func:`durable_stream_restarts` is the whole scenario; ``scripts/stream_faults.py`` runs it
+with many restarts at random moments (the long version)."""
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_support import ProducerProc, _env, requests  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
+#: argv: tests dir, endpoint, sizes file, log, stop after N samples (0: run until idle), how
+#: ("kill": SIGKILL itself right after the N-th; "kill-prefetched": after the N-th, print
+#: "paused" and wait for a line on stdin, then SIGKILL itself at the first sample after which
+#: a prefetched one is buffered; "close": close the feed; "end": run until idle), idle seconds,
+#: the durable name (one per scenario: a place another run left in /dev/shm is not resumed)
 TRAINER = r"""
 import json, os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import hscapture
 from fault_support import check_exact
-endpoint, sizes_file, log, kill_after, idle = sys.argv[2:7]
+endpoint, sizes_file, log, stop_after, how, idle, name = sys.argv[2:9]
 sizes = json.load(open(sizes_file))
-kill_after = int(kill_after)
+stop_after = int(stop_after)
 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-feed = hscapture.stream(endpoint, name="trainer", idle_timeout_s=float(idle), prefetch=8)
+feed = hscapture.stream(endpoint, name=name, idle_timeout_s=float(idle), prefetch=8)
 n = 0
+paused = False
 for s in feed:
     check_exact(s.tensors, s.token_ids, s.rid, sizes[s.rid])
     os.write(fd, (s.rid + "\n").encode())     # unbuffered: in the kernel before the kill
     n += 1
-    if n == kill_after:
+    if n == stop_after and how == "kill-prefetched":
         # the test answers once the producer has captured every request: from then on each
         # next() tops the buffer up from notices already sent
         print("paused", flush=True)
         sys.stdin.readline()
-    elif kill_after and n > kill_after and feed.buffered > 0:
+        paused = True
+    elif paused and feed.buffered > 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash with samples prefetched
+    elif n == stop_after and how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no acknowledgement
+    elif n == stop_after and how == "close":
+        break
+feed.close()
 print(json.dumps(feed.report()))
 """
 
+REPORTED = ("dropped", "incomplete", "rejected")
+NOT_EXPECTED = ("lost", "unresolved", "conflicts")
 
-def _trainer(endpoint: str, sizes: Path, log: Path, kill_after: int,
-             idle: float) -> subprocess.Popen:
+
+def _trainer(endpoint: str, sizes: Path, log: Path, stop_after: int, how: str,
+             idle: float, name: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", TRAINER, str(HERE), endpoint, str(sizes),
-                             str(log), str(kill_after), str(idle)],
+                             str(log), str(stop_after), how, str(idle), name],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def durable_stream_restarts(endpoint: str, tmp: Path, reqs: Sequence[tuple[str, int, int]],
+                            stops: Sequence[tuple[int, str]], *, rate: float = 0.0,
+                            seed: int = 0) -> dict[str, Any]:
+    """Run the scenario (module docstring): trainers stopping at ``stops`` ((samples, how),
+    see ``TRAINER``) in turn, then a last one until idle. Raises AssertionError on a sample
+    handed out twice, a wrong one (the trainers check every sample bit for bit), a trainer
+    that did not stop as told, or a rid neither handed out nor reported. Returns counts."""
+    sizes = tmp / "sizes.json"
+    sizes.write_text(json.dumps({r: t for r, t, _ in reqs}))
+    p = ProducerProc({"endpoint": endpoint, "requests": list(reqs), "producer_id": "sd",
+                      "consumers": 1, "interleave": 6, "capacity": 16 << 20, "rate": rate,
+                      "seed": seed, "policy": "wait", "wait_timeout_s": 60.0,
+                      "close_on_stdin": True}, tmp)
+    name = f"trainer-{uuid.uuid4().hex[:8]}"
+    handed: list[list[str]] = []
+    reported: dict[str, set[str]] = {k: set() for k in REPORTED}
+    try:
+        p.wait_event("ready")
+        for i, (after, how) in enumerate(list(stops) + [(0, "end")]):
+            log = tmp / f"trainer-{i}.log"
+            t = _trainer(endpoint, sizes, log, after, how, idle=3 if how == "end" else 30, name=name)
+            if how == "kill-prefetched":
+                assert t.stdout.readline().strip() == "paused", t.communicate(timeout=60)
+                assert p.wait_event("captured", timeout=60)["dropped"] == []
+                t.stdin.write("go\n")
+                t.stdin.flush()
+            out, err = t.communicate(timeout=240)
+            got = log.read_text().split() if log.exists() else []
+            handed.append(got)
+            if how.startswith("kill"):
+                assert t.returncode == -9, (i, how, t.returncode, out, err[-3000:])
+                assert len(got) >= after, (i, how, len(got), after)
+                continue
+            assert t.returncode == 0, (i, how, t.returncode, err[-3000:])
+            report = json.loads(out.strip().splitlines()[-1])
+            assert len(got) == report["delivered"], (i, how, len(got), report["delivered"])
+            if how == "close":
+                assert len(got) == after, (i, how, len(got), after)
+            for key in REPORTED:
+                reported[key] |= set(report[key])
+            for key in NOT_EXPECTED:
+                assert not report[key], (i, key, report[key])
+            if how == "end":
+                assert not report["in_flight"] and not report["undelivered"], report
+        captured = p.wait_event("captured", timeout=60)
+    finally:
+        p.send()
+        p.stop()
+    every = [r for part in handed for r in part]
+    twice = sorted({r for r in every if every.count(r) > 1}) if len(set(every)) < len(every) \
+        else []
+    assert not twice, f"handed out twice: {twice[:20]}"
+    named = set().union(*reported.values())
+    missing = {r for r, _, _ in reqs} - set(every) - named
+    assert not missing, f"neither handed out nor reported: {sorted(missing)[:20]}"
+    assert not set(every) & named, "a sample handed out was also reported"
+    return {"requests": len(reqs), "trainers": len(handed), "handed_out": len(every),
+            "per_trainer": [len(h) for h in handed], "dropped_by_producer": captured["dropped"],
+            **{k: len(v) for k, v in reported.items()}}
 
 
 def test_a_durable_stream_resumes_after_its_trainer_is_killed_with_nothing_lost_or_twice(
         endpoint, tmp_path):
     reqs = requests(400, seed=41, tokens=(1, 6, 20, 48), chunks=(4, 16, 64))
-    sizes = tmp_path / "sizes.json"
-    sizes.write_text(json.dumps({r: t for r, t, _ in reqs}))
-    p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "sd",
-                      "consumers": 1, "interleave": 6, "capacity": 16 << 20,
-                      "policy": "wait", "wait_timeout_s": 60.0, "close_on_stdin": True},
-                     tmp_path)
-    try:
-        p.wait_event("ready")
-        first = _trainer(endpoint, sizes, tmp_path / "first.log", kill_after=150, idle=30)
-        assert first.stdout.readline().strip() == "paused", first.communicate(timeout=60)
-        assert p.wait_event("captured", timeout=60)["dropped"] == []
-        first.stdin.write("go\n")
-        first.stdin.flush()
-        out, err = first.communicate(timeout=180)
-        assert first.returncode == -9, (first.returncode, out, err[-3000:])
-        handed_first = (tmp_path / "first.log").read_text().split()
-        assert 150 < len(handed_first) < len(reqs), len(handed_first)
-        # the second trainer of the same name: everything the first did not hand out
-        second = _trainer(endpoint, sizes, tmp_path / "second.log", kill_after=0, idle=3)
-        out, err = second.communicate(timeout=180)
-        assert second.returncode == 0, err[-3000:]
-        report = json.loads(out.strip().splitlines()[-1])
-        handed_second = (tmp_path / "second.log").read_text().split()
-        assert not set(handed_first) & set(handed_second), "a sample was handed out twice"
-        assert len(handed_second) == len(set(handed_second)) == report["delivered"]
-        assert set(handed_first) | set(handed_second) == {r for r, _, _ in reqs}
-        for key in ("dropped", "incomplete", "rejected", "lost", "unresolved", "in_flight",
-                    "undelivered"):
-            assert not report[key], (key, report[key])
-    finally:
-        p.send()
-        p.stop()
+    got = durable_stream_restarts(endpoint, tmp_path, reqs, [(150, "kill-prefetched")])
+    assert got["handed_out"] == 400 and got["per_trainer"][0] > 150, got
+    assert got["dropped_by_producer"] == [] and not got["dropped"], got
+
+
+def test_trainers_killed_and_closed_at_random_moments_while_the_producer_captures_get_each_sample_once(
+        endpoint, tmp_path):
+    rng = random.Random(7)
+    reqs = requests(360, seed=43, tokens=(1, 6, 20, 48), chunks=(4, 16, 64))
+    stops = [(rng.randint(5, 60), how) for how in ("kill", "close", "kill", "kill", "close")]
+    got = durable_stream_restarts(endpoint, tmp_path, reqs, stops, rate=120.0, seed=3)
+    assert got["handed_out"] == 360 and got["trainers"] == 6, got

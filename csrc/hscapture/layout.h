@@ -168,7 +168,8 @@ constexpr std::size_t S_NAME = S_PID + sizeof(uint64_t);
 constexpr std::size_t SLOT_NAME_LEN = 64;
 constexpr std::size_t S_ATTACHED_AT = S_NAME + SLOT_NAME_LEN;
 constexpr std::size_t S_DELIVERED = S_ATTACHED_AT + sizeof(uint64_t);
-constexpr std::size_t S_END = S_DELIVERED + sizeof(uint64_t);
+constexpr std::size_t S_UNSETTLED = S_DELIVERED + sizeof(uint64_t);
+constexpr std::size_t S_END = S_UNSETTLED + sizeof(uint64_t);
 static_assert(SLOT_NAME_LEN % sizeof(uint64_t) == 0, "the name is stored as whole u64 words");
 static_assert(S_END <= SLOT_SIZE, "slot overflows its two cache lines");
 
@@ -264,6 +265,9 @@ struct ConsumerSlot {
     // Written only by the slot's owner (release store, monotonic); zeroed by a registrant of a
     // FREE slot before the ACTIVE CAS that publishes it; loaded by a resumer after its CAS.
     std::atomic<uint64_t> delivered;
+    // Written only by the slot's owner (release store, not monotonic); zeroed like
+    // `delivered`; loaded by a resumer after its CAS, before `delivered`.
+    std::atomic<uint64_t> unsettled;
     uint8_t pad[SLOT_SIZE - S_END];
 };
 
@@ -305,6 +309,8 @@ static_assert(offsetof(ConsumerSlot, released) == S_RELEASED);
 static_assert(offsetof(ConsumerSlot, pid) == S_PID);
 static_assert(offsetof(ConsumerSlot, name) == S_NAME);
 static_assert(offsetof(ConsumerSlot, attached_at) == S_ATTACHED_AT);
+static_assert(offsetof(ConsumerSlot, delivered) == S_DELIVERED);
+static_assert(offsetof(ConsumerSlot, unsettled) == S_UNSETTLED);
 static_assert(sizeof(ConsumerSlot) == SLOT_SIZE);
 
 static_assert(offsetof(RecordHeader, state) == R_STATE);

@@ -208,6 +208,11 @@ public:
     // owner's value); store_delivered keeps it monotonic (a smaller value is a no-op).
     uint64_t delivered() const;
     void store_delivered(uint64_t value);
+    // Durable slots: 1 + the lowest record sequence number below which a resumer may skip a
+    // chunk that continues a sample it never saw start, capped by `delivered` (0: no cap);
+    // what it means is the subscriber's (hscapture/_source.py). Not monotonic.
+    uint64_t unsettled() const;
+    void store_unsettled(uint64_t value);
     bool expired() const { return expired_; }
     uint64_t lost_from() const { return lost_from_; }
     uint64_t lost_to() const { return lost_to_; }
