@@ -19,7 +19,7 @@ LAYERS: list[list[str]] = [
     ["_registry", "_wire"],
     ["_delivery"],
     ["_source"],
-    ["_ledger"],
+    ["_settlement", "_ledger"],
 ]
 #: what the stack stands on; none of these may import any module of the stack
 FOUNDATIONS = {"_assembly", "_sequence", "record", "notice", "sample", "endpoint", "errors",
