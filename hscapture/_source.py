@@ -269,6 +269,7 @@ class Source:
         except Exception:
             pass
         self.consumer = None
+        self.settlement.consumer = None   # detached: it stores nothing more
 
     # -- numbers that can never arrive ---------------------------------------------------
 

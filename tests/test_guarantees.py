@@ -423,7 +423,7 @@ def test_two_producers_with_one_id_are_a_reported_conflict_and_the_first_loses_n
         b.send()
         b.wait_event("done")
         assert rc != EXIT_OK, ("a conflict must not end in success", rep, err)
-        assert rep.get("conflicts"), rep
+        assert rep.get("conflicts"), (rc, rep, err[-2000:])
         assert set(r for r, _, _ in first) <= set(durable_rids(out)), \
             "the first producer's samples were lost"
         a.send()
