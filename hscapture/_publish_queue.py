@@ -2,19 +2,20 @@
 committed and announced, and WHICH thread does it.
 
 What committing and announcing mean (the ring's commit, the notice, a failed copy turned into
-a drop entry) is the producer's (:mod:`hscapture.producer`); this module only orders and hands
-out the entries, and coordinates the two threads that publish them.
+a drop entry) is the announcer's (:mod:`hscapture._announcer`), and what an entry holds is
+:mod:`hscapture._entries`'s; this module only orders and hands out the entries, and
+coordinates the two threads that publish them.
 
 Guarantees:
 
-- Entries leave the queue in the order they were put on it (the producer puts them in
+- Entries leave the queue in the order they were put on it (the entry writer puts them in
   reservation order, which is sequence order), each exactly once.
 - An entry leaves only once its copy completed: ``done`` is None (the bytes are in the ring)
   or ``done.query()`` is true; a ``query`` that raises counts as completed, with what it
   raised in ``Pending.error``, so the publish reports the failed copy instead of waiting
   forever (and never commits it).
 - One publisher at a time: :attr:`PublishQueue.send_lock` is held while entries are
-  published, and the producer holds it for every other socket send (ZeroMQ sockets are not
+  published, and the announcer holds it for every other socket send (ZeroMQ sockets are not
   thread-safe).
 - :meth:`PublishQueue.wait_published` returns once every entry queued before the call was
   published (or raises :class:`TimeoutError` saying how many were not).

@@ -22,8 +22,8 @@ token rows taken piece by piece from each forward's sources, exactly the row an 
 longer chunks would have produced. (One entry never holds two rows of one rid: a subscriber
 rejects such an entry whole.)
 
-This module only decides WHICH rows go into one entry and WHEN; the producer
-(:mod:`hscapture.producer`) gives the rows their sequence numbers and writes the entry.
+This module only decides WHICH rows go into one entry and WHEN; the entry writer
+(:mod:`hscapture._entries`) gives the rows their sequence numbers and writes the entry.
 Guarantees of a :class:`Stage`:
 
 - Rows leave in the order their first piece was added, all at once (:meth:`Stage.take`); a

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
-import os
 import threading
 import time
 import weakref
@@ -25,17 +24,18 @@ import torch
 
 from . import notice as nt
 from . import record as rec
+from ._announcer import Announcer
 from ._control import ControlLog
-from ._copies import EntryCopier, HostRowIds, recycle_event
-from ._publish_queue import STOP, Pending, PublishQueue, completed
-from ._staging import Stage, StagedGroup, StagedRow
-from ._producer_resources import ProducerResources, first_attach
+from ._copies import EntryCopier, HostRowIds
+from ._entries import SPLIT, EntryWriter
+from ._publish_queue import PublishQueue
+from ._staging import Stage
+from ._producer_resources import ProducerResources
 from .endpoint import check_endpoint, default_endpoint
 from .errors import (
     CaptureConfigError,
     HSCaptureError,
     InvalidRidError,
-    RecordTooLargeError,
 )
 
 log = logging.getLogger("hscapture")
@@ -71,6 +71,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         raise CaptureConfigError(f"dtype: expected one of {sorted(nt.DTYPES)}, found {dtype}")
     return name
+
+
+def _forward(part: str, name: str) -> property:
+    """A Producer attribute that is its part's (``self.<part>.<name>``): reading it reads the
+    part's, setting it (a wrapper, in a test or a benchmark) sets the part's, which the part
+    then calls instead of its method, and deleting it gives the part its method back."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value),
+                    lambda self: delattr(getattr(self, part), name),
+                    doc=f"``{part}.{name}`` (see :func:`_forward`)")
 
 
 class Producer:
@@ -166,7 +176,6 @@ class Producer:
         self.inline_publish = bool(inline_publish)
         #: the capturing thread's publish coalescing (see the class docstring); settable
         self.publish_interval_s = max(0.0, float(publish_interval_s))
-        self._last_inline = float("-inf")      # time.monotonic() of its last inline publish
         #: whether captures time their stages into the ``time_*`` counters of :meth:`stats`
         #: (~2 us a capture; off unless a benchmark or an engine's stats report asks)
         self.timed = False
@@ -178,32 +187,30 @@ class Producer:
             control_reserve=control_reserve, durable_expiry_s=durable_expiry_s, pin=pin,
             sndhwm=sndhwm)
         self._ring = self._res.ring
-        self._sock = self._res.sock
         self.epoch: int = self._ring.epoch
         self.segment: str = self._ring.name
 
         self._lock = threading.Lock()          # reserve order == seq order == queue order
         self._pubq = PublishQueue()            # entries until committed + announced
-        #: queued bytes past which the capturing thread publishes whatever the interval
-        self._publish_bytes = max(1, self._ring.capacity // 8)
-        self._announced = 0                    # every number below has its notice sent
-        self._next_seq = 0
         self._counters: collections.Counter[str] = collections.Counter()
         self._control = ControlLog()
-        self._closed = False
         self._copier = EntryCopier(self._res.pinned is not None, self._counters)
-        #: deferred captures (``capture_rows(defer=True)``) waiting to become one entry,
-        #: and the layout they share (set with the first group)
-        self._stage_layout: tuple = ()
+        #: deferred captures (``capture_rows(defer=True)``) waiting to become one entry
         # (at most a quarter of the ring: a staged entry, merged rows included, always fits
         # an empty ring; only one forward's own rows can be larger, as without a stage)
         self._stage = Stage(stage_interval_s, min(
             self._ring.capacity // 4,
             self._ring.capacity // 16 if stage_bytes is None else int(stage_bytes)))
-        self._send({"kind": "hello", "pid": os.getpid(), "segment": self.segment,
-                    "capacity": self._ring.capacity, "time_ns": time.time_ns()})
-        self._thread = threading.Thread(target=self._publish_loop, name="hscapture-publisher",
-                                        daemon=True)
+        #: what goes into the ring, under ``_lock`` (:mod:`hscapture._entries`); it holds the
+        #: next sequence number and the closed flag
+        self._entries = EntryWriter(self, self._lock, self._ring, self._pubq, self._control,
+                                    self._counters, self._copier, self._stage)
+        #: commits and announces it, heartbeats (:mod:`hscapture._announcer`)
+        self._announcer = Announcer(self, self._entries, self._pubq, self._ring, self._res.sock,
+                                    self._control, self._counters)
+        self._announcer.hello()
+        self._thread = threading.Thread(target=self._announcer.publish_loop,
+                                        name="hscapture-publisher", daemon=True)
         self._thread.start()
         self._finalizer = weakref.finalize(self, Producer._atexit_close, weakref.ref(self))
         atexit.register(self._finalizer)
@@ -343,12 +350,13 @@ class Producer:
         if isinstance(token_ids, HostRowIds):
             _check_row_ids(token_ids, rows)
             if defer and self._stage.interval_s > 0 and self.full_policy == "drop":
-                staged = self._stage_rows(rows if isinstance(rows, list) else list(rows),
-                                          list(src_starts), blocks, layers, layer_kinds,
-                                          token_ids, layer_map,
-                                          narrowest if hidden is None else int(hidden), dtype,
-                                          snapshot)
-                if staged:
+                layout = _layout(layers, layer_kinds, blocks, layer_map)
+                if self._entries.stage_rows(rows if isinstance(rows, list) else list(rows),
+                                            list(src_starts), blocks, *layout, token_ids,
+                                            narrowest if hidden is None else int(hidden),
+                                            dtype, snapshot):
+                    if self._announcer.inline_due():
+                        self._announcer.publish_inline()
                     return True
         return self._capture(rows if isinstance(rows, list) else list(rows),
                              src_starts if isinstance(src_starts, list) else list(src_starts),
@@ -360,9 +368,10 @@ class Producer:
                  layer_kinds: Sequence[str] | None, token_ids: Any, layer_map: Any,
                  hidden: int, dtype: str, snapshot: bool) -> bool:
         layers, kinds, block_cols, layer_map = _layout(layers, layer_kinds, blocks, layer_map)
+        entries, announcer = self._entries, self._announcer
         if self._stage:
             with self._lock:     # staged rows first: the ring's order is the calls' order
-                self._write_stage_locked()
+                entries.write_stage_locked()
         deadline = time.monotonic() + self.wait_timeout_s if self.full_policy == "wait" else 0.0
         counters, timed = self._counters, self.timed
         while True:
@@ -370,19 +379,27 @@ class Producer:
             with self._lock:
                 if timed:
                     counters["time_lock_ns"] += time.perf_counter_ns() - t
-                done = self._capture_locked(maps, starts, blocks, block_cols, layers, kinds,
-                                            token_ids, layer_map, hidden, dtype, snapshot,
-                                            may_wait=bool(deadline) and time.monotonic() < deadline)
+                done = entries.capture_locked(
+                    maps, starts, blocks, block_cols, layers, kinds, token_ids, layer_map,
+                    hidden, dtype, snapshot,
+                    may_wait=bool(deadline) and time.monotonic() < deadline)
             if done is not None:
-                if self._inline_due():
+                if done is SPLIT:   # too large as one entry: the halves (each takes the lock)
+                    half = len(maps) // 2
+                    a = self._capture(maps[:half], starts[:half], blocks, layers, kinds,
+                                      token_ids, layer_map, hidden, dtype, snapshot)
+                    b = self._capture(maps[half:], starts[half:], blocks, layers, kinds,
+                                      token_ids, layer_map, hidden, dtype, snapshot)
+                    done = a and b
+                if announcer.inline_due():
                     if timed:
                         t, c = time.perf_counter_ns(), time.thread_time_ns()
-                        self._publish_inline()
+                        announcer.publish_inline()
                         counters["time_publish_ns"] += time.perf_counter_ns() - t
                         counters["time_publish_cpu_ns"] += time.thread_time_ns() - c
                         counters["inline_publishes"] += 1
                     else:
-                        self._publish_inline()
+                        announcer.publish_inline()
                 return done
             # The wait policy polls for ring space WITHOUT holding the capture lock: the
             # publisher thread needs it for heartbeats, and only its commits (and the
@@ -391,172 +408,8 @@ class Producer:
             if self.inline_publish:
                 # what completed frees space once announced and read: do not leave it to the
                 # publisher thread's grace
-                self._publish_ready(block=False)
+                announcer.publish_ready(block=False)
             self._ring.reap()
-
-    def _capture_locked(self, row_maps: list[dict[str, Any]], starts: list[int],
-                        blocks: list[torch.Tensor], block_cols: list[int], layers: list[int],
-                        kinds: list[str], token_ids: Any, layer_map: Any, hidden: int,
-                        dtype: str, snapshot: bool, may_wait: bool) -> bool | None:
-        """One try under the lock: True (in the ring), False (dropped and recorded), or None
-        (full, and the wait policy wants another try)."""
-        if self._closed:
-            raise CaptureConfigError("capture on a closed Producer")
-        seq = self._next_seq
-        timed = self.timed
-        t0 = time.perf_counter_ns() if timed else 0
-        try:
-            plan = self._plan(seq, row_maps, (layers, kinds, block_cols, layer_map, hidden,
-                                              dtype))
-        except HSCaptureError as exc:
-            raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
-        t1 = time.perf_counter_ns() if timed else 0
-        position = self._reserve(plan.length, plan.tag)
-        if position == -1 and self.full_policy == "wait" and may_wait:
-            return None
-        if position == -2 and len(row_maps) > 1:   # too large as one entry: split it
-            half = len(row_maps) // 2
-            a = self._capture_split(row_maps[:half], starts[:half], blocks, layers, kinds,
-                                    token_ids, layer_map, hidden, dtype, snapshot)
-            b = self._capture_split(row_maps[half:], starts[half:], blocks, layers, kinds,
-                                    token_ids, layer_map, hidden, dtype, snapshot)
-            return a and b
-        self._next_seq = seq + len(row_maps)
-        if position < 0:
-            self._drop_locked(seq, row_maps, "ring_full" if position == -1
-                              else "record_too_large", plan.length)
-            return False
-        return self._fill_locked(seq, row_maps, plan, position, "rows", timed, t0, t1,
-                                 lambda buf, address: self._copier.copy_into(
-                                     buf, address, plan, starts, row_maps, blocks, token_ids,
-                                     snapshot, timed))
-
-    def _stage_rows(self, maps: list[dict[str, Any]], starts: list[int],
-                    blocks: list[torch.Tensor], layers: Sequence[int],
-                    layer_kinds: Sequence[str] | None, token_ids: HostRowIds, layer_map: Any,
-                    hidden: int, dtype: str, snapshot: bool) -> bool:
-        """Stage one deferred capture (see :meth:`capture_rows`); False when its sources
-        cannot be staged (the caller captures them at once)."""
-        layers, kinds, block_cols, layer_map = _layout(layers, layer_kinds, blocks, layer_map)
-        timed = self.timed
-        t = time.perf_counter_ns() if timed else 0
-        with self._lock:
-            if self._closed:
-                raise CaptureConfigError("capture on a closed Producer")
-            got = self._copier.stage(maps, starts, blocks, token_ids, snapshot)
-            if got is None:
-                return False
-            group, starts, ids = got
-            key = (group.where, tuple(layers), tuple(kinds), tuple(block_cols), hidden, dtype,
-                   None if layer_map is None else tuple(map(tuple, layer_map)))
-            stage = self._stage
-            if stage and (not stage.accepts(key, maps) or stage.due() or
-                          stage.nbytes + group.nbytes > stage.max_bytes):
-                self._write_stage_locked()
-            if not stage:
-                self._stage_layout = (layers, kinds, block_cols, layer_map, hidden, dtype)
-            stage.add(key, group, maps, starts, ids)
-            self._counters["staged_rows"] += len(maps)
-            if stage.nbytes >= stage.max_bytes:
-                self._write_stage_locked()
-        if timed:
-            self._counters["time_stage_ns"] += time.perf_counter_ns() - t
-            self._counters["stagings"] += 1
-        if self._inline_due():
-            self._publish_inline()
-        return True
-
-    def _write_stage_locked(self) -> None:
-        """Write every staged group as one entry (under the capture lock), splitting it when
-        it can never fit; nothing staged afterwards."""
-        groups, rows = self._stage.take()
-        if rows:
-            self._counters["stage_writes"] += 1
-            self._write_rows_locked(groups, rows, self._stage_layout)
-
-    def _write_rows_locked(self, groups: list[StagedGroup], rows: list[StagedRow],
-                           layout: tuple) -> None:
-        maps = [r.map for r in rows]
-        seq = self._next_seq
-        timed = self.timed
-        t0 = time.perf_counter_ns() if timed else 0
-        try:
-            plan = self._plan(seq, maps, layout)
-        except HSCaptureError as exc:
-            # staged rows were accepted: they are reported (a drop entry names only rids and
-            # token ranges, always encodable), never lost
-            self._next_seq = seq + len(maps)
-            self._counters["errors"] += 1
-            log.error("hscapture: %d staged rows (first rid %r) cannot be encoded: %s",
-                      len(maps), maps[0]["rid"], exc)
-            self._drop_locked(seq, maps, f"encode_error: {exc}"[:200], 0)
-            return
-        t1 = time.perf_counter_ns() if timed else 0
-        position = self._reserve(plan.length, plan.tag)
-        if position == -2 and len(rows) > 1:      # too large as one entry: halves
-            half = len(rows) // 2
-            self._write_rows_locked(groups, rows[:half], layout)
-            self._write_rows_locked(groups, rows[half:], layout)
-            return
-        self._next_seq = seq + len(maps)
-        if position < 0:
-            self._drop_locked(seq, maps, "ring_full" if position == -1 else
-                              "record_too_large", plan.length)
-            return
-        self._fill_locked(seq, maps, plan, position, "staged rows", timed, t0, t1,
-                          lambda buf, address: self._copier.copy_staged_into(
-                              buf, address, plan, groups, rows, timed))
-
-    def _plan(self, seq: int, maps: list[dict[str, Any]], layout: tuple) -> Any:
-        """The batch entry's plan for ``maps`` from ``seq`` (``layout``: layers, kinds, block
-        widths, layer map, hidden, dtype); raises HSCaptureError if it cannot be encoded."""
-        layers, kinds, block_cols, layer_map, hidden, dtype = layout
-        return rec.plan_batch(
-            producer=self.producer_id, epoch=self.epoch, seq=seq, dp_rank=self.dp_rank,
-            layers=layers, layer_kinds=kinds, convention=self.convention, model=self.model,
-            hidden=hidden, dtype=dtype, rows=maps, block_cols=block_cols,
-            layer_map=layer_map, check=False)
-
-    def _fill_locked(self, seq: int, maps: list[dict[str, Any]], plan: Any, position: int,
-                     what: str, timed: bool, t0: int, t1: int, copy: Any) -> bool:
-        """Write the header of the entry reserved at ``position`` and start its copies
-        (``copy(buf, address) -> (done, keepalive)``), then queue it for publishing; a copy
-        that fails gives the position back and drops the rows, recorded and reported
-        (False)."""
-        try:
-            buf = self._ring.payload(position)
-            rec.write_header(buf, plan)
-            t2 = time.perf_counter_ns() if timed else 0
-            done, keepalive = copy(buf, self._ring.payload_address(position))
-        except Exception as exc:
-            self._ring.abort(position)
-            self._counters["errors"] += 1
-            log.exception("hscapture: copy of %d %s (first rid %r) into the ring failed",
-                          len(maps), what, maps[0]["rid"])
-            self._drop_locked(seq, maps, f"copy_error: {type(exc).__name__}", plan.length)
-            return False
-        self._count_entry(len(maps), plan.length, timed, t0, t1, t2)
-        self._enqueue(Pending("batch", position, seq, len(maps), plan.length,
-                              plan.meta_bytes, done, keepalive, maps))
-        return True
-
-    def _count_entry(self, rows: int, length: int, timed: bool, t0: int, t1: int,
-                     t2: int) -> None:
-        counters = self._counters
-        counters["captured_rows"] += rows
-        counters["captured_bytes"] += length
-        if timed:   # where a capture's time goes (cumulative ns; divide by captures)
-            counters["captures"] += 1
-            counters["time_plan_ns"] += t1 - t0
-            counters["time_reserve_ns"] += t2 - t1
-            counters["time_copy_ns"] += time.perf_counter_ns() - t2
-
-    def _write_due_stage(self) -> None:
-        """Write the stage if it is due (any thread; takes the capture lock only then)."""
-        if self._stage and self._stage.due():
-            with self._lock:
-                if not self._closed and self._stage.due():
-                    self._write_stage_locked()
 
     @property
     def stage_interval_s(self) -> float:
@@ -576,9 +429,9 @@ class Producer:
         the first step once the interval passed). A no-op (one check) when nothing is queued,
         ``inline_publish`` is off or the interval has not passed."""
         if self._stage:
-            self._write_due_stage()
-        if self._pubq.pending and self._inline_due():
-            self._publish_inline()
+            self._entries.write_due_stage()
+        if self._pubq.pending and self._announcer.inline_due():
+            self._announcer.publish_inline()
 
     def abort(self, rid: str, reason: str, *, restart: bool = False,
               extra: Mapping[str, Any] | None = None) -> None:
@@ -588,21 +441,22 @@ class Producer:
         subscribers discard the partial sample quietly.
         """
         rid = nt.check_rid(rid)
+        entries = self._entries
         with self._lock:
-            if self._closed:
+            if entries.closed:
                 raise CaptureConfigError("abort on a closed Producer")
-            self._write_stage_locked()   # staged rows first: they were captured before
-            meta = rec.abort_meta(self.producer_id, self.epoch, self._next_seq, self.dp_rank,
+            entries.write_stage_locked()   # staged rows first: they were captured before
+            meta = rec.abort_meta(self.producer_id, self.epoch, entries.next_seq, self.dp_rank,
                                   rid, str(reason), bool(restart), _plain(extra, "extra"))
             try:
                 rec.control_payload(meta, check=False)   # encodable, before taking the number
             except HSCaptureError as exc:
                 raise CaptureConfigError(f"abort: {exc}") from None
-            self._next_seq += 1
+            entries.next_seq += 1
             self._counters["aborted"] += 1
-            self._control_locked(meta)
+            entries.control_locked(meta)
         if self.inline_publish:
-            self._publish_ready(block=False)
+            self._announcer.publish_ready(block=False)
 
     def stats(self) -> dict[str, Any]:
         """Counters: captured rows/bytes, dropped, aborted, unrecorded, errors, the ring's own;
@@ -618,8 +472,9 @@ class Producer:
         native CUDA call itself (the driver's share)."""
         out: dict[str, Any] = dict(self._counters)
         with self._lock:
-            out.update(ring=self._ring.stats() if not self._closed else {}, epoch=self.epoch,
-                       segment=self.segment, endpoint=self.endpoint, next_seq=self._next_seq,
+            out.update(ring=self._ring.stats() if not self._entries.closed else {},
+                       epoch=self.epoch, segment=self.segment, endpoint=self.endpoint,
+                       next_seq=self._entries.next_seq,
                        pinned=self._res.pinned is not None, backlog=self._control.backlog_rows,
                        unrecorded=self._control.unrecorded)
         return out
@@ -644,8 +499,8 @@ class Producer:
         TimeoutError after ``timeout_s``."""
         if self._stage:
             with self._lock:
-                if not self._closed:
-                    self._write_stage_locked()
+                if not self._entries.closed:
+                    self._entries.write_stage_locked()
         self._pubq.wait_published(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -667,13 +522,13 @@ class Producer:
             self._abandon("the capture lock is held (a capture in progress on this thread?)")
             return
         try:
-            if self._closed:
+            if self._entries.closed:
                 return
             try:
-                self._write_stage_locked()   # staged rows are captured rows: written first
+                self._entries.write_stage_locked()   # staged rows are captured rows: first
             except Exception:
-                self._count_publisher_error()
-            self._closed = True          # no capture can start after this
+                self._announcer.count_publisher_error()
+            self._entries.closed = True          # no capture can start after this
         finally:
             self._lock.release()
         send_lock = self._pubq.send_lock
@@ -693,7 +548,7 @@ class Producer:
 
     def _abandon(self, why: str) -> None:
         """:meth:`close` could not finish: remove the names now, leave the mapping."""
-        self._closed = True
+        self._entries.closed = True
         log.warning("hscapture: producer %s could not close in order (%s): its socket, claim "
                     "and segment name are removed now, the mapping at process exit",
                     self.producer_id, why)
@@ -706,214 +561,13 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals: capture --------------------------------------------------------------
+    # -- internals: the parts' hooks, as tests and benchmarks reach them ------------------
 
-    def _capture_split(self, maps: list[dict[str, Any]], starts: list[int],
-                       blocks: list[torch.Tensor], layers: list[int], kinds: list[str],
-                       token_ids: Any, layer_map: Any, hidden: int, dtype: str,
-                       snapshot: bool) -> bool:
-        self._lock.release()   # _capture takes the lock again (entries stay in seq order)
-        try:
-            return self._capture(maps, starts, blocks, layers, kinds, token_ids, layer_map,
-                                 hidden, dtype, snapshot)
-        finally:
-            self._lock.acquire()
-
-    def _reserve(self, length: int, tag: int) -> int:
-        """Ring position, -1 when full, -2 when it can never fit (one try, never waits)."""
-        try:
-            return self._ring.reserve(length, tag, False)
-        except RecordTooLargeError:   # larger than capacity - control_reserve: never fits
-            return -2
-
-    def _drop_locked(self, seq: int, rows: list[dict[str, Any]], reason: str,
-                     length: int) -> None:
-        self._counters["dropped"] += len(rows)
-        self._counters["dropped_bytes"] += length
-        if self._counters["dropped"] == len(rows) or reason != "ring_full":
-            log.warning("hscapture: dropped %d rows (first rid %r: %s, %d bytes); drops are "
-                        "recorded in the ring and named to subscribers", len(rows),
-                        rows[0]["rid"], reason, length)
-        self._control_locked(rec.drop_meta(self.producer_id, self.epoch, seq, self.dp_rank,
-                                           reason, rows))
-
-    def _control_locked(self, meta: dict[str, Any]) -> None:
-        """Record a drop/abort: in the ring's headroom now, else in the backlog (behind
-        which later control entries queue up, so the ring keeps them in order)."""
-        self._control.add(meta)
-        self._flush_backlog_locked()
-
-    def _flush_backlog_locked(self) -> None:
-        """Write backlog entries into the ring, oldest first, while control entries fit."""
-        while True:
-            meta = self._control.peek()
-            if meta is None:
-                return
-            payload = rec.control_payload(meta, check=False)
-            position = self._ring.reserve(len(payload), rec.entry_tag(meta), True)
-            if position < 0:
-                return
-            self._ring.payload(position)[:len(payload)] = payload
-            self._control.pop()
-            n = len(meta["rows"]) if meta["kind"] == "drop" else 1
-            self._enqueue(Pending(meta["kind"], position, meta["seq"], n, len(payload),
-                                  payload[4:], None, None, meta.get("rows", [])))
-
-    # -- internals: publishing -------------------------------------------------------------
-
-    def _enqueue(self, item: Pending | None) -> None:
-        # with inline publishing off, every entry is the publisher thread's: wake it for each
-        self._pubq.put(item, wake=not self.inline_publish)
-
-    def _inline_due(self) -> bool:
-        """Whether the capturing thread publishes now: ``inline_publish`` on, and
-        ``publish_interval_s`` passed since it last did or the queue holds a large share of
-        the ring."""
-        if not self.inline_publish:
-            return False
-        interval = self.publish_interval_s
-        return not interval or time.monotonic() - self._last_inline >= interval or \
-            self._pubq.held_bytes >= self._publish_bytes
-
-    def _publish_inline(self) -> None:
-        """The capturing thread's publish, without blocking; its time counts for the interval
-        only when it ran (another thread publishing at that moment does not)."""
-        if self._pubq.publish_ready(False, self._publish):
-            self._last_inline = time.monotonic()
-
-    def _publish_ready(self, block: bool) -> None:
-        """Commit and announce, in order, every entry at the queue's front whose copy has
-        completed. The capturing thread calls it after each capture without blocking (when
-        the publisher thread is at it, it returns at once), the publisher thread blocking."""
-        self._pubq.publish_ready(block, self._publish)
-
-    def _send(self, msg: dict[str, Any]) -> None:
-        msg.setdefault("v", nt.PROTOCOL_VERSION)
-        msg.setdefault("producer", self.producer_id)
-        msg.setdefault("epoch", self.epoch)
-        self._sock.send(nt.encode(msg, check=False), copy=True)
-
-    def _heartbeat(self) -> None:
-        # (captures hold the lock only briefly: the wait policy waits outside it)
-        with self._lock:
-            ring = self._ring.stats()
-            # read together: every number below recorded_through is in the ring below head
-            recorded = min(self._control.recorded_through(self._next_seq), self._announced)
-            self._flush_backlog_locked()
-            if not self._control.heard and ring["live_consumers"]:
-                in_flight = self._pubq.in_flight()
-                unheard = self._control.take_unheard(first_attach(self._ring.name), in_flight)
-                if unheard is not None:
-                    self._write_unheard_locked(*unheard)
-            hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self.segment,
-                  "next_seq": self._announced, "head": int(ring["head"]),
-                  "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
-                  "unrecorded": self._control.unrecorded,
-                  "backlog": self._control.backlog_rows, "recorded_through": recorded,
-                  "errors": self._counters["errors"], "time_ns": time.time_ns()}
-        with self._pubq.send_lock:
-            self._send(hb)
-
-    def _write_unheard_locked(self, rows: list[dict[str, Any]], overflow: int) -> None:
-        meta = rec.unheard_meta(self.producer_id, self.epoch, self._next_seq, self.dp_rank,
-                                rows, overflow)
-        payload = rec.control_payload(meta, check=False)
-        position = self._ring.reserve(len(payload), 0, True)
-        if position < 0:
-            self._control.unheard_lost(len(rows) + overflow)
-            return
-        self._ring.payload(position)[:len(payload)] = payload
-        self._enqueue(Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
-
-    def _publish_loop(self) -> None:
-        """Commit entries in order once their copies completed, then announce them: the
-        publisher thread's side of :mod:`hscapture._publish_queue` (whose docstring says why
-        it leaves entries to the capturing thread for ``commit_grace_s`` after the last
-        capture). It waits for the oldest copy with the GIL released (``synchronize``);
-        ``flush``, ``close`` and ``inline_publish = False`` cut the grace.
-        """
-        last_hb = 0.0
-        while True:
-            now = time.monotonic()
-            if now - last_hb >= self.heartbeat_interval_s:
-                self._safe(self._heartbeat)
-                last_hb = now
-            head = self._pubq.next_for_publisher(
-                self.commit_grace_s if self.inline_publish else 0.0, self.heartbeat_interval_s)
-            if head is STOP:
-                break
-            if head is None:
-                if self._stage:          # captures stopped with rows staged
-                    self._safe(self._write_due_stage)
-                continue
-            if head.done is not None and not completed(head.done):
-                try:
-                    head.done.synchronize()  # waits for the side-stream copy only (GIL released)
-                except Exception:
-                    pass                     # _publish reports the failed copy
-            self._publish_ready(block=True)
-        self._safe(self._heartbeat)
-        with self._pubq.send_lock:
-            self._safe(self._send, {"kind": "bye", "next_seq": self._announced,
-                                    "time_ns": time.time_ns()})
-
-    def _publish(self, item: Pending) -> None:
-        """Commit one entry whose copy completed (the queue handed it out: ``done`` None or
-        complete), then announce it. A failed copy (``item.error``) or commit becomes a drop
-        entry of the same rows, reported, never a notice. Never raises (counted and logged):
-        it runs on the engine's thread and on the publisher thread."""
-        try:
-            if item.error is not None:
-                raise item.error             # the copy's completion query failed
-            if item.done is not None:
-                if item.keepalive is not None:
-                    recycle_event(item.done, item.keepalive)   # completed: reusable
-                item.done = None
-            # SYNC POINT: commit release-stores the record state; the notice goes out after.
-            self._ring.commit(item.position)
-            if not self._control.heard:
-                self._control.note_unheard(item)
-        except Exception as exc:   # a failed copy or commit: the rows become a drop entry
-            self._counters["errors"] += 1
-            log.error("hscapture: entry %d could not be committed: %s", item.seq, exc)
-            with self._lock:
-                try:
-                    self._ring.abort(item.position)
-                except Exception:
-                    pass
-                if item.rows:   # same sequence numbers, now recorded as dropped
-                    self._safe(self._drop_locked, item.seq, item.rows,
-                               f"commit_error: {type(exc).__name__}", item.length)
-            return
-        finally:
-            item.keepalive = None
-        try:
-            try:
-                record_seq = self._ring.record_seq(item.position)
-            except Exception:
-                record_seq = 0
-            self._sock.send(nt.entry_frame(self.producer_id, self.epoch, item.seq, item.n,
-                                           item.kind, self.segment, item.position,
-                                           item.length, record_seq, item.meta_bytes),
-                            copy=True)
-        except Exception:
-            self._count_publisher_error()
-            return
-        if item.kind != "unheard":
-            self._announced = max(self._announced, item.seq + item.n)
-
-    def _safe(self, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # never let the publisher thread die: count and log once
-            self._count_publisher_error()
-
-    def _count_publisher_error(self) -> None:
-        """Count, and log the first, error of publishing (called in an ``except`` block)."""
-        self._counters["errors"] += 1
-        if self._counters["publisher_errors"] == 0:
-            log.exception("hscapture: publisher thread error (counted; continuing)")
-        self._counters["publisher_errors"] += 1
+    _reserve = _forward("_entries", "reserve")
+    _enqueue = _forward("_entries", "enqueue")
+    _publish = _forward("_announcer", "publish")
+    _publish_inline = _forward("_announcer", "publish_inline")
+    _publish_bytes = _forward("_announcer", "publish_bytes")
 
     # -- internals: lifetime ---------------------------------------------------------------
 
@@ -921,7 +575,7 @@ class Producer:
         """Give back the socket, the ring and the endpoint (:meth:`ProducerResources.release
         <hscapture._producer_resources.ProducerResources.release>`)."""
         self._res.release(unlink)
-        self._ring = self._sock = None
+        self._ring = self._entries.ring = self._announcer.ring = self._announcer.sock = None
 
     @staticmethod
     def _atexit_close(ref: "weakref.ReferenceType[Producer]") -> None:

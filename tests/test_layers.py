@@ -25,6 +25,18 @@ LAYERS: list[list[str]] = [
 FOUNDATIONS = {"_assembly", "_sequence", "record", "notice", "sample", "endpoint", "errors",
                "ring", "_ring", "pinning"}
 
+#: the producer stack, top first (the public API, the announcing side, the entry writer, and
+#: what the writer stands on), with what it may use besides
+PRODUCER_LAYERS: list[list[str]] = [
+    ["producer"],
+    ["_announcer"],
+    ["_entries", "_producer_resources"],
+    ["_copies", "_control", "_publish_queue"],
+    ["_staging"],
+]
+PRODUCER_FOUNDATIONS = {"record", "notice", "endpoint", "errors", "_cuda_copy", "_ring", "ring",
+                        "pinning"}
+
 
 def _imports(path: Path) -> set[str]:
     """Names of hscapture's own top-level modules that ``path`` imports."""
@@ -46,20 +58,30 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def _rank() -> dict[str, int]:
-    return {m: len(LAYERS) - i for i, layer in enumerate(LAYERS) for m in layer}
+def _rank(layers: list[list[str]] = LAYERS) -> dict[str, int]:
+    return {m: len(layers) - i for i, layer in enumerate(layers) for m in layer}
 
 
-def test_every_subscriber_module_imports_only_modules_below_it():
-    rank = _rank()
+def _wrong_imports(layers: list[list[str]], foundations: set[str]) -> list[str]:
+    rank = _rank(layers)
     wrong = []
     for name, r in rank.items():
         for dep in sorted(_imports(PKG / f"{name}.py")):
             if dep in rank and rank[dep] >= r:
                 wrong.append(f"{name} imports {dep} (not below it)")
-            elif dep not in rank and dep not in FOUNDATIONS:
+            elif dep not in rank and dep not in foundations:
                 wrong.append(f"{name} imports {dep}, which is neither below it in the stack "
                              f"nor a foundation")
+    return wrong
+
+
+def test_every_subscriber_module_imports_only_modules_below_it():
+    wrong = _wrong_imports(LAYERS, FOUNDATIONS)
+    assert not wrong, wrong
+
+
+def test_every_producer_module_imports_only_modules_below_it():
+    wrong = _wrong_imports(PRODUCER_LAYERS, PRODUCER_FOUNDATIONS)
     assert not wrong, wrong
 
 

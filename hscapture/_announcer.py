@@ -1,0 +1,235 @@
+"""A producer's publishing side: committing each entry once its copy completed and announcing
+it over ZeroMQ, heartbeats, ``hello`` and ``bye``, and which thread publishes when (the
+capturing thread inline, after a capture; the publisher thread once captures pause).
+
+What goes into the ring is :mod:`hscapture._entries`'s (this module calls in, under the
+capture lock, to write the control backlog, the ``unheard`` entry and the drop entry of a
+failed commit); the order entries leave in and the hand-over between the two threads are
+:mod:`hscapture._publish_queue`'s. The policy's settings (``inline_publish``,
+``publish_interval_s``, ``commit_grace_s``, ``heartbeat_interval_s``) are the producer's public
+attributes (:class:`hscapture.producer.Producer` says what each does), read at each use.
+
+Guarantees:
+
+- An entry is announced only after its commit (the commit release-stores the record's state,
+  the notice goes out after); a failed copy or commit becomes a drop entry of the same rows
+  and sequence numbers, reported, never a notice.
+- Every socket send after ``hello`` holds the publish queue's ``send_lock`` (ZeroMQ sockets
+  are not thread-safe; :mod:`hscapture._publish_queue`).
+- :attr:`Announcer.announced`: every number below it has its notice sent; heartbeats say so
+  (``next_seq``), with ``recorded_through`` never above it.
+- Publishing never raises into the engine or kills the publisher thread: errors are counted
+  (``errors``, ``publisher_errors``) and the first one logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+from . import notice as nt
+from ._control import ControlLog
+from ._copies import recycle_event
+from ._entries import EntryWriter
+from ._producer_resources import first_attach
+from ._publish_queue import STOP, Pending, PublishQueue, completed
+
+log = logging.getLogger("hscapture")
+
+__all__ = ["Announcer", "AnnouncerSettings"]
+
+
+class AnnouncerSettings(Protocol):
+    """What the announcer takes of its producer's public attributes
+    (:class:`hscapture.producer.Producer`), read at each use: the policy ones may be set at
+    any time."""
+
+    producer_id: str
+    epoch: int
+    segment: str
+    inline_publish: bool
+    publish_interval_s: float
+    commit_grace_s: float
+    heartbeat_interval_s: float
+
+
+class Announcer:
+    """Commits and announces one producer's entries, from the capturing thread (inline) and
+    from the publisher thread (:meth:`publish_loop`, its body)."""
+
+    def __init__(self, settings: AnnouncerSettings, entries: EntryWriter, pubq: PublishQueue,
+                 ring: Any, sock: Any, control: ControlLog,
+                 counters: collections.Counter[str]) -> None:
+        self._settings = settings    # the producer (a back-reference: see AnnouncerSettings)
+        self._entries = entries
+        self._lock: threading.Lock = entries.lock   # the capture lock
+        self._pubq = pubq
+        #: the ring and the bound PUB socket (None once the producer gave them back)
+        self.ring = ring
+        self.sock = sock
+        self._control = control
+        self._counters = counters
+        #: queued bytes past which the capturing thread publishes whatever the interval
+        self.publish_bytes = max(1, ring.capacity // 8)
+        #: every number below this has its notice sent
+        self.announced = 0
+        self.last_inline = float("-inf")   # time.monotonic() of the last inline publish
+
+    # -- the capturing thread --------------------------------------------------------------
+
+    def inline_due(self) -> bool:
+        """Whether the capturing thread publishes now: ``inline_publish`` on, and
+        ``publish_interval_s`` passed since it last did or the queue holds a large share of
+        the ring."""
+        s = self._settings
+        if not s.inline_publish:
+            return False
+        interval = s.publish_interval_s
+        return not interval or time.monotonic() - self.last_inline >= interval or \
+            self._pubq.held_bytes >= self.publish_bytes
+
+    def publish_inline(self) -> None:
+        """The capturing thread's publish, without blocking; its time counts for the interval
+        only when it ran (another thread publishing at that moment does not)."""
+        if self._pubq.publish_ready(False, self.publish):
+            self.last_inline = time.monotonic()
+
+    def publish_ready(self, block: bool) -> None:
+        """Commit and announce, in order, every entry at the queue's front whose copy has
+        completed. The capturing thread calls it after each capture without blocking (when
+        the publisher thread is at it, it returns at once), the publisher thread blocking."""
+        self._pubq.publish_ready(block, self.publish)
+
+    # -- the publisher thread --------------------------------------------------------------
+
+    def publish_loop(self) -> None:
+        """Commit entries in order once their copies completed, then announce them: the
+        publisher thread's side of :mod:`hscapture._publish_queue` (whose docstring says why
+        it leaves entries to the capturing thread for ``commit_grace_s`` after the last
+        capture). It waits for the oldest copy with the GIL released (``synchronize``);
+        ``flush``, ``close`` and ``inline_publish = False`` cut the grace.
+        """
+        s, entries = self._settings, self._entries
+        last_hb = 0.0
+        while True:
+            now = time.monotonic()
+            if now - last_hb >= s.heartbeat_interval_s:
+                self._safe(self._heartbeat)
+                last_hb = now
+            head = self._pubq.next_for_publisher(
+                s.commit_grace_s if s.inline_publish else 0.0, s.heartbeat_interval_s)
+            if head is STOP:
+                break
+            if head is None:
+                if entries.stage:          # captures stopped with rows staged
+                    self._safe(entries.write_due_stage)
+                continue
+            if head.done is not None and not completed(head.done):
+                try:
+                    head.done.synchronize()  # waits for the side-stream copy only (GIL released)
+                except Exception:
+                    pass                     # publish reports the failed copy
+            self.publish_ready(block=True)
+        self._safe(self._heartbeat)
+        with self._pubq.send_lock:
+            self._safe(self._send, {"kind": "bye", "next_seq": self.announced,
+                                    "time_ns": time.time_ns()})
+
+    def _heartbeat(self) -> None:
+        entries, control = self._entries, self._control
+        # (captures hold the lock only briefly: the wait policy waits outside it)
+        with self._lock:
+            ring = self.ring.stats()
+            # read together: every number below recorded_through is in the ring below head
+            recorded = min(control.recorded_through(entries.next_seq), self.announced)
+            entries.flush_backlog_locked()
+            if not control.heard and ring["live_consumers"]:
+                in_flight = self._pubq.in_flight()
+                unheard = control.take_unheard(first_attach(self.ring.name), in_flight)
+                if unheard is not None:
+                    entries.write_unheard_locked(*unheard)
+            hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self._settings.segment,
+                  "next_seq": self.announced, "head": int(ring["head"]),
+                  "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
+                  "unrecorded": control.unrecorded,
+                  "backlog": control.backlog_rows, "recorded_through": recorded,
+                  "errors": self._counters["errors"], "time_ns": time.time_ns()}
+        with self._pubq.send_lock:
+            self._send(hb)
+
+    # -- both threads ----------------------------------------------------------------------
+
+    def publish(self, item: Pending) -> None:
+        """Commit one entry whose copy completed (the queue handed it out: ``done`` None or
+        complete), then announce it. A failed copy (``item.error``) or commit becomes a drop
+        entry of the same rows, reported, never a notice. Never raises (counted and logged):
+        it runs on the engine's thread and on the publisher thread."""
+        try:
+            if item.error is not None:
+                raise item.error             # the copy's completion query failed
+            if item.done is not None:
+                if item.keepalive is not None:
+                    recycle_event(item.done, item.keepalive)   # completed: reusable
+                item.done = None
+            # SYNC POINT: commit release-stores the record state; the notice goes out after.
+            self.ring.commit(item.position)
+            if not self._control.heard:
+                self._control.note_unheard(item)
+        except Exception as exc:   # a failed copy or commit: the rows become a drop entry
+            self._counters["errors"] += 1
+            log.error("hscapture: entry %d could not be committed: %s", item.seq, exc)
+            with self._lock:
+                try:
+                    self.ring.abort(item.position)
+                except Exception:
+                    pass
+                if item.rows:   # same sequence numbers, now recorded as dropped
+                    self._safe(self._entries.drop_locked, item.seq, item.rows,
+                               f"commit_error: {type(exc).__name__}", item.length)
+            return
+        finally:
+            item.keepalive = None
+        try:
+            try:
+                record_seq = self.ring.record_seq(item.position)
+            except Exception:
+                record_seq = 0
+            s = self._settings
+            self.sock.send(nt.entry_frame(s.producer_id, s.epoch, item.seq, item.n,
+                                          item.kind, s.segment, item.position,
+                                          item.length, record_seq, item.meta_bytes),
+                           copy=True)
+        except Exception:
+            self.count_publisher_error()
+            return
+        if item.kind != "unheard":
+            self.announced = max(self.announced, item.seq + item.n)
+
+    def hello(self) -> None:
+        """Say ``hello`` (before the publisher thread starts: no other sender yet)."""
+        self._send({"kind": "hello", "pid": os.getpid(), "segment": self._settings.segment,
+                    "capacity": self.ring.capacity, "time_ns": time.time_ns()})
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        s = self._settings
+        msg.setdefault("v", nt.PROTOCOL_VERSION)
+        msg.setdefault("producer", s.producer_id)
+        msg.setdefault("epoch", s.epoch)
+        self.sock.send(nt.encode(msg, check=False), copy=True)
+
+    def _safe(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # never let the publisher thread die: count and log once
+            self.count_publisher_error()
+
+    def count_publisher_error(self) -> None:
+        """Count, and log the first, error of publishing (called in an ``except`` block)."""
+        self._counters["errors"] += 1
+        if self._counters["publisher_errors"] == 0:
+            log.exception("hscapture: publisher thread error (counted; continuing)")
+        self._counters["publisher_errors"] += 1
