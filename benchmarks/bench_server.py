@@ -306,14 +306,15 @@ class SteadyLoad:
 
 # -- pure bookkeeping (tested in tests/test_bench_stats.py) --------------------------------
 
-def pair_ratios(rounds: Sequence[Mapping[str, Any]], candidate: str, baseline: str = "off"
-                ) -> list[float]:
-    """One ratio ``candidate/baseline`` (tokens/s) per pair: rounds carry ``pair`` (an id
-    shared by the two rounds of a pair), ``mode`` and ``tok_per_s``; pairs of other
-    candidates are ignored. Raises ValueError for a pair that lacks either side."""
+def pair_ratios(rounds: Sequence[Mapping[str, Any]], candidate: str, baseline: str = "off",
+                key: str = "tok_per_s") -> list[float]:
+    """One ratio ``candidate/baseline`` of ``key`` (default ``tok_per_s``, the client's
+    prompt tokens/s) per pair: rounds carry ``pair`` (an id shared by the two rounds of a
+    pair), ``mode`` and ``key``; pairs of other candidates are ignored. Raises ValueError for
+    a pair that lacks either side."""
     by_pair: dict[Any, dict[str, float]] = {}
     for r in rounds:
-        by_pair.setdefault(r["pair"], {})[r["mode"]] = float(r["tok_per_s"])
+        by_pair.setdefault(r["pair"], {})[r["mode"]] = float(r[key])
     out = []
     for pid, sides in by_pair.items():
         if candidate not in sides:
@@ -338,7 +339,70 @@ def window_rate(done: Iterable[tuple[float, str, int]], mode: str | None, t_a: f
             n += 1
             tokens += k
     return {"tok_per_s": tokens / (t_b - t_a), "wall_s": t_b - t_a, "requests": n,
-            "tokens": tokens}
+            "tokens": tokens, "t_a": t_a, "t_b": t_b}
+
+
+def scheduler_window(forwards: Any, t_a: float, t_b: float, full_tokens: int
+                     ) -> dict[str, Any]:
+    """What the scheduler itself did in one window ``[t_a, t_b]`` (``time.perf_counter``
+    seconds: the clock of the hook's forward log, hscapture.sglang.timing.ForwardLog):
+
+    - ``sched_tok_per_s``: the tokens of the prefill passes whose hook ran in the window,
+      but the last, over the time from the first's hook to the last's: the loop's own
+      throughput, which the HTTP front end's and this client's timing do not touch (an
+      answer's arrival at the client does);
+    - ``full_tok_per_s``: the median over FULL prefill passes (``tokens >= full_tokens``:
+      the chunked-prefill budget filled) of tokens / the loop turn that followed (the next
+      hook's entry minus this one's): the per-token cost at one fixed batch size, which a
+      varying batch composition does not touch either;
+    - ``forwards``, ``full_forwards``, ``hook_us_mean`` (the hook's wall time per pass),
+      ``rows`` (captured rows), ``tokens_per_forward``.
+
+    Raises ValueError when fewer than 3 prefill passes or no full one fell in the window."""
+    import numpy as np
+
+    f = forwards[(forwards["t_ns"] >= t_a * 1e9) & (forwards["t_ns"] <= t_b * 1e9)]
+    f = f[np.argsort(f["t_ns"], kind="stable")]
+    turns = np.diff(f["t_ns"])            # the loop turn after each pass but the last
+    head = f[:-1]
+    ext = head["extend"] == 1
+    if ext.sum() < 2:
+        raise ValueError(f"scheduler_window: {int(ext.sum())} prefill passes in "
+                         f"[{t_a:.3f}, {t_b:.3f}] s; expected at least 2 (is the forward log "
+                         f"flushed, and on this host's clock?)")
+    span = f["t_ns"][-1] - f["t_ns"][0]
+    full = ext & (head["tokens"] >= full_tokens) & (turns > 0)
+    if not full.any():
+        raise ValueError(f"scheduler_window: no prefill pass of >= {full_tokens} tokens in "
+                         f"[{t_a:.3f}, {t_b:.3f}] s")
+    per_token = head["tokens"][full] / turns[full] * 1e9
+    return {"sched_tok_per_s": float(head["tokens"][ext].sum() / span * 1e9),
+            "full_tok_per_s": float(np.median(per_token)),
+            "forwards": int(len(f)), "full_forwards": int(full.sum()),
+            "hook_us_mean": float(f["hook_ns"].mean() / 1e3), "rows": int(f["rows"].sum()),
+            "tokens_per_forward": float(head["tokens"][ext].mean())}
+
+
+def _verdict(s: Mapping[str, Any], goal: float) -> str:
+    """One line of a :func:`_stats.pair_summary`: median, CI, min-max, and the goal's verdict
+    where it was judged."""
+    line = (f"median {s['median']:.4f}, {s['ci_coverage']:.1%} CI of the median "
+            f"[{s['ci'][0]:.4f}, {s['ci'][1]:.4f}] (n={s['n']} pairs), min-max "
+            f"[{s['min']:.3f}, {s['max']:.3f}]")
+    if "met" in s:
+        line += (f"; goal >= {goal:g} judged on {s['judged_on']}: "
+                 f"{'MET' if s['met'] else 'MISSED'} (whole spread: "
+                 f"{'met' if s['met_whole_spread'] else 'missed'})")
+    return line
+
+
+def full_batch_tokens(forwards: Any) -> int:
+    """The tokens of the largest prefill pass in a forward log: under a saturating load,
+    the chunked-prefill budget, the size :func:`scheduler_window` calls full."""
+    ext = forwards["tokens"][forwards["extend"] == 1]
+    if not len(ext):
+        raise ValueError("full_batch_tokens: the forward log holds no prefill pass")
+    return int(ext.max())
 
 
 def reason_of(text: str) -> str:
@@ -484,6 +548,7 @@ def main() -> int:
     endpoint = args.endpoint or os.environ.get("HSCAPTURE_ENDPOINT", "").replace("{dp_rank}", "0")
     exp_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
     stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
+    forward_log = os.environ.get("HSCAPTURE_FORWARD_LOG", "")
     nreq = dict(kv.split("=") for kv in args.requests.split(","))
     batch = {**{m: "1" for m in MIXES}, **dict(kv.split("=") for kv in args.batch.split(","))}
     rng = random.Random(args.seed)
@@ -554,32 +619,61 @@ def main() -> int:
         rids = [f"{'hscap' if mode.startswith('on') else 'plain'}-{mix}-{mode.replace(':', '-')}"
                 f"-{tag}-{i}" for i in range(len(prompts))]
         before = hook_stats().get("timing", {})
+        t_a = time.perf_counter()
         dt, outs = run_round(args.url, prompts, rids, args.concurrency, int(batch[mix]))
+        t_b = time.perf_counter()
         after = hook_stats().get("timing", {})
         if captures(mode):
             for r, p in zip(rids, prompts):
                 expected[r] = (len(p), ids_crc(p))
         tokens = sum(map(len, prompts))
         return {"mode": mode, "tok_per_s": tokens / dt, "wall_s": dt, "outputs": outs,
+                "t_a": t_a, "t_b": t_b,
                 "hook": {"calls": after.get("calls", 0) - before.get("calls", 0),
                          "hook_ms": after.get("total_ms", 0) - before.get("total_ms", 0),
                          "p50_us": after.get("p50_us"), "p90_us": after.get("p90_us")}}
 
+    def scheduler_side(mix: str, rounds: list[dict[str, Any]], res: dict[str, Any]) -> bool:
+        """With a forward log (HSCAPTURE_FORWARD_LOG): each round's :func:`scheduler_window`
+        merged into it (``sched_tok_per_s``, ``full_tok_per_s``, ...), once a fresh stats
+        report says the log holds every pass so far. False (noted) without a log or when a
+        round has no full pass."""
+        if not forward_log:
+            return False
+        set_mode(current_mode[0] or "")       # a fresh report: the hook flushed its log
+        from hscapture.sglang.timing import read_forward_log
+
+        forwards = read_forward_log(forward_log)
+        try:
+            full = full_batch_tokens(forwards)
+            for r in rounds:
+                r.update(scheduler_window(forwards, r["t_a"], r["t_b"], full))
+        except ValueError as exc:
+            notes.append(f"{mix}: no scheduler-side figures: {exc}")
+            print(f"[bench_server] {notes[-1]}", flush=True)
+            return False
+        res["full_batch_tokens"] = full
+        res["forward_log_records"] = int(len(forwards))
+        return True
+
+    #: what each paired ratio is of: the client's window, then the scheduler's own clock
+    measures = {"tok_per_s": "client", "sched_tok_per_s": "scheduler",
+                "full_tok_per_s": "scheduler, full passes"}
+
     def summarize(mix: str, rounds: list[dict[str, Any]], res: dict[str, Any]) -> None:
-        """Per candidate: the paired ratios' summary into ``res["pairs"]``, printed."""
+        """Per candidate and measure: the paired ratios' summary into ``res["pairs"]``
+        (``cand/off`` for the client's tokens/s, ``cand/off [measure]`` for the others),
+        printed."""
+        sched = scheduler_side(mix, rounds, res)
         for cand in modes[1:]:
-            s = _stats.pair_summary(pair_ratios(rounds, cand), args.goal if cand == "on"
-                                    else None, ">=", seed=args.seed)
-            res["pairs"][f"{cand}/off"] = s
-            line = (f"[bench_server] {mix}: {cand}/off median {s['median']:.4f}, "
-                    f"{s['ci_coverage']:.1%} CI of the median [{s['ci'][0]:.4f}, "
-                    f"{s['ci'][1]:.4f}] (n={s['n']} pairs), min-max [{s['min']:.3f}, "
-                    f"{s['max']:.3f}]")
-            if "met" in s:
-                line += (f"; goal >= {args.goal:g} judged on {s['judged_on']}: "
-                         f"{'MET' if s['met'] else 'MISSED'} (whole spread: "
-                         f"{'met' if s['met_whole_spread'] else 'missed'})")
-            print(line, flush=True)
+            for key, what in measures.items():
+                if key == "tok_per_s" or sched:
+                    name = f"{cand}/off" if key == "tok_per_s" else f"{cand}/off [{key}]"
+                    res["pairs"][name] = s = _stats.pair_summary(
+                        pair_ratios(rounds, cand, key=key),
+                        args.goal if cand == "on" else None, ">=", seed=args.seed)
+                    print(f"[bench_server] {mix}: {cand}/off ({what}) {_verdict(s, args.goal)}",
+                          flush=True)
 
     def start_profile(folder: str, name: str) -> None:
         """SGLang's own torch profiler over the next ``--profile-steps`` forward steps."""
@@ -753,9 +847,11 @@ def main() -> int:
               f"{t['hook']['p50_us']:.0f} us, p90 {t['hook']['p90_us']:.0f} (n={t['hook']['n']}); "
               f"inside Producer.capture_rows p50 {t['producer']['p50_us']:.0f} us, p90 "
               f"{t['producer']['p90_us']:.0f}", flush=True)
-    goals = [{"name": f"server/{mix}/on_vs_off", **{k: v for k, v in r["pairs"]["on/off"].items()
-                                                   if k != "values"}}
-             for mix, r in mixes.items()]
+    goals = [{"name": f"server/{mix}/on_vs_off"
+                      + ("" if name == "on/off" else "/" + name[len("on/off ["):-1]),
+              **{k: v for k, v in s.items() if k != "values"}}
+             for mix, r in mixes.items() for name, s in r["pairs"].items()
+             if name.startswith("on/off")]
     _stats.write_record(
         args.out, benchmark="bench_server",
         timed_regions={"round": _stats.timed_region(

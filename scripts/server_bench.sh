@@ -19,7 +19,7 @@
 # against each server: bench_server; e.g. bench_server,real_server adds tests/server on the
 # same server, after the bench). With two candidates the tiny shape did not finish both mixes in
 # its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
-# OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json.
+# OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json, forwards.bin.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
 set -u
 OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
@@ -28,6 +28,9 @@ SHAPES=${SHAPES:-1b,tiny}
 export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
 export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/tmp/hsc-bench-mode
+# every forward pass in every mode (hscapture.sglang.timing.ForwardLog): bench_server's
+# scheduler-side throughput; copied to OUT/<shape>/forwards.bin (40 bytes a pass)
+export HSCAPTURE_FORWARD_LOG=/tmp/hsc-bench-forwards.bin
 export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
 LOAD=${LOAD:-rounds}
 [ "$LOAD" = steady ] && CONCURRENCY=${CONCURRENCY:-16}
@@ -39,13 +42,14 @@ run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang
   local shape=$1 deadline=$2 model=$3; shift 3
   [[ ",$SHAPES," == *",$shape,"* ]] || return 0
   mkdir -p "$OUT/$shape"
-  rm -f "$HSCAPTURE_STATS_FILE" "$HSCAPTURE_EXPERIMENT_FILE"
+  rm -f "$HSCAPTURE_STATS_FILE" "$HSCAPTURE_EXPERIMENT_FILE" "$HSCAPTURE_FORWARD_LOG"
   echo "=== server bench: $shape"
   MODEL=$model DEADLINE_S=$deadline SERVE_LOG_DIR="/tmp/hsc-serve-$shape" bash .sgl/bin/serve.sh \
     "${COMMON[@]}" "$@" -- bash scripts/gpu_round.sh "$OUT/$shape" "${STEPS:-bench_server}" \
     > "$OUT/$shape/serve.out" 2>&1
   local r=$?
-  grep -v " block " "$OUT/$shape/serve.out" | tail -16
+  [ -f "$HSCAPTURE_FORWARD_LOG" ] && cp "$HSCAPTURE_FORWARD_LOG" "$OUT/$shape/forwards.bin"
+  grep -v " block " "$OUT/$shape/serve.out" | tail -24
   echo "--- $shape: exit $r"
   [ "$r" = 0 ] || rc=1
 }

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -654,3 +655,81 @@ def test_bench_server_expects_a_sample_for_exactly_the_modes_that_capture():
     assert [m for m in ("off", "on", "on:noop", "on:nocapture", "on:publisher",
                         "on:devids", "on:grace=0.005", "on:interval=0") if bs.captures(m)] == \
         ["on", "on:publisher", "on:devids", "on:grace=0.005", "on:interval=0"]
+
+
+def _forward_log(tmp_path: Path, passes: list[tuple[int, int, int, int, int]]) -> Any:
+    """``passes`` (t_ns, hook_ns, tokens, rows, extend) written by a real ForwardLog, read
+    back as bench_server reads it."""
+    from types import SimpleNamespace
+
+    from hscapture.sglang.timing import ForwardLog, read_forward_log
+
+    log = ForwardLog(str(tmp_path / "forwards.bin"), capacity=3)   # flushes mid-way too
+    for t, h, tokens, rows, extend in passes:
+        mode = SimpleNamespace(name="EXTEND" if extend else "DECODE")
+        log.add(t, h, SimpleNamespace(forward_mode=mode, extend_num_tokens=tokens,
+                                      reqs=[None] * tokens), rows)
+    log.flush()
+    log.close()
+    return read_forward_log(log.path)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5_000_000), st.sampled_from([512, 2048, 2048, 2048]),
+                          st.booleans()), min_size=4, max_size=40))
+def test_scheduler_window_is_the_loops_own_throughput_and_its_full_pass_cost(tmp_path_factory,
+                                                                             passes):
+    """Over the passes whose hook ran inside the window: prefill tokens (all but the last
+    pass's) over first-to-last hook time; and the median over full prefill passes of tokens
+    over the loop turn after them. Decode passes take time but give no prefill tokens."""
+    bs = _bench_server()
+    if sum(e for _, _, e in passes[:-1]) < 2 or not any(
+            e and k == 2048 for _, k, e in passes[:-1]):
+        return       # the refusals are the next test's
+    t, rows = 10**12, []
+    for gap, tokens, extend in passes:
+        rows.append((t, 7_000, tokens if extend else 3, 1, int(extend)))
+        t += gap
+    # passes outside the window on both sides are left out
+    log = _forward_log(tmp_path_factory.mktemp("log"),
+                       [(10**12 - 10**9, 1, 2048, 0, 1)] + rows + [(t + 10**9, 1, 2048, 0, 1)])
+    got = bs.scheduler_window(log, 10**3, (rows[-1][0] + 1) / 1e9, 2048)
+    head, turns = rows[:-1], [b[0] - a[0] for a, b in zip(rows, rows[1:])]
+    tokens = sum(r[2] for r in head if r[4])
+    assert math.isclose(got["sched_tok_per_s"], tokens / (rows[-1][0] - rows[0][0]) * 1e9)
+    per_token = sorted(r[2] / d * 1e9 for r, d in zip(head, turns) if r[4] and r[2] >= 2048)
+    assert math.isclose(got["full_tok_per_s"], float(np.median(per_token)))
+    assert got["forwards"] == len(rows) and got["full_forwards"] == len(per_token)
+    assert got["rows"] == len(rows) and math.isclose(got["hook_us_mean"], 7.0)
+    assert bs.full_batch_tokens(log) == 2048
+
+
+def test_scheduler_window_refuses_a_window_without_enough_prefill_or_without_a_full_pass(
+        tmp_path):
+    bs = _bench_server()
+    log = _forward_log(tmp_path, [(10**9, 1, 100, 0, 1), (2 * 10**9, 1, 100, 0, 1),
+                                  (3 * 10**9, 1, 100, 0, 1), (4 * 10**9, 1, 3, 0, 0)])
+    with pytest.raises(ValueError, match="no prefill pass of >= 2048"):
+        bs.scheduler_window(log, 0.5, 4.5, 2048)
+    with pytest.raises(ValueError, match="expected at least 2"):
+        bs.scheduler_window(log, 2.5, 4.5, 100)
+    assert bs.full_batch_tokens(log) == 100
+    with pytest.raises(ValueError, match="no prefill pass"):
+        bs.full_batch_tokens(log[log["extend"] == 0])
+
+
+def test_a_forward_log_that_cannot_be_written_switches_off_and_never_raises(tmp_path):
+    """A full disk (``/dev/full``: every write fails with ENOSPC) switches the log off at
+    its first flush; later passes are ignored; nothing is raised into the forward pass."""
+    from types import SimpleNamespace
+
+    from hscapture.sglang.timing import ForwardLog
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this host")
+    log = ForwardLog("/dev/full", capacity=2)
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"), extend_num_tokens=4)
+    for i in range(5):
+        log.add(i, 1, batch, 0)          # the 2nd add flushes, fails, switches the log off
+    log.flush()
+    assert log._fd is None

@@ -77,6 +77,7 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
 from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
+from .timing import ForwardLog, HookTiming
 from .config import (
     DEFAULT_PUBLISH_INTERVAL_MS,
     DEFAULT_STAGE_INTERVAL_MS,
@@ -287,6 +288,9 @@ class SGLangCaptureHook:
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
         # a benchmark's mode file
         self._timing = HookTiming(phases=bool(self._stats_file or self._mode_file))
+        # benchmark only: every forward pass, in every mode, for a throughput measure from
+        # inside the scheduler (timing.ForwardLog)
+        self._forward_log = _open_forward_log(os.environ.get("HSCAPTURE_FORWARD_LOG", ""))
         self._mode, self._mode_checked, self._mode_stamp = "", 0, None
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
@@ -332,7 +336,10 @@ class SGLangCaptureHook:
                            len(getattr(batch, "reqs", None) or ()), exc_info=True)
             self._abort_rows(wanted, f"capture hook error: {type(exc).__name__}: {exc}")
         finally:
-            self._timing.add(self._timing.mark("after") - t0, len(wanted), self._mode)
+            t1 = self._timing.mark("after")
+            self._timing.add(t1 - t0, len(wanted), self._mode)
+            if self._forward_log is not None:
+                self._forward_log.add(t0, t1 - t0, batch, len(wanted))
             if self._stats_file and t0 - self._stats_written > 1_000_000_000:
                 self._stats_written = t0
                 self._write_stats()
@@ -356,6 +363,8 @@ class SGLangCaptureHook:
         return self._mode
 
     def _write_stats(self) -> None:
+        if self._forward_log is not None:
+            self._forward_log.flush()     # before the report: a fresh report covers the log
         try:
             tmp = f"{self._stats_file}.tmp"
             with open(tmp, "w") as f:
@@ -391,6 +400,8 @@ class SGLangCaptureHook:
         (:meth:`hscapture.producer.Producer.close`, bounded by ``timeout_s``). Later forwards
         capture nothing (the producer is not started again)."""
         self.disabled = self.disabled or "closed"
+        if self._forward_log is not None:
+            self._forward_log.flush()
         producer, self.producer = self.producer, None
         if producer is not None:
             producer.close(timeout_s=timeout_s)
@@ -807,94 +818,16 @@ class SGLangCaptureHook:
         log.log(level, msg, *args, exc_info=exc_info)
 
 
-class HookTiming:
-    """Wall time the hook spends per forward pass on the scheduler's thread, and the part of
-    it spent inside ``Producer.capture_rows`` (the rest is the hook's own reading of the
-    batch). Percentiles are over the last 4,096 capturing calls of each benchmark mode (the
-    mode ``HSCAPTURE_EXPERIMENT_FILE`` names; ``""`` outside benchmarks), so modes that
-    alternate in one run do not mix. With ``phases`` (the hook sets it when a stats file or a
-    benchmark mode file is configured) each capturing call is also cut into phases at
-    :meth:`mark` (``select``: the experiment mode and picking the opted-in rows; ``rows``: the
-    batch's checks and the row maps; ``ids``: the token ids and blocks; ``capture``:
-    ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the
-    summary's ``phases_mean_us`` is each phase's mean per capturing call, beside
-    ``thread_cpu``, the calling thread's CPU time per such call (the rest of the wall time it
-    waited: for the GIL, a lock, the driver)."""
-
-    def __init__(self, phases: bool = False) -> None:
-        #: whether calls are cut into phases (:meth:`mark`); without, marks only read the clock
-        self.phases = phases
-        self._last = self._cpu0 = 0
-        self._marks: list[tuple[str, int]] = []
-        self._phases: collections.defaultdict[str, collections.Counter[str]] = \
-            collections.defaultdict(collections.Counter)
-        self.calls = 0
-        self.total_ns = 0
-        self.max_ns = 0
-        self.rows = 0
-        self._recent: collections.defaultdict[str, collections.deque[int]] = \
-            collections.defaultdict(lambda: collections.deque(maxlen=4096))
-        self._producer: collections.defaultdict[str, collections.deque[int]] = \
-            collections.defaultdict(lambda: collections.deque(maxlen=4096))
-
-    def start(self) -> int:
-        """The clock at the start of a hook call (ns); forgets the last call's marks."""
-        if self.phases:
-            self._marks.clear()
-            self._cpu0 = time.thread_time_ns()
-        self._last = now = time.perf_counter_ns()
-        return now
-
-    def mark(self, phase: str) -> int:
-        """End ``phase`` of this call now (with :attr:`phases`); returns the clock (ns)."""
-        now = time.perf_counter_ns()
-        if self.phases:
-            self._marks.append((phase, now - self._last))
-            self._last = now
-        return now
-
-    def add(self, ns: int, rows: int, mode: str = "") -> None:
-        self.calls += 1
-        self.total_ns += ns
-        self.rows += rows
-        self.max_ns = max(self.max_ns, ns)
-        if rows:
-            self._recent[mode].append(ns)
-            if len(self._marks) > 2:        # a call that reached its row maps: phases count
-                sums = self._phases[mode]
-                sums["calls"] += 1
-                # the calling thread's CPU time: wall minus it is time spent waiting (for the
-                # GIL another thread held, a lock, the driver)
-                sums["thread_cpu"] += time.thread_time_ns() - self._cpu0
-                for phase, dt in self._marks:
-                    sums[phase] += dt
-
-    def add_producer(self, ns: int, mode: str = "") -> None:
-        self._producer[mode].append(ns)
-
-    def summary(self) -> dict[str, Any]:
-        def pct(values: Iterable[int]) -> dict[str, float]:
-            got = sorted(values)
-            if not got:
-                return {"n": 0, "p50_us": 0.0, "p90_us": 0.0, "p99_us": 0.0}
-            at = lambda q: got[min(len(got) - 1, int(q * len(got)))] / 1e3  # noqa: E731
-            return {"n": len(got), "p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99)}
-
-        now = pct(self._recent.get("", ()))
-        return {"calls": self.calls, "rows": self.rows, "total_ms": self.total_ns / 1e6,
-                "max_us": self.max_ns / 1e3, "capturing_calls_recent": now["n"],
-                "p50_us": now["p50_us"], "p90_us": now["p90_us"], "p99_us": now["p99_us"],
-                "by_mode": {m: {"hook": pct(v), "producer": pct(self._producer.get(m, ())),
-                                "phases_mean_us": _means(self._phases.get(m))}
-                            for m, v in self._recent.items()}}
-
-
-def _means(sums: "collections.Counter[str] | None") -> dict[str, float]:
-    """Each phase's mean per call (µs) of a :class:`HookTiming` phase sum."""
-    if not sums or not sums["calls"]:
-        return {}
-    n = sums["calls"]
-    return {k: v / n / 1e3 for k, v in sums.items() if k != "calls"} | {"calls": n}
+def _open_forward_log(path: str) -> ForwardLog | None:
+    """The forward log at ``path`` (``HSCAPTURE_FORWARD_LOG``), or None: none asked for, or
+    the file cannot be made (logged; the hook runs without it)."""
+    if not path:
+        return None
+    try:
+        return ForwardLog(path)
+    except OSError as exc:
+        log.warning("hscapture: no forward log at %s: %s", path, exc)
+        return None
 
 
 def _mode_seconds(mode: str, key: str, default: float) -> float:

@@ -104,6 +104,7 @@ class FakeModelServer:
         batch.forward_mode = ForwardMode.EXTEND
         batch.prefix_lens = [r.prefix_len for r in reqs]
         batch.extend_lens = [r.extend_len for r in reqs]
+        batch.extend_num_tokens = sum(batch.extend_lens)
         parts = [self.truth[r.rid][p:p + e] for r, p, e in rows]
         decode = list(decode)
         if decode:
@@ -117,6 +118,7 @@ class FakeModelServer:
             batch.prefix_lens = batch.prefix_lens + [s - 1 for s in seq_lens]
             batch.extend_lens = batch.extend_lens + [1] * len(decode)
             batch.decoding_reqs = decode
+            batch.extend_num_tokens += len(decode)      # mix_with_running: + running_bs
             parts += [self.truth[r.rid][s - 1:s] for r, s in zip(decode, seq_lens)]
         if mode is not None:
             batch.forward_mode = getattr(ForwardMode, mode)

@@ -3,6 +3,9 @@ real Subscriber against the fabricated source tensors (see sglang_support.py).""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 
 pytest.importorskip("sglang")  # local convenience only: CI installs sglang
@@ -555,3 +558,36 @@ def test_token_ids_come_from_each_requests_own_array_and_the_devids_mode_from_th
     hook.producer.flush(timeout_s=10)         # (deferred: written as an entry by now)
     assert hook.producer.stats().get("host_id_captures", 0) == host + 1
     assert hook.counters["errors"] == 0
+
+
+def test_the_forward_log_records_every_pass_in_every_mode_with_its_tokens_and_rows(
+        rig, tmp_path, monkeypatch):
+    """HSCAPTURE_FORWARD_LOG: one record per forward pass whatever the mode (capture on, a
+    pass with nothing opted in, ``noop``, a DECODE pass), in call order, on the clock a client
+    reads (``time.perf_counter``), with the batch's token count, the rows captured and whether
+    it was a prefill; flushed with each stats report and read back whole."""
+    from hscapture.sglang.timing import read_forward_log
+
+    mode, log = tmp_path / "mode", tmp_path / "forwards.bin"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    monkeypatch.setenv("HSCAPTURE_STATS_FILE", str(tmp_path / "stats.json"))
+    monkeypatch.setenv("HSCAPTURE_FORWARD_LOG", str(log))
+    hook, sub, srv = rig()
+    t_a = time.perf_counter_ns()
+    a, b = srv.new_req("hscap-log-a", 9), srv.new_req("hscap-log-b", 14)
+    plain = srv.new_req("plain-log", 6)
+    srv.extend([(a, 0, 9), (plain, 0, 6), (b, 0, 10)])      # 25 tokens, 2 rows captured
+    srv.extend([(b, 10, 4)], decode=[plain])                 # MIXED: 4 + 1 tokens, 1 row
+    srv.decode([plain, a])                                   # DECODE: 2 requests
+    srv.extend([(srv.new_req("plain-only", 7), 0, 7)])       # nothing opted in
+    set_mode(hook, mode, "noop")
+    srv.extend([(srv.new_req("hscap-noop", 5), 0, 5)])       # the hook returns at once
+    hook._write_stats()
+    t_b = time.perf_counter_ns()
+    got = read_forward_log(str(log))
+    assert [(int(r["tokens"]), int(r["rows"]), int(r["extend"])) for r in got] == \
+        [(25, 2, 1), (5, 1, 1), (2, 0, 0), (7, 0, 1), (5, 0, 1)]
+    assert (np.diff(got["t_ns"]) > 0).all() and t_a <= got["t_ns"][0] <= got["t_ns"][-1] <= t_b
+    assert (got["hook_ns"] > 0).all() and (got["hook_ns"] < t_b - t_a).all()
+    check(sub.get(a.rid, timeout=10), srv, a)
+    check(sub.get(b.rid, timeout=10), srv, b)

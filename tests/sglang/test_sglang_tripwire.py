@@ -67,6 +67,10 @@ def test_batch_and_request_fields():
     assert "extend_lens = [r.extend_len for r in reqs]" in ext
     mix = inspect.getsource(ScheduleBatch.mix_with_running)
     assert "self.extend_lens = self.extend_lens + [1] * running_bs" in mix
+    # the forward log's token count (benchmarks only; hscapture.sglang.timing.ForwardLog)
+    assert "extend_num_tokens" in fields
+    assert "self.extend_num_tokens = extend_num_tokens" in ext
+    assert "self.extend_num_tokens = self.extend_num_tokens + running_bs" in mix
     assert "self.decoding_reqs = self.reqs" in inspect.getsource(
         ScheduleBatch.convert_decode_to_extend)
     from sglang.srt.sampling.sampling_params import SamplingParams

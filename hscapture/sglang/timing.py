@@ -1,0 +1,186 @@
+"""The hook's own instrumentation, for benchmarks: what it costs per forward pass
+(:class:`HookTiming`) and what the scheduler did meanwhile (:class:`ForwardLog`).
+
+Nothing here runs unless a benchmark asks for it (``HSCAPTURE_STATS_FILE``,
+``HSCAPTURE_EXPERIMENT_FILE``, ``HSCAPTURE_FORWARD_LOG``), and nothing here ever raises into
+the forward pass: a log that cannot be written is switched off, logged once.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from array import array
+from typing import Any, Iterable
+
+import numpy as np
+
+log = logging.getLogger("hscapture.sglang")
+
+#: the fields of one :class:`ForwardLog` record, each a little-endian int64, in file order
+FORWARD_FIELDS = ("t_ns", "hook_ns", "tokens", "rows", "extend")
+
+
+class ForwardLog:
+    """Every forward pass the hook is called for, in EVERY mode (capture off and ``noop``
+    too): a throughput measure from inside the scheduler, which the HTTP front end's and the
+    client's jitter do not reach.
+
+    One record per call, :data:`FORWARD_FIELDS`: ``t_ns`` the hook's entry on the
+    scheduler's thread (``time.perf_counter_ns``: CLOCK_MONOTONIC on Linux, one clock for every
+    process of the host, so a client's ``time.perf_counter`` windows select records),
+    ``hook_ns`` the hook's wall time, ``tokens`` the tokens the batch computed (a prefill
+    pass: ``extend_num_tokens``, else the sum of ``extend_lens``; any other: one per request),
+    ``rows`` the rows captured,
+    ``extend`` 1 for a prefill (EXTEND/MIXED) pass. The interval between two entries is one
+    turn of the scheduler's loop: its sum over a busy window is that window's length.
+
+    Records are buffered in memory (40 bytes each) and appended to ``path`` at
+    :meth:`flush` (the hook flushes with its stats report, about once a second, and when
+    :attr:`capacity` records are buffered); the file is truncated when the log is made.
+    :func:`read_forward_log` reads it back. A write that fails switches the log off (logged
+    once): the forward pass never sees it.
+    """
+
+    def __init__(self, path: str, capacity: int = 8192) -> None:
+        self.path = path
+        self.capacity = capacity
+        self._buf = array("q")
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+                                       0o644)
+
+    def add(self, t_ns: int, hook_ns: int, batch: Any, rows: int) -> None:
+        """One forward pass: its hook's entry clock and wall time, its batch, rows captured."""
+        if self._fd is None:
+            return
+        mode = getattr(getattr(batch, "forward_mode", None), "name", "")
+        extend = mode in ("EXTEND", "MIXED")
+        tokens = getattr(batch, "extend_num_tokens", None) if extend else None
+        if tokens is None:
+            tokens = (sum(getattr(batch, "extend_lens", None) or ()) if extend
+                      else len(getattr(batch, "reqs", None) or ()))
+        self._buf.extend((t_ns, hook_ns, int(tokens), rows, extend))
+        if len(self._buf) >= self.capacity * len(FORWARD_FIELDS):
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered records to the file (one ``write``)."""
+        if self._fd is None or not self._buf:
+            return
+        data, self._buf = self._buf.tobytes(), array("q")
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError as exc:
+            log.warning("hscapture: forward log %s switched off: %s", self.path, exc)
+            self.close()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def read_forward_log(path: str) -> np.ndarray:
+    """The records of a :class:`ForwardLog` file: a structured array of
+    :data:`FORWARD_FIELDS` (int64 each), in call order. A trailing partial record (a reader
+    racing a flush) is left out."""
+    raw = np.fromfile(path, dtype="<i8")
+    k = len(FORWARD_FIELDS)
+    raw = raw[: len(raw) // k * k].reshape(-1, k)
+    out = np.zeros(len(raw), dtype=[(f, "<i8") for f in FORWARD_FIELDS])
+    for i, f in enumerate(FORWARD_FIELDS):
+        out[f] = raw[:, i]
+    return out
+
+
+class HookTiming:
+    """Wall time the hook spends per forward pass on the scheduler's thread, and the part of
+    it spent inside ``Producer.capture_rows`` (the rest is the hook's own reading of the
+    batch). Percentiles are over the last 4,096 capturing calls of each benchmark mode (the
+    mode ``HSCAPTURE_EXPERIMENT_FILE`` names; ``""`` outside benchmarks), so modes that
+    alternate in one run do not mix. With ``phases`` (the hook sets it when a stats file or a
+    benchmark mode file is configured) each capturing call is also cut into phases at
+    :meth:`mark` (``select``: the experiment mode and picking the opted-in rows; ``rows``: the
+    batch's checks and the row maps; ``ids``: the token ids and blocks; ``capture``:
+    ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the
+    summary's ``phases_mean_us`` is each phase's mean per capturing call, beside
+    ``thread_cpu``, the calling thread's CPU time per such call (the rest of the wall time it
+    waited: for the GIL, a lock, the driver)."""
+
+    def __init__(self, phases: bool = False) -> None:
+        #: whether calls are cut into phases (:meth:`mark`); without, marks only read the clock
+        self.phases = phases
+        self._last = self._cpu0 = 0
+        self._marks: list[tuple[str, int]] = []
+        self._phases: collections.defaultdict[str, collections.Counter[str]] = \
+            collections.defaultdict(collections.Counter)
+        self.calls = 0
+        self.total_ns = 0
+        self.max_ns = 0
+        self.rows = 0
+        self._recent: collections.defaultdict[str, collections.deque[int]] = \
+            collections.defaultdict(lambda: collections.deque(maxlen=4096))
+        self._producer: collections.defaultdict[str, collections.deque[int]] = \
+            collections.defaultdict(lambda: collections.deque(maxlen=4096))
+
+    def start(self) -> int:
+        """The clock at the start of a hook call (ns); forgets the last call's marks."""
+        if self.phases:
+            self._marks.clear()
+            self._cpu0 = time.thread_time_ns()
+        self._last = now = time.perf_counter_ns()
+        return now
+
+    def mark(self, phase: str) -> int:
+        """End ``phase`` of this call now (with :attr:`phases`); returns the clock (ns)."""
+        now = time.perf_counter_ns()
+        if self.phases:
+            self._marks.append((phase, now - self._last))
+            self._last = now
+        return now
+
+    def add(self, ns: int, rows: int, mode: str = "") -> None:
+        self.calls += 1
+        self.total_ns += ns
+        self.rows += rows
+        self.max_ns = max(self.max_ns, ns)
+        if rows:
+            self._recent[mode].append(ns)
+            if len(self._marks) > 2:        # a call that reached its row maps: phases count
+                sums = self._phases[mode]
+                sums["calls"] += 1
+                # the calling thread's CPU time: wall minus it is time spent waiting (for the
+                # GIL another thread held, a lock, the driver)
+                sums["thread_cpu"] += time.thread_time_ns() - self._cpu0
+                for phase, dt in self._marks:
+                    sums[phase] += dt
+
+    def add_producer(self, ns: int, mode: str = "") -> None:
+        self._producer[mode].append(ns)
+
+    def summary(self) -> dict[str, Any]:
+        def pct(values: Iterable[int]) -> dict[str, float]:
+            got = sorted(values)
+            if not got:
+                return {"n": 0, "p50_us": 0.0, "p90_us": 0.0, "p99_us": 0.0}
+            at = lambda q: got[min(len(got) - 1, int(q * len(got)))] / 1e3  # noqa: E731
+            return {"n": len(got), "p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99)}
+
+        now = pct(self._recent.get("", ()))
+        return {"calls": self.calls, "rows": self.rows, "total_ms": self.total_ns / 1e6,
+                "max_us": self.max_ns / 1e3, "capturing_calls_recent": now["n"],
+                "p50_us": now["p50_us"], "p90_us": now["p90_us"], "p99_us": now["p99_us"],
+                "by_mode": {m: {"hook": pct(v), "producer": pct(self._producer.get(m, ())),
+                                "phases_mean_us": _means(self._phases.get(m))}
+                            for m, v in self._recent.items()}}
+
+
+def _means(sums: "collections.Counter[str] | None") -> dict[str, float]:
+    """Each phase's mean per call (µs) of a :class:`HookTiming` phase sum."""
+    if not sums or not sums["calls"]:
+        return {}
+    n = sums["calls"]
+    return {k: v / n / 1e3 for k, v in sums.items() if k != "calls"} | {"calls": n}
