@@ -108,10 +108,21 @@ MIXES = {"short": (200, 400), "long": (2500, 3500)}
 def captures(mode: str) -> bool:
     """Whether a mode's requests are captured (so every one of their rids must be accounted
     for): ``on`` and every ``on:MODE`` of the hook (``publisher``, ``devids``, ``grace=S``,
-    ``interval=S``, and any added later) but ``on:noop`` and ``on:nocapture``; not ``off``.
+    ``interval=S``, and any added later) but ``on:noop``, ``on:nocapture`` and the
+    interleaved ``on:alt=N`` (:func:`partial`); not ``off``.
     (Listing the capturing modes instead once left ``on:interval=0``'s samples counted as
     unrequested, failing the run's account.)"""
-    return mode == "on" or (mode.startswith("on:") and mode not in ("on:noop", "on:nocapture"))
+    return mode == "on" or (mode.startswith("on:") and mode not in ("on:noop", "on:nocapture")
+                            and not partial(mode))
+
+
+def partial(mode: str) -> bool:
+    """Whether a mode captures only some of its requests by design: ``on:alt=N`` (the hook
+    captures N prefill passes, skips N, in turn). Its samples are optional: one that arrives
+    must be exact, one that does not is no loss (:func:`verify`)."""
+    return mode.startswith("on:alt=")
+
+
 _CHILDREN: list[subprocess.Popen] = []
 
 
@@ -405,6 +416,72 @@ def full_batch_tokens(forwards: Any) -> int:
     return int(ext.max())
 
 
+def interleaved(forwards: Any, t_a: float, t_b: float) -> dict[str, Any]:
+    """Capture on vs off inside ONE window of the hook's ``alt=N`` mode (N prefill passes
+    captured, the next N skipped, in turn; the forward log's ``phase`` is 1 or 2), from the
+    passes whose hook ran in ``[t_a, t_b]`` (``time.perf_counter`` seconds).
+
+    The passes fall into blocks (runs of one phase); the first and last block, which the
+    window cuts, are left out. Each captured block is compared with the two skipped blocks
+    around it, so a drift of the host's speed that is linear over three blocks cancels:
+    ``ratio = cost(skipped neighbours) / cost(captured block)``, the throughput of capture
+    on over capture off, one per captured block. A block's cost is per prefill token:
+
+    - ``ratios`` (the overlap scheduler, SGLang's default): a pass costs its hook's own time
+      plus the REST of the next loop turn (that turn minus the next hook's time). Under the
+      overlap scheduler SGLang processes a batch's result in the turn after it launched the
+      next batch, so what a capture adds there (a result copy queued behind the capture's
+      copies, say) is charged to the pass that caused it; the hook's own time, stage writes
+      included, to the pass it ran in.
+    - ``ratios_unshifted``: a pass costs its own loop turn (the next hook's entry minus its
+      own): right without the overlap scheduler, where a batch's result is processed in the
+      same turn; under it, the captured block keeps N-1 of its N lagged effects and each
+      skipped neighbour gets one, so the difference holds about (N-2)/N of them.
+
+    Also ``blocks``, ``passes_per_block`` (median), the median turn (us) of captured and
+    skipped prefill passes, and ``hook_us_mean`` per pass on each side. Raises ValueError
+    when the window holds fewer than 3 captured blocks with skipped ones on both sides."""
+    import numpy as np
+
+    f = forwards[(forwards["t_ns"] >= t_a * 1e9) & (forwards["t_ns"] <= t_b * 1e9)]
+    f = f[np.argsort(f["t_ns"], kind="stable")]
+    f = f[f["phase"] > 0]
+    turns = np.diff(f["t_ns"]).astype(np.float64)
+    hook = f["hook_ns"].astype(np.float64)
+    # each pass but the last two: its own turn, and its hook + the next turn's rest
+    own = turns[:-1]
+    shifted = hook[:-2] + (turns[1:] - hook[1:-1])
+    head = f[:-2]
+    if len(head) < 2:
+        raise ValueError(f"interleaved: {len(f)} passes of alt=N in [{t_a:.3f}, {t_b:.3f}] s")
+    edges = np.concatenate(([0], np.flatnonzero(np.diff(head["phase"])) + 1, [len(head)]))
+    blocks = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        ext = head["extend"][a:b] == 1
+        blocks.append((int(head["phase"][a]), int(head["tokens"][a:b][ext].sum()),
+                       float(shifted[a:b].sum()), float(own[a:b].sum()), b - a))
+    blocks = blocks[1:-1]
+    ratios: list[float] = []
+    unshifted: list[float] = []
+    for i in range(1, len(blocks) - 1):
+        (p0, k0, s0, o0, _), (p1, k1, s1, o1, _), (p2, k2, s2, o2, _) = blocks[i - 1:i + 2]
+        if p1 == 1 and p0 == 2 and p2 == 2 and k0 and k1 and k2:
+            ratios.append(((s0 + s2) / (k0 + k2)) / (s1 / k1))
+            unshifted.append(((o0 + o2) / (k0 + k2)) / (o1 / k1))
+    if len(ratios) < 3:
+        raise ValueError(f"interleaved: {len(ratios)} captured blocks with skipped ones on "
+                         f"both sides in [{t_a:.3f}, {t_b:.3f}] s; expected at least 3")
+    ext = head["extend"] == 1
+    on, off = ext & (head["phase"] == 1), ext & (head["phase"] == 2)
+    return {"ratios": ratios, "ratios_unshifted": unshifted, "blocks": len(blocks),
+            "passes_per_block": float(np.median([b[4] for b in blocks])),
+            "turn_us_median": {"captured": float(np.median(own[on]) / 1e3),
+                               "skipped": float(np.median(own[off]) / 1e3)},
+            "hook_us_mean": {"captured": float(hook[:-2][on].mean() / 1e3),
+                             "skipped": float(hook[:-2][off].mean() / 1e3)},
+            "rows": int(head["rows"].sum())}
+
+
 def reason_of(text: str) -> str:
     """A report's reason without the rid-specific tail (for counting by reason)."""
     for sep in (": missing", "; missing", " (", ", missing"):
@@ -413,8 +490,12 @@ def reason_of(text: str) -> str:
 
 
 def verify(expected: Mapping[str, tuple[int, int]], got: Mapping[str, Mapping[str, Any]],
-           reports: Mapping[str, Mapping[str, str]], lost_events: int = 0) -> dict[str, Any]:
+           reports: Mapping[str, Mapping[str, str]], lost_events: int = 0,
+           optional: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """The delivery account of a run.
+
+    ``optional``: rid -> (token count, crc) of requests a :func:`partial` mode may or may not
+    capture; one received must be exact (else it is ``wrong``), and is never unrequested.
 
     ``expected``: rid -> (token count, crc) of every opted-in, captured request; ``got``:
     rid -> {"n", "crc"} of every sample the subscriber received; ``reports``: kind
@@ -423,8 +504,11 @@ def verify(expected: Mapping[str, tuple[int, int]], got: Mapping[str, Mapping[st
     received but reported, by kind and reason), missing = expected - received - reported
     (rids, must be 0), unrequested (received, never expected), lost_events (sequence numbers
     reported lost without a rid) and ``ok``."""
+    optional = optional or {}
     received = [r for r in expected if r in got]
     wrong = [r for r in received if (got[r]["n"], got[r]["crc"]) != tuple(expected[r])]
+    got_optional = [r for r in optional if r in got and r not in expected]
+    wrong += [r for r in got_optional if (got[r]["n"], got[r]["crc"]) != tuple(optional[r])]
     reported: dict[str, dict[str, int]] = {}
     told: set[str] = set()
     for kind, by_rid in reports.items():
@@ -434,8 +518,9 @@ def verify(expected: Mapping[str, tuple[int, int]], got: Mapping[str, Mapping[st
                 k = reported.setdefault(kind, {})
                 k[reason_of(why)] = k.get(reason_of(why), 0) + 1
     missing = [r for r in expected if r not in got and r not in told]
-    unrequested = [r for r in got if r not in expected]
+    unrequested = [r for r in got if r not in expected and r not in optional]
     return {"expected": len(expected), "received": len(received), "n_wrong": len(wrong),
+            "optional": len(optional), "optional_received": len(got_optional),
             "wrong": wrong[:20], "reported": reported, "n_reported": len(told),
             "missing": len(missing), "missing_rids": missing[:20],
             "n_unrequested": len(unrequested), "unrequested": unrequested[:20],
@@ -528,6 +613,12 @@ def main() -> int:
     ap.add_argument("--experiments", default="noop",
                     help="hook modes to add as candidates 'on:MODE' (need "
                          "HSCAPTURE_EXPERIMENT_FILE); noop = the plugin-absent proxy")
+    ap.add_argument("--alt", type=int, default=0,
+                    help="with --load steady, after the pairs: one window of --alt-s seconds "
+                         "in the hook mode alt=N (N prefill passes captured, N skipped, in "
+                         "turn), judged from the forward log (interleaved(); needs "
+                         "HSCAPTURE_FORWARD_LOG and HSCAPTURE_EXPERIMENT_FILE)")
+    ap.add_argument("--alt-s", type=float, default=60.0, help="seconds of the --alt window")
     ap.add_argument("--goal", type=float, default=0.98, help="goal: on/off >= this")
     ap.add_argument("--drain-s", type=float, default=120.0)
     ap.add_argument("--out", required=True)
@@ -549,6 +640,8 @@ def main() -> int:
     exp_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
     stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
     forward_log = os.environ.get("HSCAPTURE_FORWARD_LOG", "")
+    if args.alt and not (args.load == "steady" and forward_log and exp_file):
+        ap.error("--alt needs --load steady, HSCAPTURE_FORWARD_LOG and HSCAPTURE_EXPERIMENT_FILE")
     nreq = dict(kv.split("=") for kv in args.requests.split(","))
     batch = {**{m: "1" for m in MIXES}, **dict(kv.split("=") for kv in args.batch.split(","))}
     rng = random.Random(args.seed)
@@ -607,6 +700,7 @@ def main() -> int:
         current_mode[0] = mode
 
     expected: dict[str, tuple[int, int]] = {}
+    optional: dict[str, tuple[int, int]] = {}    # the partial (alt=N) modes' rids
     mixes: dict[str, Any] = {}
     deadline = time.monotonic() + 120
     while not os.path.exists(f"{stop_file}.ready"):   # the subscriber attached to the ring
@@ -656,6 +750,33 @@ def main() -> int:
         res["forward_log_records"] = int(len(forwards))
         return True
 
+    def alt_side(mix: str, window: dict[str, Any], res: dict[str, Any]) -> None:
+        """The ``--alt`` window judged from the forward log (:func:`interleaved`) into
+        ``res["interleaved"]`` and ``res["pairs"]["on/off [interleaved]"]`` (the goal's
+        verdict) and ``["on/off [interleaved, unshifted]"]``, printed."""
+        set_mode(current_mode[0] or "")       # a fresh report: the hook flushed its log
+        from hscapture.sglang.timing import read_forward_log
+
+        try:
+            got = interleaved(read_forward_log(forward_log), window["t_a"], window["t_b"])
+        except ValueError as exc:
+            notes.append(f"{mix}: no interleaved figures: {exc}")
+            print(f"[bench_server] {notes[-1]}", flush=True)
+            return
+        res["interleaved"] = {"n": args.alt, "seconds": args.alt_s, "window": window,
+                              **{k: v for k, v in got.items() if not k.startswith("ratios")}}
+        for name, key, goal in (("interleaved", "ratios", args.goal),
+                                ("interleaved, unshifted", "ratios_unshifted", None)):
+            res["pairs"][f"on/off [{name}]"] = s = _stats.pair_summary(
+                got[key], goal, ">=", seed=args.seed)
+            print(f"[bench_server] {mix}: on/off ({name}, alt={args.alt}, "
+                  f"{got['blocks']} blocks of {got['passes_per_block']:g} passes) "
+                  f"{_verdict(s, args.goal)}", flush=True)
+        print(f"[bench_server] {mix}: alt={args.alt} median turn captured / skipped "
+              f"{got['turn_us_median']['captured']:.0f} / {got['turn_us_median']['skipped']:.0f}"
+              f" us, hook per pass {got['hook_us_mean']['captured']:.0f} / "
+              f"{got['hook_us_mean']['skipped']:.0f} us", flush=True)
+
     #: what each paired ratio is of: the client's window, then the scheduler's own clock
     measures = {"tok_per_s": "client", "sched_tok_per_s": "scheduler",
                 "full_tok_per_s": "scheduler, full passes"}
@@ -690,29 +811,35 @@ def main() -> int:
                     f"{mode.replace(':', '-')}-s{k}-{i}" for i in range(n)]
 
         def on_sent(mode: str, rids: list[str], group: list[list[int]]) -> None:
-            if captures(mode):
+            if captures(mode) or partial(mode):
+                into = expected if captures(mode) else optional
                 for r, p in zip(rids, group):
-                    expected[r] = (len(p), ids_crc(p))
+                    into[r] = (len(p), ids_crc(p))
 
         load = SteadyLoad(args.url, prompts, args.concurrency, int(batch[mix]), rid_of, on_sent)
         profiles: dict[str, Any] = {}
 
-        def measure(mode: str) -> dict[str, Any]:
+        def measure_window(mode: str, seconds: float) -> dict[str, Any]:
             drained = load.pause()
             set_mode(mode.partition(":")[2])
             ramp = load.resume(mode)
-            r = load.window(args.round_s)
+            r = load.window(seconds)
             r.update(mode=mode, drain_s=drained, ramp_s=ramp)
             return r
 
+        def measure(mode: str) -> dict[str, Any]:
+            return measure_window(mode, args.round_s)
+
         rounds: list[dict[str, Any]] = []
+        alt_window: dict[str, Any] | None = None
         try:
             for m in modes:
                 measure(m)
             print(f"[bench_server] {mix}: steady load, {args.concurrency} x {batch[mix]} "
                   f"prompts in flight, windows of {args.round_s:g} s; {args.pairs} blocks of "
                   f"pairs {modes[1:]} vs off", flush=True)
-            for block, first, second in _stats.abba_order(modes, args.pairs):
+            for block, first, second in (_stats.abba_order(modes, args.pairs)
+                                         if args.pairs > 0 else []):
                 cand = second if first == "off" else first
                 for mode in (first, second):
                     r = measure(mode)
@@ -722,6 +849,10 @@ def main() -> int:
                 print(f"[bench_server] {mix} block {block:3d} {first:>8s} then {second:<8s} "
                       f"{cand}/off {ratio:.3f} ({rounds[-2]['requests']} / "
                       f"{rounds[-1]['requests']} requests answered)", flush=True)
+            if args.alt:
+                alt_window = measure_window(f"on:alt={args.alt}", args.alt_s)
+                print(f"[bench_server] {mix}: {args.alt_s:g} s in mode alt={args.alt} "
+                      f"({alt_window['requests']} requests answered)", flush=True)
             if args.profile_dir:
                 # inside the same load: switch, wait out the ramp, then record the steps
                 for mode in ("off", "on"):
@@ -742,7 +873,10 @@ def main() -> int:
                                                      if r["mode"] == m]) for m in modes}}
         if profiles:
             res["profiles"] = profiles
-        summarize(mix, rounds, res)
+        if rounds:
+            summarize(mix, rounds, res)
+        if alt_window is not None:
+            alt_side(mix, alt_window, res)
         return res
 
     for mix in args.mix.split(","):
@@ -831,11 +965,12 @@ def main() -> int:
     st = tail.get("stats", {})
     lost = sum(x.get("count", 0) for x in st.get("lost", []) if isinstance(x, dict))
     ver = verify(expected, got, {k: st.get(k, {}) for k in ("dropped", "incomplete",
-                                                             "rejected")}, lost)
+                                                             "rejected")}, lost, optional)
     ver["subscriber"] = st
     ver["drain"] = tail.get("drain")
     print(f"[bench_server] samples: expected {ver['expected']}, received {ver['received']}, "
-          f"reported {ver['n_reported']} {ver['reported']}, MISSING {ver['missing']}, wrong "
+          f"reported {ver['n_reported']} {ver['reported']}, MISSING {ver['missing']}, "
+          f"optional (alt=N) {ver['optional_received']} of {ver['optional']} received, wrong "
           f"{ver['n_wrong']}, unrequested {ver['n_unrequested']}, lost events (no rid) "
           f"{lost}; drain: {ver['drain']}", flush=True)
     if not ver["ok"]:

@@ -17,7 +17,9 @@
 # CONCURRENCY (HTTP requests in flight: 64, with LOAD=steady 16, which keeps 128 short
 # prompts queued and lets a pause drain in well under a second), STEPS (gpu_round.sh steps run
 # against each server: bench_server; e.g. bench_server,real_server adds tests/server on the
-# same server, after the bench). With two candidates the tiny shape did not finish both mixes in
+# same server, after the bench; STEPS_1B / STEPS_TINY for one shape alone), ALT (0; N: after
+# the pairs of a steady load, ALT_S seconds (60) in the hook mode alt=N, capture on and off
+# interleaved in blocks of N passes inside one window, bench_server --alt). With two candidates the tiny shape did not finish both mixes in
 # its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
 # OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json, forwards.bin.
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
@@ -29,23 +31,26 @@ export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
 export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/tmp/hsc-bench-mode
 # every forward pass in every mode (hscapture.sglang.timing.ForwardLog): bench_server's
-# scheduler-side throughput; copied to OUT/<shape>/forwards.bin (40 bytes a pass)
+# scheduler-side throughput; copied to OUT/<shape>/forwards.bin (48 bytes a pass)
 export HSCAPTURE_FORWARD_LOG=/tmp/hsc-bench-forwards.bin
 export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
 LOAD=${LOAD:-rounds}
 [ "$LOAD" = steady ] && CONCURRENCY=${CONCURRENCY:-16}
-export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --mix ${MIX:-short,long} --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64}"
+export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --mix ${MIX:-short,long} --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64} --alt ${ALT:-0} --alt-s ${ALT_S:-60}"
 COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
 mkdir -p "$OUT"
 rc=0
 run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang flags...]
   local shape=$1 deadline=$2 model=$3; shift 3
   [[ ",$SHAPES," == *",$shape,"* ]] || return 0
+  local steps=${STEPS:-bench_server}
+  [ "$shape" = 1b ] && steps=${STEPS_1B:-$steps}
+  [ "$shape" = tiny ] && steps=${STEPS_TINY:-$steps}
   mkdir -p "$OUT/$shape"
   rm -f "$HSCAPTURE_STATS_FILE" "$HSCAPTURE_EXPERIMENT_FILE" "$HSCAPTURE_FORWARD_LOG"
   echo "=== server bench: $shape"
   MODEL=$model DEADLINE_S=$deadline SERVE_LOG_DIR="/tmp/hsc-serve-$shape" bash .sgl/bin/serve.sh \
-    "${COMMON[@]}" "$@" -- bash scripts/gpu_round.sh "$OUT/$shape" "${STEPS:-bench_server}" \
+    "${COMMON[@]}" "$@" -- bash scripts/gpu_round.sh "$OUT/$shape" "$steps" \
     > "$OUT/$shape/serve.out" 2>&1
   local r=$?
   [ -f "$HSCAPTURE_FORWARD_LOG" ] && cp "$HSCAPTURE_FORWARD_LOG" "$OUT/$shape/forwards.bin"

@@ -311,6 +311,19 @@ def test_bench_server_account_closes_only_when_every_expected_rid_is_received_or
     assert not extra["ok"] and extra["unrequested"] == ["plain-1"]
 
 
+def test_bench_server_optional_samples_of_a_partial_mode_may_be_absent_but_never_wrong():
+    """``on:alt=N`` captures some of its requests by design: each of its rids may arrive or
+    not (neither missing nor unrequested), but one that arrives must be exact."""
+    bs = _bench_server()
+    assert bs.partial("on:alt=8") and not bs.captures("on:alt=8") and not bs.partial("on")
+    optional = {"x": (4, 40), "y": (5, 50), "z": (6, 60)}
+    v = bs.verify({"a": (3, 11)}, {"a": {"n": 3, "crc": 11}, "x": {"n": 4, "crc": 40}}, {},
+                  optional=optional)
+    assert v["ok"] and (v["optional"], v["optional_received"]) == (3, 1)
+    bad = bs.verify({}, {"y": {"n": 5, "crc": 51}}, {}, optional=optional)
+    assert not bad["ok"] and bad["wrong"] == ["y"] and bad["n_unrequested"] == 0
+
+
 def test_bench_server_crc_matches_what_the_subscriber_computes():
     import numpy as np
     import zlib
@@ -653,22 +666,23 @@ def test_server_trace_measures_how_long_small_result_copies_waited_behind_large_
 def test_bench_server_expects_a_sample_for_exactly_the_modes_that_capture():
     bs = _bench_server()
     assert [m for m in ("off", "on", "on:noop", "on:nocapture", "on:publisher",
-                        "on:devids", "on:grace=0.005", "on:interval=0") if bs.captures(m)] == \
+                        "on:devids", "on:grace=0.005", "on:interval=0", "on:alt=8")
+            if bs.captures(m)] == \
         ["on", "on:publisher", "on:devids", "on:grace=0.005", "on:interval=0"]
 
 
-def _forward_log(tmp_path: Path, passes: list[tuple[int, int, int, int, int]]) -> Any:
-    """``passes`` (t_ns, hook_ns, tokens, rows, extend) written by a real ForwardLog, read
-    back as bench_server reads it."""
+def _forward_log(tmp_path: Path, passes: list[tuple[int, ...]]) -> Any:
+    """``passes`` (t_ns, hook_ns, tokens, rows, extend[, phase]) written by a real
+    ForwardLog, read back as bench_server reads it."""
     from types import SimpleNamespace
 
     from hscapture.sglang.timing import ForwardLog, read_forward_log
 
     log = ForwardLog(str(tmp_path / "forwards.bin"), capacity=3)   # flushes mid-way too
-    for t, h, tokens, rows, extend in passes:
+    for t, h, tokens, rows, extend, *phase in passes:
         mode = SimpleNamespace(name="EXTEND" if extend else "DECODE")
         log.add(t, h, SimpleNamespace(forward_mode=mode, extend_num_tokens=tokens,
-                                      reqs=[None] * tokens), rows)
+                                      reqs=[None] * tokens), rows, *phase)
     log.flush()
     log.close()
     return read_forward_log(log.path)
@@ -716,6 +730,72 @@ def test_scheduler_window_refuses_a_window_without_enough_prefill_or_without_a_f
     assert bs.full_batch_tokens(log) == 100
     with pytest.raises(ValueError, match="no prefill pass"):
         bs.full_batch_tokens(log[log["extend"] == 0])
+
+
+def _alt_passes(n: int, cycles: int, turn_ns: Any, hook_on: int, lagged: int,
+                tokens: int = 2048, hook_off: int = 30_000) -> list[tuple[int, ...]]:
+    """A forward log of ``alt=n``: ``cycles`` x (n captured + n skipped) prefill passes. Pass
+    i's loop turn is ``turn_ns(i)`` (the host's own speed, drifting as it likes) plus its
+    hook (``hook_on`` captured, ``hook_off`` skipped) plus ``lagged`` when the PREVIOUS pass
+    was captured (what the overlap scheduler shows one turn late)."""
+    rows, t, prev_on = [], 10**12, False
+    for i in range(2 * n * cycles):
+        on = (i // n) % 2 == 0
+        hook = hook_on if on else hook_off
+        rows.append((t, hook, tokens, 8 if on else 0, 1, 1 if on else 2))
+        t += int(turn_ns(i)) + hook + (lagged if prev_on else 0)
+        prev_on = on
+    return rows
+
+
+@pytest.mark.parametrize("drift", ["flat", "linear", "steps"])
+def test_interleaved_charges_each_capture_its_hook_and_its_lagged_cost_whatever_the_drift(
+        tmp_path, drift):
+    """The alt=N window's ratio: a captured pass costs 400 us of hook and 200 us one turn
+    late on a 15 ms step; the skipped ones 30 us of hook. The host's speed drifts (not at
+    all, linearly, or by a step every few blocks): the ratio per captured block is the true
+    one, 15.03 / 15.6, within the drift's own leftover; unshifted (each pass's own turn)
+    sees only (N-2)/N of the lagged cost."""
+    bs = _bench_server()
+    n, base = 8, 15_000_000
+    turn = {"flat": lambda i: base, "linear": lambda i: base * (1 + i / 4000),
+            "steps": lambda i: base * (1.3 if (i // 48) % 2 else 1.0)}[drift]
+    log = _forward_log(tmp_path, _alt_passes(n, 40, turn, 400_000, 200_000))
+    got = bs.interleaved(log, 0, 10**6)
+    # the true ratio of each captured block (blocks 2, 4, ... of the window: the first cut)
+    mids = [turn((2 * k) * n + n // 2) for k in range(1, 39)]
+    truth = float(np.median([(b + 30_000) / (b + 600_000) for b in mids]))
+    seen = float(np.median([(b + 30_000 + 200_000 / n) / (b + 400_000 + 200_000 * (n - 1) / n)
+                            for b in mids]))
+    assert got["passes_per_block"] == n and len(got["ratios"]) >= 30
+    if drift == "steps":
+        # the blocks next to a step are off by the step; the median stays between the two
+        # levels' true ratios
+        lo, hi = min((b + 30_000) / (b + 600_000) for b in mids), \
+            max((b + 30_000) / (b + 600_000) for b in mids)
+        assert lo - 1e-3 <= float(np.median(got["ratios"])) <= hi + 1e-3
+        return
+    assert abs(float(np.median(got["ratios"])) - truth) < 1e-3
+    assert abs(float(np.median(got["ratios_unshifted"])) - seen) < 1e-3
+    assert got["hook_us_mean"] == {"captured": pytest.approx(400.0),
+                                   "skipped": pytest.approx(30.0)}
+
+
+def test_interleaved_leaves_out_passes_of_other_modes_and_refuses_a_window_too_short(tmp_path):
+    bs = _bench_server()
+    passes = _alt_passes(4, 5, lambda i: 10_000_000, 300_000, 0)
+    # passes of another mode (phase 0) in the window, before and after, are no blocks
+    before = [(passes[0][0] - k * 10_000_000, 1, 2048, 0, 1, 0) for k in range(4, 0, -1)]
+    after = [(passes[-1][0] + k * 10_000_000, 1, 2048, 0, 1, 0) for k in range(1, 5)]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    got = bs.interleaved(_forward_log(tmp_path / "a", before + passes + after), 0, 10**6)
+    # 10 blocks, the two the window cuts left out: 4 captured ones between skipped ones...
+    # of which the last one's right neighbour is the block the window cut
+    assert got["blocks"] == 8 and len(got["ratios"]) == 3, got
+    assert all(r == pytest.approx(10.03 / 10.3) for r in got["ratios"])
+    with pytest.raises(ValueError, match="expected at least 3"):
+        bs.interleaved(_forward_log(tmp_path / "b", passes[:24]), 0, 10**6)
 
 
 def test_a_forward_log_that_cannot_be_written_switches_off_and_never_raises(tmp_path):

@@ -124,6 +124,12 @@ PUBLISH_INTERVAL_S = DEFAULT_PUBLISH_INTERVAL_MS / 1e3   # HSCAPTURE_PUBLISH_INT
 #: forward. Meanwhile the forward's outputs stay referenced (or, for CUDA-graph outputs, their
 #: rows are copied on the GPU at once), bounded by 1/16 of the ring.
 STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_MS sets it
+#: benchmark mode ``alt=N`` (capture in blocks of N prefill passes, skip the next N): the
+#: producer's commit grace and heartbeat interval meanwhile, longer than any block, so the
+#: publisher thread does not commit, announce or write the stage inside a skipped block (in
+#: plain ``on`` mode the scheduler's thread does all three inline; they must land in the
+#: capturing blocks, where ``on`` pays them). Heartbeats cost both modes alike.
+ALT_QUIET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,9 @@ class SGLangCaptureHook:
         # ``interval=S`` (its publish interval is S seconds instead of the configured one),
         # ``nostage`` (one ring entry per forward: no deferred captures); ``nosnapstage``
         # (deferred only when no snapshot is needed: graph outputs are captured at once);
+        # ``alt=N`` (capture N prefill passes, skip the next N, in turn: both sides of the
+        # on/off comparison inside one window, bench_server --alt; the forward log says
+        # which side each pass was on);
         # its path is read once here, the file re-read only when it changed
         self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
@@ -292,6 +301,11 @@ class SGLangCaptureHook:
         # inside the scheduler (timing.ForwardLog)
         self._forward_log = _open_forward_log(os.environ.get("HSCAPTURE_FORWARD_LOG", ""))
         self._mode, self._mode_checked, self._mode_stamp = "", 0, None
+        # ``alt=N``: N (0: off), the prefill passes counted since, this pass's side
+        # (timing.ForwardLog's ``phase``: 0 outside the mode, 1 captured, 2 skipped), and
+        # the producer's heartbeat interval to restore afterwards
+        self._alt, self._alt_count, self._phase = 0, 0, 0
+        self._heartbeat_s: float | None = None
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
 
@@ -313,19 +327,14 @@ class SGLangCaptureHook:
             batch = kwargs.get("batch")
         wanted: list[tuple[int, Any]] = []
         t0 = self._timing.start()
+        self._phase = 0
         try:
             if self._mode_file:
                 mode = self._experiment_mode(t0)
                 if mode == "noop":
                     return None
-                if self.producer is not None:   # "publisher": only its thread publishes
-                    self.producer.inline_publish = mode != "publisher"
-                    # "grace=S": the publisher thread's commit grace is S seconds
-                    self.producer.commit_grace_s = _mode_seconds(mode, "grace=",
-                                                                 COMMIT_GRACE_S)
-                    # "interval=S": the scheduler thread publishes at most every S seconds
-                    self.producer.publish_interval_s = _mode_seconds(
-                        mode, "interval=", self.config.publish_interval_s)
+                if self.producer is not None:
+                    self._apply_mode(mode)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1
@@ -339,11 +348,29 @@ class SGLangCaptureHook:
             t1 = self._timing.mark("after")
             self._timing.add(t1 - t0, len(wanted), self._mode)
             if self._forward_log is not None:
-                self._forward_log.add(t0, t1 - t0, batch, len(wanted))
+                self._forward_log.add(t0, t1 - t0, batch, len(wanted), self._phase)
             if self._stats_file and t0 - self._stats_written > 1_000_000_000:
                 self._stats_written = t0
                 self._write_stats()
         return None
+
+    def _apply_mode(self, mode: str) -> None:
+        """Set the producer's policies for benchmark ``mode`` (each call: a mode may change
+        between any two passes)."""
+        p = self.producer
+        if self._heartbeat_s is None:
+            self._heartbeat_s = p.heartbeat_interval_s
+        alt = _mode_int(mode, "alt=")
+        if alt != self._alt:
+            self._alt, self._alt_count = alt, 0
+        # "publisher": only the producer's thread publishes
+        p.inline_publish = mode != "publisher"
+        # "grace=S": the publisher thread's commit grace is S seconds
+        p.commit_grace_s = ALT_QUIET_S if alt else _mode_seconds(mode, "grace=",
+                                                                 COMMIT_GRACE_S)
+        p.heartbeat_interval_s = ALT_QUIET_S if alt else self._heartbeat_s
+        # "interval=S": the scheduler thread publishes at most every S seconds
+        p.publish_interval_s = _mode_seconds(mode, "interval=", self.config.publish_interval_s)
 
     def _experiment_mode(self, now: int) -> str:
         """The benchmark mode in ``HSCAPTURE_EXPERIMENT_FILE``: its status is looked at once
@@ -468,14 +495,21 @@ class SGLangCaptureHook:
                     wanted: list[tuple[int, Any]]) -> None:
         if batch is None or (self.producer is None and not self._ensure_started()):
             return
+        prefill = _mode_name(batch) in CAPTURE_MODES
+        skip = False
+        if self._alt:   # benchmark mode alt=N: this pass's side (see _apply_mode)
+            skip = bool((self._alt_count // self._alt) & 1)
+            self._alt_count += prefill
+            self._phase = 2 if skip else 1
         now = time.monotonic()
-        if self._inflight and now - self._swept > _SWEEP_INTERVAL_S:
+        if self._inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
             self._swept = now      # a request stopped between chunks is reported within this
             self._sweep()
-        if _mode_name(batch) not in CAPTURE_MODES:
+        if not prefill:
             # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing; announce what
             # the last captures' copies finished (else it waits for the commit grace)
-            self.producer.publish_completed()
+            if not skip:
+                self.producer.publish_completed()
             return
         dec = batch.decoding_reqs
         decoding = {id(r) for r in dec} if dec else None
@@ -487,6 +521,11 @@ class SGLangCaptureHook:
             rid = r.rid
             if (prefix and type(rid) is str and rid.startswith(prefix)) or (param and wants(r)):
                 wanted.append((i, r))
+        if skip:
+            # a skipped pass of alt=N costs what a pass of "off" costs (the selection above),
+            # and publishes nothing: what the capturing passes owe stays theirs
+            wanted.clear()
+            return
         if not wanted:
             self.producer.publish_completed()
             return
@@ -841,6 +880,17 @@ def _mode_seconds(mode: str, key: str, default: float) -> float:
         if got >= 0.0:
             return got
     return default
+
+
+def _mode_int(mode: str, key: str) -> int:
+    """The count a benchmark mode ``KEY=N`` asks for (``key`` is ``"KEY="``): N >= 1, else 0
+    (a malformed N, and every other mode)."""
+    if mode.startswith(key):
+        try:
+            return max(0, int(mode[len(key):]))
+        except ValueError:
+            return 0
+    return 0
 
 
 def _mode_name(batch: Any) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 log = logging.getLogger("hscapture.sglang")
 
 #: the fields of one :class:`ForwardLog` record, each a little-endian int64, in file order
-FORWARD_FIELDS = ("t_ns", "hook_ns", "tokens", "rows", "extend")
+FORWARD_FIELDS = ("t_ns", "hook_ns", "tokens", "rows", "extend", "phase")
 
 
 class ForwardLog:
@@ -34,10 +34,12 @@ class ForwardLog:
     ``hook_ns`` the hook's wall time, ``tokens`` the tokens the batch computed (a prefill
     pass: ``extend_num_tokens``, else the sum of ``extend_lens``; any other: one per request),
     ``rows`` the rows captured,
-    ``extend`` 1 for a prefill (EXTEND/MIXED) pass. The interval between two entries is one
-    turn of the scheduler's loop: its sum over a busy window is that window's length.
+    ``extend`` 1 for a prefill (EXTEND/MIXED) pass, ``phase`` which side of the benchmark
+    mode ``alt=N`` the pass was on (1 captured, 2 skipped; 0 outside that mode). The interval
+    between two entries is one turn of the scheduler's loop: its sum over a busy window is
+    that window's length.
 
-    Records are buffered in memory (40 bytes each) and appended to ``path`` at
+    Records are buffered in memory (48 bytes each) and appended to ``path`` at
     :meth:`flush` (the hook flushes with its stats report, about once a second, and when
     :attr:`capacity` records are buffered); the file is truncated when the log is made.
     :func:`read_forward_log` reads it back. A write that fails switches the log off (logged
@@ -51,8 +53,9 @@ class ForwardLog:
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
                                        0o644)
 
-    def add(self, t_ns: int, hook_ns: int, batch: Any, rows: int) -> None:
-        """One forward pass: its hook's entry clock and wall time, its batch, rows captured."""
+    def add(self, t_ns: int, hook_ns: int, batch: Any, rows: int, phase: int = 0) -> None:
+        """One forward pass: its hook's entry clock and wall time, its batch, rows captured,
+        its side of ``alt=N``."""
         if self._fd is None:
             return
         mode = getattr(getattr(batch, "forward_mode", None), "name", "")
@@ -61,7 +64,7 @@ class ForwardLog:
         if tokens is None:
             tokens = (sum(getattr(batch, "extend_lens", None) or ()) if extend
                       else len(getattr(batch, "reqs", None) or ()))
-        self._buf.extend((t_ns, hook_ns, int(tokens), rows, extend))
+        self._buf.extend((t_ns, hook_ns, int(tokens), rows, extend, phase))
         if len(self._buf) >= self.capacity * len(FORWARD_FIELDS):
             self.flush()
 

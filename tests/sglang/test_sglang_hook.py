@@ -591,3 +591,50 @@ def test_the_forward_log_records_every_pass_in_every_mode_with_its_tokens_and_ro
     assert (got["hook_ns"] > 0).all() and (got["hook_ns"] < t_b - t_a).all()
     check(sub.get(a.rid, timeout=10), srv, a)
     check(sub.get(b.rid, timeout=10), srv, b)
+
+
+def test_alt_mode_captures_n_prefill_passes_then_skips_n_like_off_and_logs_each_side(
+        rig, tmp_path, monkeypatch):
+    """Benchmark mode ``alt=N`` (bench_server --alt): prefill passes are captured in blocks
+    of N and the next N skipped, in turn; a DECODE pass takes its block's side without
+    counting. The forward log's ``phase`` says each pass's side (1 captured, 2 skipped, 0
+    outside the mode). A skipped pass publishes nothing: its opted-in requests are neither
+    delivered nor reported, and the captured ones arrive exact. Meanwhile the producer's
+    commit grace and heartbeat are ALT_QUIET_S (the publisher thread stays out of the
+    skipped blocks); another mode restores both."""
+    from hscapture.sglang.hook import ALT_QUIET_S, COMMIT_GRACE_S
+    from hscapture.sglang.timing import read_forward_log
+
+    mode, log = tmp_path / "mode", tmp_path / "forwards.bin"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    monkeypatch.setenv("HSCAPTURE_STATS_FILE", str(tmp_path / "stats.json"))
+    monkeypatch.setenv("HSCAPTURE_FORWARD_LOG", str(log))
+    hook, sub, srv = rig()
+    heartbeat = hook.producer.heartbeat_interval_s
+    reqs = [srv.new_req(f"hscap-alt-{i}", 5 + i) for i in range(6)]
+    srv.extend([(reqs[0], 0, 5)])                       # before the mode: phase 0
+    set_mode(hook, mode, "alt=2")
+    srv.extend([(reqs[1], 0, 6)])                       # captured
+    assert hook.producer.commit_grace_s == ALT_QUIET_S
+    assert hook.producer.heartbeat_interval_s == ALT_QUIET_S
+    srv.extend([(reqs[2], 0, 7)])                       # captured
+    srv.decode([reqs[0]])                               # the skipped block's side, uncounted
+    srv.extend([(reqs[3], 0, 8)])                       # skipped
+    srv.extend([(reqs[4], 0, 9)])                       # skipped
+    srv.extend([(reqs[5], 0, 10)])                      # captured
+    set_mode(hook, mode, "")
+    srv.extend([(srv.new_req("plain-after", 4), 0, 4)])
+    assert hook.producer.commit_grace_s == COMMIT_GRACE_S
+    assert hook.producer.heartbeat_interval_s == heartbeat
+    hook._write_stats()
+    got = read_forward_log(str(log))
+    assert [int(p) for p in got["phase"]] == [0, 1, 1, 2, 2, 2, 1, 0]
+    assert [int(r) for r in got["rows"]] == [1, 1, 1, 0, 0, 0, 1, 0]
+    for i in (0, 1, 2, 5):
+        check(sub.get(reqs[i].rid, timeout=10), srv, reqs[i])
+    hook.producer.flush(timeout_s=10)
+    assert sub.poll(timeout=0.3) is None
+    st = sub.stats()
+    assert not st["dropped"] and not st["incomplete"] and not st["rejected"]
+    assert hook.producer.stats()["next_seq"] == 4        # nothing numbered for 3 and 4
+    assert hook.counters["errors"] == 0
