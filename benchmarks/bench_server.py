@@ -67,6 +67,16 @@ for one candidate (0.999-1.035) but not for ``noop`` (0.90-1.14); at 1B adjacent
 windows varied 1.7x, probably because 16 in flight did not keep that faster server saturated
 (untested); 64 made every pause drain for seconds.
 
+``--alt N`` (with ``--load steady``, HSCAPTURE_FORWARD_LOG and HSCAPTURE_EXPERIMENT_FILE):
+after the pairs, one window of ``--alt-s`` seconds in the hook mode ``alt=N`` (N prefill
+passes captured, the next N skipped as ``off`` would, in turn), judged from the hook's forward
+log by :func:`interleaved`: each captured block against the skipped blocks on both sides.
+Windows of one mode cannot judge 2 % on the GPU host: with capture off alone the loop's turn
+drifts 10-20 ms over seconds, and the scheduler-side ratios of 3 s windows swung 0.76-1.32
+(benchmarks/results/h200-2026-12-03); blocks of 8 passes (~0.1 s at 1B) cancel that drift, and
+60 s give ~350 ratios whose median's CI is +-0.3-0.5 %. Its requests opt in but only some are
+captured (:func:`partial`): a sample that arrives must be exact, one that does not is no loss.
+
 The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
 (SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
 front end (tokenizer manager and this Python client, ~800 requests/s) rather than the
