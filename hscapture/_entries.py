@@ -122,12 +122,14 @@ class EntryWriter:
                                      snapshot, timed))
 
     def stage_rows(self, maps: list[dict[str, Any]], starts: list[int],
-                   blocks: list[torch.Tensor], layers: list[int], kinds: list[str],
-                   block_cols: list[int], layer_map: Any, token_ids: HostRowIds, hidden: int,
-                   dtype: str, snapshot: bool) -> bool:
+                   blocks: list[torch.Tensor], layout: tuple, key: tuple,
+                   token_ids: HostRowIds, snapshot: bool) -> bool:
         """Stage one deferred capture (see :meth:`hscapture.producer.Producer.capture_rows`;
         takes the lock); False when its sources cannot be staged (the caller captures them at
-        once)."""
+        once). ``layout``: ``(layers, kinds, block widths, layer map, hidden, dtype)`` as
+        :meth:`_plan` takes it; ``key``: the same as a hashable (the stage's layout key,
+        with the group's ``where``). Both are the producer's, reused while the layout stays
+        the same: neither is changed here."""
         timed = self._settings.timed
         t = time.perf_counter_ns() if timed else 0
         with self.lock:
@@ -137,14 +139,13 @@ class EntryWriter:
             if got is None:
                 return False
             group, starts, ids = got
-            key = (group.where, tuple(layers), tuple(kinds), tuple(block_cols), hidden, dtype,
-                   None if layer_map is None else tuple(map(tuple, layer_map)))
+            key = (group.where, key)
             stage = self.stage
             if stage and (not stage.accepts(key, maps) or stage.due() or
                           stage.nbytes + group.nbytes > stage.max_bytes):
                 self.write_stage_locked()
             if not stage:
-                self._stage_layout = (layers, kinds, block_cols, layer_map, hidden, dtype)
+                self._stage_layout = layout
             stage.add(key, group, maps, starts, ids)
             self._counters["staged_rows"] += len(maps)
             if stage.nbytes >= stage.max_bytes:

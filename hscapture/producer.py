@@ -203,6 +203,9 @@ class Producer:
             self._ring.capacity // 16 if stage_bytes is None else int(stage_bytes)))
         #: what goes into the ring, under ``_lock`` (:mod:`hscapture._entries`); it holds the
         #: next sequence number and the closed flag
+        #: the last deferred capture's layout and stage key, and what they were built from
+        #: (:meth:`_staged_layout`)
+        self._layout_memo: tuple | None = None
         self._entries = EntryWriter(self, self._lock, self._ring, self._pubq, self._control,
                                     self._counters, self._copier, self._stage)
         #: commits and announces it, heartbeats (:mod:`hscapture._announcer`)
@@ -291,7 +294,7 @@ class Producer:
         """
         rows = list(rows)
         blocks = list(blocks)
-        narrowest, dtype, t_src = _check_blocks(blocks, token_ids)
+        narrowest, dtype, t_src, _ = _check_blocks(blocks, token_ids)
         _check_rows(rows, t_src)
         maps = [_row_map(r) for r in rows]
         if isinstance(token_ids, HostRowIds):
@@ -340,21 +343,26 @@ class Producer:
         what :meth:`capture_batch` returns.
         """
         blocks = list(blocks)
-        narrowest, dtype, t_src = _check_blocks(blocks, token_ids)
+        narrowest, dtype, t_src, cols = _check_blocks(blocks, token_ids)
         if not rows or len(rows) != len(src_starts):
             raise CaptureConfigError(
                 f"capture_rows: expected one source start per row and at least one row, "
                 f"found {len(rows)} rows and {len(src_starts)} starts")
-        for s, m in zip(src_starts, rows):
-            _check_source_range(m["rid"], s, m["token_count"], t_src)
-        if isinstance(token_ids, HostRowIds):
-            _check_row_ids(token_ids, rows)
+        host_ids = isinstance(token_ids, HostRowIds)
+        if not _rows_fit(rows, src_starts, token_ids.parts if host_ids else None, t_src):
+            # a row breaks a rule: the checks one by one, in their order, say which
+            for s, m in zip(src_starts, rows):
+                _check_source_range(m["rid"], s, m["token_count"], t_src)
+            if host_ids:
+                _check_row_ids(token_ids, rows)
+        if host_ids:
             if defer and self._stage.interval_s > 0 and self.full_policy == "drop":
-                layout = _layout(layers, layer_kinds, blocks, layer_map)
+                layout, key = self._staged_layout(layers, layer_kinds, blocks, layer_map, cols,
+                                                  narrowest if hidden is None else int(hidden),
+                                                  dtype)
                 if self._entries.stage_rows(rows if isinstance(rows, list) else list(rows),
-                                            list(src_starts), blocks, *layout, token_ids,
-                                            narrowest if hidden is None else int(hidden),
-                                            dtype, snapshot):
+                                            list(src_starts), blocks, layout, key, token_ids,
+                                            snapshot):
                     if self._announcer.inline_due():
                         self._announcer.publish_inline()
                     return True
@@ -362,6 +370,33 @@ class Producer:
                              src_starts if isinstance(src_starts, list) else list(src_starts),
                              blocks, layers, layer_kinds, token_ids, layer_map,
                              narrowest if hidden is None else int(hidden), dtype, snapshot)
+
+    def _staged_layout(self, layers: Sequence[int], layer_kinds: Sequence[str] | None,
+                       blocks: list[torch.Tensor], layer_map: Any, cols: list[int],
+                       hidden: int, dtype: str) -> tuple[tuple, tuple]:
+        """A deferred capture's layout ``(layers, kinds, block widths, layer map, hidden,
+        dtype)`` as :func:`_layout` makes it, and the stage's key for it (the same as tuples).
+
+        An engine passes the same layout at every forward, and building both costs ~10 us
+        of the scheduler's thread per forward: the last one is kept with the arguments it was
+        built from (copies: a caller's later change cannot alter it) and reused when this
+        call's arguments are EQUAL to those (plain lists compared in C). Anything else (a
+        tuple, an array, another layout) is built, and checked, as before."""
+        memo = self._layout_memo
+        plain = (type(layers) is list and (layer_kinds is None or type(layer_kinds) is list)
+                 and (layer_map is None or type(layer_map) is list))
+        if (plain and memo is not None and memo[0] == layers and memo[1] == layer_kinds
+                and memo[2] == layer_map and memo[3] == (cols, hidden, dtype)):
+            return memo[4], memo[5]
+        lay, kinds, block_cols, lmap = _layout(layers, layer_kinds, blocks, layer_map)
+        layout = (lay, kinds, block_cols, lmap, hidden, dtype)
+        key = (tuple(lay), tuple(kinds), tuple(block_cols), hidden, dtype,
+               None if lmap is None else tuple(map(tuple, lmap)))
+        if plain and (layer_map is None or all(type(x) is list for x in layer_map)):
+            self._layout_memo = (list(layers), None if layer_kinds is None else list(layer_kinds),
+                                 None if layer_map is None else [list(x) for x in layer_map],
+                                 (list(cols), hidden, dtype), layout, key)
+        return layout, key
 
     def _capture(self, maps: list[dict[str, Any]], starts: list[int],
                  blocks: list[torch.Tensor], layers: Sequence[int],
@@ -606,8 +641,9 @@ def _layout(layers: Sequence[int], layer_kinds: Sequence[str] | None,
     return layers, kinds, block_cols, layer_map
 
 
-def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str, int]:
-    """(narrowest block width, dtype name, source token rows) of valid sources. Each
+def _check_blocks(blocks: list[torch.Tensor], token_ids: Any
+                  ) -> tuple[int, str, int, list[int]]:
+    """(narrowest block width, dtype name, source token rows, block widths) of valid sources. Each
     tensor's shape, dtype and device are read once (on an engine's thread every torch
     attribute read costs ~1 us with the caches cold: bench_capture_host.py --torch-costs)."""
     if not blocks:
@@ -617,6 +653,7 @@ def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str,
     if len(shape) != 2:
         raise CaptureConfigError(f"blocks must be [tokens, cols], found {tuple(shape)}")
     t_src, hidden = shape
+    cols = [hidden]
     dtype, device = first.dtype, first.device
     for i in range(1, len(blocks)):
         b = blocks[i]
@@ -625,16 +662,36 @@ def _check_blocks(blocks: list[torch.Tensor], token_ids: Any) -> tuple[int, str,
             raise CaptureConfigError(
                 f"block {i}: expected [{t_src}, cols] {dtype} on {device}, "
                 f"found {tuple(shape)} {b.dtype} on {b.device}")
+        cols.append(shape[1])
         if shape[1] < hidden:
             hidden = shape[1]
     if isinstance(token_ids, HostRowIds):   # per row: checked against the rows' counts
-        return hidden, _dtype_name(dtype), t_src
+        return hidden, _dtype_name(dtype), t_src, cols
     n_ids = int(token_ids.numel() if isinstance(token_ids, torch.Tensor)
                 else np.asarray(token_ids).size)
     if n_ids != t_src:
         raise CaptureConfigError(
             f"token_ids: expected {t_src} ids (one per source token row), found {n_ids}")
-    return hidden, _dtype_name(dtype), t_src
+    return hidden, _dtype_name(dtype), t_src, cols
+
+
+def _rows_fit(rows: Sequence[Mapping[str, Any]], starts: Sequence[int], parts: Any,
+              t_src: int) -> bool:
+    """Whether every row passes :func:`_check_source_range` and (``parts``: host ids) its
+    :func:`_check_row_ids` rule: the same conditions in one pass, without a call per row
+    (the hot path of every capture). False: run those checks, which raise naming the row."""
+    if parts is not None and (type(parts) is not list or len(parts) != len(rows)):
+        return False
+    for r, (s, m) in enumerate(zip(starts, rows)):
+        m["rid"]         # (read as the checks read it: a row without one raises KeyError)
+        n = m["token_count"]
+        if s < 0 or n <= 0 or s + n > t_src:
+            return False
+        if parts is not None:
+            part = parts[r]
+            if type(part) is not tuple or len(part) != 3 or part[2] != n:
+                return False
+    return True
 
 
 def _check_row_ids(ids: HostRowIds, rows: Sequence[Mapping[str, Any]]) -> None:
