@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from array import array
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -210,7 +211,9 @@ class EntryCopier:
         # what the stage holds: the rows' copies (snapshot), else the whole sources
         nbytes = (tokens if snapshot else int(first.shape[0])) * \
             sum(int(b.shape[1]) for b in blocks) * first.element_size()
-        ids = [(_copy_ids(buf, s, n), 0, n) for buf, s, n in token_ids.parts]
+        # (an array('q') slice, the SGLang hook's ids, is a copy: taken here without a call)
+        ids = [(buf[s:s + n] if type(buf) is array else _copy_ids(buf, s, n), 0, n)
+               for buf, s, n in token_ids.parts]
         if snapshot:
             starts = _dense_starts(maps)
         if not first.is_cuda:

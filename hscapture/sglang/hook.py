@@ -728,6 +728,12 @@ class SGLangCaptureHook:
                                          f"{total} tokens", req)
             return None
         is_last = end == total
+        # the request's custom params, or None when it has none as a dict: then it carries no
+        # meta and no per-token fields (what CaptureConfig.sample_extra / fields_for would
+        # find), and neither is asked (two calls and four attribute reads a row saved)
+        custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+        if not isinstance(custom, dict):
+            custom = None
         if st is not None:
             st = self._check_inflight(st, rid, attempt, req)
         if st is None:
@@ -741,8 +747,12 @@ class SGLangCaptureHook:
                                rid, prefix, prefix)
             cached = prefix
             # custom_params.hscapture_meta is read once per sample, here; a bad one costs the
-            # meta (the sample says why in extra["meta_error"]), never the sample
-            extra, bad_meta = self.config.sample_extra(req, attempt)
+            # meta (the sample says why in extra["meta_error"]), never the sample. A request
+            # without custom params (the usual one) has no meta: its extra is the attempt.
+            if custom is None:
+                extra, bad_meta = {"attempt": attempt}, None
+            else:
+                extra, bad_meta = self.config.sample_extra(req, attempt)
             if bad_meta is not None:
                 self.counters["invalid_meta"] += 1
                 self._log_once("invalid_meta", logging.WARNING, "hscapture: rid %r is captured "
@@ -760,7 +770,8 @@ class SGLangCaptureHook:
             cached = st.cached_prefix
             st.pending_end = end
             extra = st.extra
-        fields = self.config.fields_for(req, prefix, end) if self.config.fields else None
+        fields = self.config.fields_for(req, prefix, end) \
+            if custom is not None and self.config.fields else None
         return ({"rid": rid, "token_start": prefix, "token_count": ext, "last": is_last,
                  "cached_prefix": cached, "extra": extra,
                  "fields": fields or {}},
