@@ -275,8 +275,11 @@ class SGLangCaptureHook:
         self._inflight: dict[str, _Inflight] = {}
         # rid -> (attempt, ref to the Req) of samples that completed or failed. Keyed by the
         # Req object too: a later request that reuses the rid is a new sample.
-        # (a plain dict in insertion order: the oldest entry is evicted first)
-        self._done: dict[str, tuple[int, Callable[[], Any]]] = {}
+        # In insertion order, the oldest entry evicted first: an OrderedDict, whose oldest entry
+        # is found and removed in O(1). (A plain dict's ``next(iter(d))`` skips every slot
+        # deleted before it: once full, evicting 8 rids a pass cost ~180 us of this thread.)
+        self._done: collections.OrderedDict[str, tuple[int, Callable[[], Any]]] = \
+            collections.OrderedDict()
         self._logged: set[str] = set()
         self._layers: tuple[int, ...] | None = None
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
@@ -664,7 +667,7 @@ class SGLangCaptureHook:
         if completed:
             self.counters["samples"] += completed
         while len(done) > _MAX_DONE:
-            del done[next(iter(done))]
+            done.popitem(last=False)    # the oldest
 
     def _shape_of(self, layers: tuple[int, ...], h: int, final: bool, worker: Any
                   ) -> tuple[list[int], list[str], list[list[int]]]:
@@ -843,7 +846,7 @@ class SGLangCaptureHook:
             del done[rid]        # re-inserted: newest last
         done[rid] = (attempt, _ref(req) if req is not None else _dead)
         while len(done) > _MAX_DONE:
-            del done[next(iter(done))]
+            done.popitem(last=False)    # the oldest
 
     def _resolve_layers(self) -> tuple[int, ...] | None:
         if self._layers is not None:
