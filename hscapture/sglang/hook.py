@@ -54,6 +54,7 @@ disjoint requests and publishes its own, on its own endpoint, tagged with its DP
 from __future__ import annotations
 
 import collections
+import enum
 import itertools
 import json
 import logging
@@ -311,6 +312,8 @@ class SGLangCaptureHook:
         self._heartbeat_s: float | None = None
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
+        #: id(forward mode) -> (that mode, whether it captures): Enum members only (_on_forward)
+        self._modes: dict[int, tuple[Any, bool]] = {}
 
     # -- entry points --------------------------------------------------------------------
 
@@ -498,7 +501,17 @@ class SGLangCaptureHook:
                     wanted: list[tuple[int, Any]]) -> None:
         if batch is None or (self.producer is None and not self._ensure_started()):
             return
-        prefill = _mode_name(batch) in CAPTURE_MODES
+        # Whether this pass's mode captures, remembered per mode: SGLang's ForwardMode members
+        # are singletons with a fixed name, and reading an Enum's ``.name`` runs several
+        # Python calls each pass. Anything but an Enum member is read every pass.
+        mode = getattr(batch, "forward_mode", None)
+        known = self._modes.get(id(mode))
+        if known is not None and known[0] is mode:
+            prefill = known[1]
+        else:
+            prefill = _mode_name(batch) in CAPTURE_MODES
+            if isinstance(mode, enum.Enum):   # (kept referenced: its id stays its own)
+                self._modes[id(mode)] = (mode, prefill)
         skip = False
         if self._alt:   # benchmark mode alt=N: this pass's side (see _apply_mode)
             skip = bool((self._alt_count // self._alt) & 1)
