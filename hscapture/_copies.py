@@ -188,7 +188,7 @@ class EntryCopier:
     # -- staged captures (hscapture._staging): the rows kept now, copied when written --------
 
     def stage(self, maps: list[dict[str, Any]], starts: list[int], blocks: list[torch.Tensor],
-              token_ids: HostRowIds, snapshot: bool
+              token_ids: HostRowIds, snapshot: bool, block_cols: list[int] | None = None
               ) -> tuple[StagedGroup, list[int], list[tuple[Any, int, int]]] | None:
         """The sources of one capture kept for a later entry (:mod:`hscapture._staging`) as
         ``(group, starts, ids)``: the rows' first source rows in the group's sources and
@@ -200,7 +200,8 @@ class EntryCopier:
         device-to-device on the caller's stream (one native call, in stream order before
         anything the caller enqueues next); without it the sources are referenced until the
         entry's copy completed (the engine's allocator cannot hand their memory out again
-        while they are)."""
+        while they are). ``block_cols``: the blocks' widths, where the caller has them
+        (read from the blocks otherwise)."""
         if not isinstance(token_ids, HostRowIds):
             return None
         first = blocks[0]
@@ -209,8 +210,10 @@ class EntryCopier:
         spans = _spans(starts, maps)
         tokens = sum(e - s for s, e in spans)
         # what the stage holds: the rows' copies (snapshot), else the whole sources
-        nbytes = (tokens if snapshot else int(first.shape[0])) * \
-            sum(int(b.shape[1]) for b in blocks) * first.element_size()
+        if block_cols is None:
+            block_cols = [int(b.shape[1]) for b in blocks]
+        nbytes = (tokens if snapshot else int(first.shape[0])) * sum(block_cols) * \
+            first.element_size()
         # (an array('q') slice, the SGLang hook's ids, is a copy: taken here without a call)
         ids = [(buf[s:s + n] if type(buf) is array else _copy_ids(buf, s, n), 0, n)
                for buf, s, n in token_ids.parts]

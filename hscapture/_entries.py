@@ -135,7 +135,7 @@ class EntryWriter:
         with self.lock:
             if self.closed:
                 raise CaptureConfigError("capture on a closed Producer")
-            got = self._copier.stage(maps, starts, blocks, token_ids, snapshot)
+            got = self._copier.stage(maps, starts, blocks, token_ids, snapshot, layout[2])
             if got is None:
                 return False
             group, starts, ids = got
