@@ -201,11 +201,11 @@ class Producer:
         self._stage = Stage(stage_interval_s, min(
             self._ring.capacity // 4,
             self._ring.capacity // 16 if stage_bytes is None else int(stage_bytes)))
-        #: what goes into the ring, under ``_lock`` (:mod:`hscapture._entries`); it holds the
-        #: next sequence number and the closed flag
         #: the last deferred capture's layout and stage key, and what they were built from
         #: (:meth:`_staged_layout`)
         self._layout_memo: tuple | None = None
+        #: what goes into the ring, under ``_lock`` (:mod:`hscapture._entries`); it holds the
+        #: next sequence number and the closed flag
         self._entries = EntryWriter(self, self._lock, self._ring, self._pubq, self._control,
                                     self._counters, self._copier, self._stage)
         #: commits and announces it, heartbeats (:mod:`hscapture._announcer`)

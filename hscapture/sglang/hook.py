@@ -78,6 +78,7 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
 from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
+from .modes import BenchModes
 from .timing import ForwardLog, HookTiming
 from .config import (
     DEFAULT_PUBLISH_INTERVAL_MS,
@@ -125,12 +126,6 @@ PUBLISH_INTERVAL_S = DEFAULT_PUBLISH_INTERVAL_MS / 1e3   # HSCAPTURE_PUBLISH_INT
 #: forward. Meanwhile the forward's outputs stay referenced (or, for CUDA-graph outputs, their
 #: rows are copied on the GPU at once), bounded by 1/16 of the ring.
 STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_MS sets it
-#: benchmark mode ``alt=N`` (capture in blocks of N prefill passes, skip the next N): the
-#: producer's commit grace and heartbeat interval meanwhile, longer than any block, so the
-#: publisher thread does not commit, announce or write the stage inside a skipped block (in
-#: plain ``on`` mode the scheduler's thread does all three inline; they must land in the
-#: capturing blocks, where ``on`` pays them). Heartbeats cost both modes alike.
-ALT_QUIET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -285,31 +280,17 @@ class SGLangCaptureHook:
         self._layers: tuple[int, ...] | None = None
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
-        # benchmark only (benchmarks/bench_server.py): a file naming a hook mode, ``noop``,
-        # ``nocapture``, ``publisher`` (the producer's thread alone commits and announces),
-        # ``devids`` (token ids taken from the batch's device input_ids by one torch kernel,
-        # the default before the host ids; benchmarks/results/h200-2026-12-02) or
-        # ``grace=S`` (the producer's commit grace is S seconds instead of COMMIT_GRACE_S),
-        # ``interval=S`` (its publish interval is S seconds instead of the configured one),
-        # ``nostage`` (one ring entry per forward: no deferred captures); ``nosnapstage``
-        # (deferred only when no snapshot is needed: graph outputs are captured at once);
-        # ``alt=N`` (capture N prefill passes, skip the next N, in turn: both sides of the
-        # on/off comparison inside one window, bench_server --alt; the forward log says
-        # which side each pass was on);
-        # its path is read once here, the file re-read only when it changed
-        self._mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
+        # benchmark only (benchmarks/bench_server.py): the file naming the hook's mode
+        # (hscapture.sglang.modes), or None
+        mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
+        self._bench = BenchModes(mode_file, COMMIT_GRACE_S) if mode_file else None
         # per-phase timing (a few us a forward) only where someone reads it: a stats file or
         # a benchmark's mode file
-        self._timing = HookTiming(phases=bool(self._stats_file or self._mode_file))
+        self._timing = HookTiming(phases=bool(self._stats_file or mode_file))
         # benchmark only: every forward pass, in every mode, for a throughput measure from
         # inside the scheduler (timing.ForwardLog)
         self._forward_log = _open_forward_log(os.environ.get("HSCAPTURE_FORWARD_LOG", ""))
-        self._mode, self._mode_checked, self._mode_stamp = "", 0, None
-        # ``alt=N``: N (0: off), the prefill passes counted since, this pass's side
-        # (timing.ForwardLog's ``phase``: 0 outside the mode, 1 captured, 2 skipped), and
-        # the producer's heartbeat interval to restore afterwards
-        self._alt, self._alt_count, self._phase = 0, 0, 0
-        self._heartbeat_s: float | None = None
+        self._mode = ""          # the benchmark mode of this pass ("" outside benchmarks)
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
         #: id(forward mode) -> (that mode, whether it captures): Enum members only (_on_forward)
@@ -333,14 +314,15 @@ class SGLangCaptureHook:
             batch = kwargs.get("batch")
         wanted: list[tuple[int, Any]] = []
         t0 = self._timing.start()
-        self._phase = 0
+        bench = self._bench
         try:
-            if self._mode_file:
-                mode = self._experiment_mode(t0)
+            if bench is not None:
+                bench.phase = 0
+                mode = self._mode = bench.read(t0)
                 if mode == "noop":
                     return None
                 if self.producer is not None:
-                    self._apply_mode(mode)
+                    bench.apply(self.producer, self.config.publish_interval_s)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1
@@ -354,46 +336,12 @@ class SGLangCaptureHook:
             t1 = self._timing.mark("after")
             self._timing.add(t1 - t0, len(wanted), self._mode)
             if self._forward_log is not None:
-                self._forward_log.add(t0, t1 - t0, batch, len(wanted), self._phase)
+                self._forward_log.add(t0, t1 - t0, batch, len(wanted),
+                                      bench.phase if bench is not None else 0)
             if self._stats_file and t0 - self._stats_written > 1_000_000_000:
                 self._stats_written = t0
                 self._write_stats()
         return None
-
-    def _apply_mode(self, mode: str) -> None:
-        """Set the producer's policies for benchmark ``mode`` (each call: a mode may change
-        between any two passes)."""
-        p = self.producer
-        if self._heartbeat_s is None:
-            self._heartbeat_s = p.heartbeat_interval_s
-        alt = _mode_int(mode, "alt=")
-        if alt != self._alt:
-            self._alt, self._alt_count = alt, 0
-        # "publisher": only the producer's thread publishes
-        p.inline_publish = mode != "publisher"
-        # "grace=S": the publisher thread's commit grace is S seconds
-        p.commit_grace_s = ALT_QUIET_S if alt else _mode_seconds(mode, "grace=",
-                                                                 COMMIT_GRACE_S)
-        p.heartbeat_interval_s = ALT_QUIET_S if alt else self._heartbeat_s
-        # "interval=S": the scheduler thread publishes at most every S seconds
-        p.publish_interval_s = _mode_seconds(mode, "interval=", self.config.publish_interval_s)
-
-    def _experiment_mode(self, now: int) -> str:
-        """The benchmark mode in ``HSCAPTURE_EXPERIMENT_FILE``: its status is looked at once
-        per 100 ms at most, its content read only when that changed (size or mtime)."""
-        if now - self._mode_checked < 100_000_000:
-            return self._mode
-        self._mode_checked = now
-        try:
-            st = os.stat(self._mode_file)
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-            if stamp != self._mode_stamp:
-                with open(self._mode_file) as f:
-                    self._mode = f.read().strip()
-                self._mode_stamp = stamp
-        except OSError:
-            self._mode, self._mode_stamp = "", None
-        return self._mode
 
     def _write_stats(self) -> None:
         if self._forward_log is not None:
@@ -512,11 +460,8 @@ class SGLangCaptureHook:
             prefill = _mode_name(batch) in CAPTURE_MODES
             if isinstance(mode, enum.Enum):   # (kept referenced: its id stays its own)
                 self._modes[id(mode)] = (mode, prefill)
-        skip = False
-        if self._alt:   # benchmark mode alt=N: this pass's side (see _apply_mode)
-            skip = bool((self._alt_count // self._alt) & 1)
-            self._alt_count += prefill
-            self._phase = 2 if skip else 1
+        # benchmark mode alt=N: whether this pass is on the skipped side
+        skip = self._bench is not None and self._bench.side(prefill)
         now = time.monotonic()
         if self._inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
             self._swept = now      # a request stopped between chunks is reported within this
@@ -894,30 +839,6 @@ def _open_forward_log(path: str) -> ForwardLog | None:
     except OSError as exc:
         log.warning("hscapture: no forward log at %s: %s", path, exc)
         return None
-
-
-def _mode_seconds(mode: str, key: str, default: float) -> float:
-    """The seconds a benchmark mode ``KEY=S`` asks for (``key`` is ``"KEY="``): S, or
-    ``default`` for a malformed or negative S and for every other mode."""
-    if mode.startswith(key):
-        try:
-            got = float(mode[len(key):])
-        except ValueError:
-            return default
-        if got >= 0.0:
-            return got
-    return default
-
-
-def _mode_int(mode: str, key: str) -> int:
-    """The count a benchmark mode ``KEY=N`` asks for (``key`` is ``"KEY="``): N >= 1, else 0
-    (a malformed N, and every other mode)."""
-    if mode.startswith(key):
-        try:
-            return max(0, int(mode[len(key):]))
-        except ValueError:
-            return 0
-    return 0
 
 
 def _mode_name(batch: Any) -> str:

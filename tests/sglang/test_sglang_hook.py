@@ -35,7 +35,7 @@ def set_mode(hook, mode_file, name: str) -> None:
     for its next forward: the hook looks at the file at most every 100 ms, so the check's
     clock is reset."""
     mode_file.write_text(name)
-    hook._mode_checked = 0
+    hook._bench.checked = 0
 
 
 def test_the_finished_rid_memory_keeps_the_newest_and_evicts_the_oldest_first(rig, monkeypatch):
@@ -626,7 +626,8 @@ def test_alt_mode_captures_n_prefill_passes_then_skips_n_like_off_and_logs_each_
     delivered nor reported, and the captured ones arrive exact. Meanwhile the producer's
     commit grace and heartbeat are ALT_QUIET_S (the publisher thread stays out of the
     skipped blocks); another mode restores both."""
-    from hscapture.sglang.hook import ALT_QUIET_S, COMMIT_GRACE_S
+    from hscapture.sglang.hook import COMMIT_GRACE_S
+    from hscapture.sglang.modes import ALT_QUIET_S
     from hscapture.sglang.timing import read_forward_log
 
     mode, log = tmp_path / "mode", tmp_path / "forwards.bin"
