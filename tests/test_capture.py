@@ -810,3 +810,38 @@ def test_a_publish_interval_coalesces_inline_publishing_by_time_and_by_queued_by
             assert s.rid == rid
         seqs = [s for c in calls for s in c] + flushed
         assert seqs == list(range(len(rids) + 1))
+
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 40), st.integers(-2, 20),
+                          st.one_of(st.none(), st.integers(-2, 20), st.just("bad"))),
+                min_size=1, max_size=6),
+       st.integers(0, 40), st.booleans(), st.booleans())
+def test_capture_rows_one_pass_row_check_accepts_exactly_what_the_per_row_checks_accept(
+        rows, t_src, host_ids, short_parts):
+    """``capture_rows`` checks its rows in one pass (``_rows_fit``) and runs the per-row
+    checks only to name a bad row: the two must agree on every input, or a bad row would be
+    staged (or a good one refused). Each row: (source start, token count, its ids part's
+    count: None = its own count, or another, or a malformed part); ``short_parts`` leaves a
+    row without its part."""
+    from hscapture._copies import HostRowIds
+    from hscapture.producer import _check_row_ids, _check_source_range, _rows_fit
+
+    maps = [{"rid": f"r{i}", "token_count": n} for i, (_, n, _) in enumerate(rows)]
+    starts = [s for s, _, _ in rows]
+    parts = [("bad",) if c == "bad" else (b"", 0, n if c is None else c)
+             for _, n, c in rows]
+    ids = HostRowIds(parts[:-1] if short_parts else parts)
+    try:
+        for s, m in zip(starts, maps):
+            _check_source_range(m["rid"], s, m["token_count"], t_src)
+        if host_ids:
+            _check_row_ids(ids, maps)
+        ok = True
+    except CaptureConfigError:
+        ok = False
+    assert _rows_fit(maps, starts, ids.parts if host_ids else None, t_src) == ok

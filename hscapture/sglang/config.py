@@ -235,6 +235,17 @@ def parse_layers(raw: str | None) -> tuple[int, ...] | None:
     return tuple(sorted(layers))
 
 
+#: "not read yet": the ``custom`` default of CaptureConfig's per-request readers
+_UNREAD: Any = object()
+
+
+def custom_params(req: object) -> dict[str, Any] | None:
+    """``req.sampling_params.custom_params`` when it is a dict (where a request's opt-in
+    parameter, loss mask and meta travel), else None."""
+    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return custom if isinstance(custom, dict) else None
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     enabled: bool = False
@@ -259,14 +270,16 @@ class CaptureConfig:
     meta: bool = True
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
-    def fields_for(self, req: object, start: int, end: int) -> dict[str, bytes] | None:
+    def fields_for(self, req: object, start: int, end: int, *, custom: Any = _UNREAD
+                   ) -> dict[str, bytes] | None:
         """The request's per-token fields for positions ``[start, end)``: a client sends
         ``sampling_params.custom_params.hscapture_loss_mask`` (one 0/1 per prompt token) and
         it travels with the sample. None when the request has none; a malformed mask is
-        ignored here and reported by the sample missing its field (never a server error)."""
-        sp = getattr(req, "sampling_params", None)
-        custom = getattr(sp, "custom_params", None)
-        if not isinstance(custom, dict):
+        ignored here and reported by the sample missing its field (never a server error).
+        ``custom``: :func:`custom_params` of ``req``, where the caller read it already."""
+        if custom is _UNREAD:
+            custom = custom_params(req)
+        if custom is None:
             return None
         mask = custom.get(f"{DEFAULT_PARAM}_loss_mask")
         if not isinstance(mask, (list, bytes)) or len(mask) < end:
@@ -276,20 +289,21 @@ class CaptureConfig:
         except (TypeError, ValueError):
             return None
 
-    def meta_for(self, req: object) -> dict[str, MetaValue] | None:
+    def meta_for(self, req: object, *, custom: Any = _UNREAD) -> dict[str, MetaValue] | None:
         """The request's per-sample metadata ``sampling_params.custom_params.hscapture_meta``
         as :func:`check_meta` returns it; None when it has none (absent, None or ``{}``).
-        Raises :class:`~hscapture.errors.InvalidMetaError` when it breaks the meta rule."""
-        sp = getattr(req, "sampling_params", None)
-        custom = getattr(sp, "custom_params", None)
-        if not isinstance(custom, dict):
+        Raises :class:`~hscapture.errors.InvalidMetaError` when it breaks the meta rule.
+        ``custom``: :func:`custom_params` of ``req``, where the caller read it already."""
+        if custom is _UNREAD:
+            custom = custom_params(req)
+        if custom is None:
             return None
         raw = custom.get(META_PARAM)
         if raw is None:
             return None
         return check_meta(raw) or None
 
-    def sample_extra(self, req: object, attempt: int = 0
+    def sample_extra(self, req: object, attempt: int = 0, *, custom: Any = _UNREAD
                      ) -> tuple[dict[str, Any], InvalidMetaError | None]:
         """The row ``extra`` of a new sample of ``req`` and the meta problem, if any.
 
@@ -298,12 +312,12 @@ class CaptureConfig:
         :data:`MAX_META_ERROR_CHARS` characters) when it breaks the meta rule; the error is
         returned too, for the caller to count and log. Never raises: a bad meta never costs
         the sample, and the sample says why its meta is missing. Computed once per sample
-        (its later chunks reuse the same map)."""
+        (its later chunks reuse the same map). ``custom``: as :meth:`meta_for` takes it."""
         extra: dict[str, Any] = {"attempt": attempt}
-        if not self.meta:
+        if not self.meta or custom is None:
             return extra, None
         try:
-            meta = self.meta_for(req)
+            meta = self.meta_for(req, custom=custom)
         except InvalidMetaError as exc:
             extra["meta_error"] = str(exc)[:MAX_META_ERROR_CHARS]
             return extra, exc
@@ -317,9 +331,8 @@ class CaptureConfig:
         if self.rid_prefix and isinstance(rid, str) and rid.startswith(self.rid_prefix):
             return True
         if self.param:
-            sp = getattr(req, "sampling_params", None)
-            custom = getattr(sp, "custom_params", None)
-            if isinstance(custom, dict) and custom.get(self.param):
+            custom = custom_params(req)
+            if custom is not None and custom.get(self.param):
                 return True
         return False
 

@@ -84,6 +84,7 @@ from .config import (
     DEFAULT_PUBLISH_INTERVAL_MS,
     DEFAULT_STAGE_INTERVAL_MS,
     CaptureConfig,
+    custom_params,
     endpoint_for_dp_rank,
 )
 
@@ -294,7 +295,7 @@ class SGLangCaptureHook:
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
         #: id(forward mode) -> (that mode, whether it captures): Enum members only (_on_forward)
-        self._modes: dict[int, tuple[Any, bool]] = {}
+        self._captures_by_mode: dict[int, tuple[Any, bool]] = {}
 
     # -- entry points --------------------------------------------------------------------
 
@@ -453,13 +454,13 @@ class SGLangCaptureHook:
         # are singletons with a fixed name, and reading an Enum's ``.name`` runs several
         # Python calls each pass. Anything but an Enum member is read every pass.
         mode = getattr(batch, "forward_mode", None)
-        known = self._modes.get(id(mode))
+        known = self._captures_by_mode.get(id(mode))
         if known is not None and known[0] is mode:
             prefill = known[1]
         else:
             prefill = _mode_name(batch) in CAPTURE_MODES
             if isinstance(mode, enum.Enum):   # (kept referenced: its id stays its own)
-                self._modes[id(mode)] = (mode, prefill)
+                self._captures_by_mode[id(mode)] = (mode, prefill)
         # benchmark mode alt=N: whether this pass is on the skipped side
         skip = self._bench is not None and self._bench.side(prefill)
         now = time.monotonic()
@@ -689,12 +690,7 @@ class SGLangCaptureHook:
                                          f"{total} tokens", req)
             return None
         is_last = end == total
-        # the request's custom params, or None when it has none as a dict: then it carries no
-        # meta and no per-token fields (what CaptureConfig.sample_extra / fields_for would
-        # find), and neither is asked (two calls and four attribute reads a row saved)
-        custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-        if not isinstance(custom, dict):
-            custom = None
+        custom = custom_params(req)      # read once for the meta and the fields below
         if st is not None:
             st = self._check_inflight(st, rid, attempt, req)
         if st is None:
@@ -708,12 +704,8 @@ class SGLangCaptureHook:
                                rid, prefix, prefix)
             cached = prefix
             # custom_params.hscapture_meta is read once per sample, here; a bad one costs the
-            # meta (the sample says why in extra["meta_error"]), never the sample. A request
-            # without custom params (the usual one) has no meta: its extra is the attempt.
-            if custom is None:
-                extra, bad_meta = {"attempt": attempt}, None
-            else:
-                extra, bad_meta = self.config.sample_extra(req, attempt)
+            # meta (the sample says why in extra["meta_error"]), never the sample
+            extra, bad_meta = self.config.sample_extra(req, attempt, custom=custom)
             if bad_meta is not None:
                 self.counters["invalid_meta"] += 1
                 self._log_once("invalid_meta", logging.WARNING, "hscapture: rid %r is captured "
@@ -731,7 +723,7 @@ class SGLangCaptureHook:
             cached = st.cached_prefix
             st.pending_end = end
             extra = st.extra
-        fields = self.config.fields_for(req, prefix, end) \
+        fields = self.config.fields_for(req, prefix, end, custom=custom) \
             if custom is not None and self.config.fields else None
         return ({"rid": rid, "token_start": prefix, "token_count": ext, "last": is_last,
                  "cached_prefix": cached, "extra": extra,
