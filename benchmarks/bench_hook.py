@@ -1,7 +1,7 @@
 """Scheduler-thread cost of the real SGLang capture hook, per forward pass.
 
     python benchmarks/bench_hook.py [--device cpu|cuda] [--mixes 1x4096,8x64-4096,...]
-                                    [--forwards 20] [--steady]
+                                    [--forwards 20] [--steady] [--graph] [--profile F]
                                     [--out bench-results/bench_hook.json]
 
 Drives the real ``hscapture.sglang.hook.SGLangCaptureHook`` through SGLang's real objects, built
@@ -41,8 +41,11 @@ shape. The SGLang import stubs for ``triton``/``torchvision`` on a CPU machine: 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
+import io
 import os
+import pstats
 import random
 import sys
 import time
@@ -98,10 +101,11 @@ def publish_context(layers: list[int]) -> None:
 class Driver:
     """Real SGLang batches through the real AFTER wrapper into ``hook`` (timed by a shim)."""
 
-    def __init__(self, hook, num_layers: int, device: str, seed: int = 0):
+    def __init__(self, hook, num_layers: int, device: str, seed: int = 0, graph: bool = False,
+                 profiler=None):
         from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 
-        self.hook, self.device = hook, device
+        self.hook, self.device, self.graph = hook, device, graph
         self.rng = random.Random(seed)
         self.worker = SimpleNamespace(model_config=SimpleNamespace(num_hidden_layers=num_layers))
         self.times_ns: list[int] = []
@@ -110,11 +114,17 @@ class Driver:
         self.n = 0
 
         def timed_hook(result, *args, **kwargs):
+            if self.profiler is not None:
+                self.profiler.enable()
             c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
             hook(result, *args, **kwargs)
             self.times_ns.append(time.perf_counter_ns() - t0)
             self.cpu_ns.append(time.thread_time_ns() - c0)
+            if self.profiler is not None:
+                self.profiler.disable()
+
+        self.profiler = profiler
 
         def forward_batch_generation(worker, batch, forward_batch=None, pp_proxy_tensors=None,
                                      is_verify=False, skip_attn_backend_init=None, *,
@@ -160,7 +170,7 @@ class Driver:
         t = sum(batch.extend_lens)
         lo = LogitsProcessorOutput(next_token_logits=torch.zeros(len(batch.reqs), 8),
                                    hidden_states=aux[:t], last_hidden_states=last[:t])
-        self._result = GenerationBatchResult(logits_output=lo, can_run_cuda_graph=False)
+        self._result = GenerationBatchResult(logits_output=lo, can_run_cuda_graph=self.graph)
         out = self.forward(self.worker, batch)
         assert out is self._result, "the AFTER hook must not replace SGLang's result"
         return self.times_ns[-1]
@@ -235,6 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady", action="store_true",
                     help="no flush/drain between forwards (after each mix only): stage writes "
                          "amortized as in a server")
+    ap.add_argument("--graph", action="store_true",
+                    help="results as CUDA-graph replays hand them out (can_run_cuda_graph): the "
+                         "hook asks the producer to snapshot the rows now, as in a server with "
+                         "CUDA graphs on (the default)")
+    ap.add_argument("--profile", default=None,
+                    help="cProfile the timed hook calls (only those) of each mix; write the "
+                         "top functions by own time to this text file (times inflated by the "
+                         "profiler: read the proportions)")
     ap.add_argument("--out", default="bench-results/bench_hook.json")
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
@@ -283,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             read_event(consumer, "ready", timeout=120)
             if not hook.producer.wait_for_consumers(1, timeout_s=60):
                 raise RuntimeError("the subscriber process did not attach within 60 s")
-            drv = Driver(hook, L, a.device, seed=a.seed)
+            drv = Driver(hook, L, a.device, seed=a.seed, graph=a.graph)
             max_t = max(b * hi for b, _, hi in mixes)
             g = torch.Generator().manual_seed(a.seed)
             aux = torch.randn(max_t, len(layers) * H, generator=g).to(torch.bfloat16).to(a.device)
@@ -291,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             for b, lo, hi in mixes:
                 rng = random.Random(a.seed + b)
                 times, cpus, tokens, dropped = [], [], [], 0
+                prof = None
                 for i in range(a.warmup + a.forwards):
+                    if a.profile and i == a.warmup:
+                        prof = drv.profiler = cProfile.Profile()
                     lengths = [rng.randint(lo, hi) for _ in range(b)]
                     batch = drv.batch(lengths)
                     d0 = int(hook.producer.stats().get("dropped", 0))
@@ -303,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                         cpus.append(drv.cpu_ns[-1] / 1e3)
                         tokens.append(sum(lengths))
                         dropped += int(hook.producer.stats().get("dropped", 0)) - d0
+                drv.profiler = None
+                if prof is not None:
+                    write_profile(a.profile, f"{shape_name} {b} x {lo}-{hi}", prof, a.forwards)
                 if a.steady:   # the mix's last stage, outside the clock; its drops count
                     d0 = int(hook.producer.stats().get("dropped", 0))
                     wait_drained(hook.producer, a.device)
@@ -371,6 +395,17 @@ def main(argv: list[str] | None = None) -> int:
                               if stubbed else [])
     plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")
     return 0
+
+
+def write_profile(path: str, title: str, prof: "cProfile.Profile", forwards: int) -> None:
+    """Append the profile's top functions by own time (per forward) to ``path``."""
+    out = io.StringIO()
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats("tottime").print_stats(45)
+    with open(path, "a") as f:
+        f.write(f"==== {title}: {forwards} forwards (divide by it for per-forward times)\n")
+        f.write(out.getvalue())
+    print(f"profile of {title} appended to {path}", flush=True)
 
 
 def plot(rec: dict, path: str) -> None:

@@ -196,35 +196,39 @@ class EntryCopier:
         cannot stage them (device token ids, or CUDA sources the native path does not take:
         the caller captures them at once).
 
-        With ``snapshot`` the rows are copied now: on the host by the CPU, on a GPU
-        device-to-device on the caller's stream (one native call, in stream order before
-        anything the caller enqueues next); without it the sources are referenced until the
+        With ``snapshot`` the rows are copied now: on the host by the CPU (the rows, back to
+        back); on a GPU device-to-device on the caller's stream, one copy per block of the
+        source rows that cover every row (first row to last, unwanted rows between them
+        included: one driver call per block however many rows, in stream order before
+        anything the caller enqueues next). Without it the sources are referenced until the
         entry's copy completed (the engine's allocator cannot hand their memory out again
         while they are). ``block_cols``: the blocks' widths, where the caller has them
         (read from the blocks otherwise)."""
         if not isinstance(token_ids, HostRowIds):
             return None
         first = blocks[0]
-        if first.is_cuda and (self.native is None or not _cuda_copy.eligible(blocks, None)):
+        cuda = first.is_cuda
+        if cuda and self.native is None:
             return None
-        spans = _spans(starts, maps)
-        tokens = sum(e - s for s, e in spans)
-        # what the stage holds: the rows' copies (snapshot), else the whole sources
-        if block_cols is None:
-            block_cols = [int(b.shape[1]) for b in blocks]
-        nbytes = (tokens if snapshot else int(first.shape[0])) * sum(block_cols) * \
-            first.element_size()
         # (an array('q') slice, the SGLang hook's ids, is a copy: taken here without a call)
         ids = [(buf[s:s + n] if type(buf) is array else _copy_ids(buf, s, n), 0, n)
                for buf, s, n in token_ids.parts]
-        if snapshot:
-            starts = _dense_starts(maps)
-        if not first.is_cuda:
-            sources: list[Any] = [_gather(b, spans, copy=True) for b in blocks] if snapshot \
-                else list(blocks)
-            return StagedGroup(("host",), sources, nbytes, sources), starts, ids
-        where, sources, keepalive = self.native.stage(blocks, spans, tokens, snapshot)
-        return StagedGroup(where, sources, nbytes, keepalive), starts, ids
+        if cuda:
+            got = self.native.stage(blocks, starts, maps, snapshot)
+            if got is None:
+                return None
+            where, sources, keepalive, nbytes, starts = got
+            return StagedGroup(where, sources, nbytes, keepalive), starts, ids
+        if block_cols is None:
+            block_cols = [int(b.shape[1]) for b in blocks]
+        width = sum(block_cols) * first.element_size()
+        if not snapshot:
+            return StagedGroup(("host",), list(blocks), int(first.shape[0]) * width,
+                               blocks), starts, ids
+        spans = _spans(starts, maps)
+        sources: list[Any] = [_gather(b, spans, copy=True) for b in blocks]
+        return (StagedGroup(("host",), sources, sum(e - s for s, e in spans) * width, sources),
+                _dense_starts(maps), ids)
 
     def copy_staged_into(self, buf: memoryview, payload_address: int, plan: Any,
                          groups: list[StagedGroup], rows: list[StagedRow],

@@ -150,38 +150,59 @@ class NativeCopier:
         return done, (blocks, stage, ids, pool)
 
 
-    def stage(self, blocks: list[torch.Tensor], spans: list[tuple[int, int]], tokens: int,
-              snapshot: bool) -> tuple[tuple[Any, ...], list[tuple[int, int, int]], Any]:
-        """The sources of a staged group (:mod:`hscapture._staging`): ``(where, sources,
-        keepalive)`` with ``where = ("cuda", device index, caller stream)`` and per block
-        ``(address, row pitch, row width)``. Without ``snapshot`` those are the blocks' own
-        (kept alive by ``keepalive``); with it the rows of ``spans`` are copied now, back to
-        back, into one device staging allocation on the caller's stream (one native call
-        with no device-to-host part: ``side`` is the caller's stream itself, and the ready
-        event is recorded as its "done"), and the sources are that allocation's regions."""
+    def stage(self, blocks: list[torch.Tensor], starts: list[int], maps: list[Any],
+              snapshot: bool) -> tuple[tuple[Any, ...], list[tuple[int, int, int]], Any, int,
+                                       list[int]] | None:
+        """The sources of a staged group (:mod:`hscapture._staging`) whose rows ``maps[r]``
+        take source rows ``[starts[r], + token_count)``: ``(where, sources, keepalive,
+        nbytes, starts)`` with ``where = ("cuda", device index, caller stream)`` and per
+        block ``(address, row pitch, row width)``; or None when a block's rows are not dense
+        (the caller captures at once).
+
+        Without ``snapshot`` the sources are the blocks' own (kept alive by ``keepalive``,
+        ``nbytes`` their size) and ``starts`` unchanged. With it the source rows ``[lo, hi)``
+        covering every row (the first row's first to the last one's end, rows between them
+        included) are copied now, one device-to-device copy per block into one staging
+        allocation, on the caller's stream (one native call with no device-to-host part:
+        ``side`` is the caller's stream itself); the sources are that allocation's regions
+        and ``starts`` are shifted by ``-lo``. One copy per block whatever the number of
+        rows: in a real server each copy is a ~5.5 us driver call on the scheduler's thread
+        (benchmarks/results/h200-2026-12-03b), and the bytes of the rows between (prompts
+        that did not opt in) cost the device microseconds."""
+        srcs = []
+        for b in blocks:
+            if not b.is_cuda:
+                return None
+            st = b.stride()
+            if st[1] != 1:
+                return None
+            size = b.element_size()
+            srcs.append((b.data_ptr(), st[0] * size, b.shape[1] * size))
         idx = blocks[0].get_device()
         _, _, ready, context, _ = self._device(blocks)
         caller = _raw_stream(idx)
-        srcs = []
-        for b in blocks:
-            size = b.element_size()
-            srcs.append((b.data_ptr(), b.stride(0) * size, b.shape[1] * size))
         if not snapshot:
-            return ("cuda", idx, caller), srcs, blocks
-        stage = torch.empty(staging_bytes(tokens, [w for _, _, w in srcs], True),
-                            dtype=torch.uint8, device=blocks[0].device)
-        pre, _ = plan_copies(0, [0] * len(srcs), 0, tokens, spans, srcs, None, True,
-                             stage.data_ptr())
+            return (("cuda", idx, caller), srcs, blocks,
+                    int(blocks[0].shape[0]) * sum(w for _, _, w in srcs), starts)
+        lo = min(starts)
+        hi = max(s + m["token_count"] for s, m in zip(starts, maps))
+        rows = hi - lo
+        nbytes = sum(_up(rows * w) for _, _, w in srcs)
+        stage = torch.empty(nbytes, dtype=torch.uint8, device=blocks[0].device)
+        pre = array("Q")
+        at = stage.data_ptr()
+        dense = []
+        for ptr, pitch, width in srcs:
+            pre.extend((at, width, ptr + lo * pitch, pitch, width, rows))
+            dense.append((at, width, width))
+            at += _up(rows * width)
         err = self._ring.cuda_submit(caller, caller, ready.handle, ready.handle, context, pre,
                                      None)
         if err:
             torch.cuda.synchronize(blocks[0].device)
             raise CaptureConfigError(f"native CUDA copy (staging snapshot): {err}")
-        at, dense = stage.data_ptr(), []
-        for _, _, width in srcs:
-            dense.append((at, width, width))
-            at += _up(tokens * width)
-        return ("cuda", idx, caller), dense, stage
+        return (("cuda", idx, caller), dense, stage, nbytes,
+                [s - lo for s in starts] if lo else starts)
 
     def submit_staged(self, payload: int, block_offsets: list[int],
                       spans: list[tuple[int, int, int]], sources: list[list[tuple[int, int, int]]],

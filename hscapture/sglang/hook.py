@@ -79,7 +79,7 @@ from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
 from .modes import BenchModes
-from .timing import ForwardLog, HookTiming
+from .timing import ForwardLog, HookProfile, HookTiming
 from .config import (
     DEFAULT_PUBLISH_INTERVAL_MS,
     DEFAULT_STAGE_INTERVAL_MS,
@@ -291,6 +291,10 @@ class SGLangCaptureHook:
         # benchmark only: every forward pass, in every mode, for a throughput measure from
         # inside the scheduler (timing.ForwardLog)
         self._forward_log = _open_forward_log(os.environ.get("HSCAPTURE_FORWARD_LOG", ""))
+        # diagnostic only: a cProfile of the hook's calls (timing.HookProfile), written with the
+        # stats file, or every 1,000 calls without one, and at close
+        prof = os.environ.get("HSCAPTURE_HOOK_PROFILE", "")
+        self._profile = HookProfile(prof) if prof else None
         self._mode = ""          # the benchmark mode of this pass ("" outside benchmarks)
         self._swept = 0.0
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
@@ -307,7 +311,28 @@ class SGLangCaptureHook:
         if _profiler_enabled():
             with _record_function("hscapture.hook"):
                 return self._forward_hook(result, worker, batch, kwargs)
+        if self._profile is not None:
+            return self._profiled(result, worker, batch, kwargs)
         return self._forward_hook(result, worker, batch, kwargs)
+
+    def _profiled(self, result: Any, worker: Any, batch: Any, kwargs: dict[str, Any]) -> None:
+        prof = self._profile
+        prof.profile.enable()
+        try:
+            self._forward_hook(result, worker, batch, kwargs)
+        finally:
+            prof.profile.disable()
+            prof.calls += 1
+            if not self._stats_file and prof.calls % 1000 == 0:
+                self._write_profile()
+        return None
+
+    def _write_profile(self) -> None:
+        try:
+            self._profile.write()
+        except Exception as exc:  # a diagnostic: never fail the forward
+            self._log_once("profile", logging.WARNING, "hscapture: cannot write the hook "
+                           "profile: %s", exc)
 
     def _forward_hook(self, result: Any, worker: Any, batch: Any,
                       kwargs: dict[str, Any]) -> None:
@@ -347,6 +372,8 @@ class SGLangCaptureHook:
     def _write_stats(self) -> None:
         if self._forward_log is not None:
             self._forward_log.flush()     # before the report: a fresh report covers the log
+        if self._profile is not None:
+            self._write_profile()
         try:
             tmp = f"{self._stats_file}.tmp"
             with open(tmp, "w") as f:
@@ -384,6 +411,8 @@ class SGLangCaptureHook:
         self.disabled = self.disabled or "closed"
         if self._forward_log is not None:
             self._forward_log.flush()
+        if self._profile is not None:
+            self._write_profile()
         producer, self.producer = self.producer, None
         if producer is not None:
             producer.close(timeout_s=timeout_s)

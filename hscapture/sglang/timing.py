@@ -187,3 +187,34 @@ def _means(sums: "collections.Counter[str] | None") -> dict[str, float]:
         return {}
     n = sums["calls"]
     return {k: v / n / 1e3 for k, v in sums.items() if k != "calls"} | {"calls": n}
+
+
+class HookProfile:
+    """cProfile of the hook's own calls only (``HSCAPTURE_HOOK_PROFILE=FILE``, a diagnostic:
+    the profiler slows every profiled call several times, so read proportions, not times).
+    :meth:`write` replaces ``FILE`` with the functions sorted by own time and by cumulative
+    time, and the number of hook calls to divide them by."""
+
+    def __init__(self, path: str) -> None:
+        import cProfile
+
+        self.path = path
+        self.profile = cProfile.Profile()
+        self.calls = 0
+
+    def write(self) -> None:
+        import io
+        import pstats
+
+        out = io.StringIO()
+        out.write(f"hook calls profiled: {self.calls}\n")
+        try:
+            st = pstats.Stats(self.profile, stream=out)
+        except TypeError:        # nothing profiled yet
+            return
+        st.sort_stats("tottime").print_stats(60)
+        st.sort_stats("cumulative").print_stats(40)
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(out.getvalue())
+        os.replace(tmp, self.path)
