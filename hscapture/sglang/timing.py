@@ -104,8 +104,8 @@ class HookTiming:
     it spent inside ``Producer.capture_rows`` (the rest is the hook's own reading of the
     batch). Percentiles are over the last 4,096 capturing calls of each benchmark mode (the
     mode ``HSCAPTURE_EXPERIMENT_FILE`` names; ``""`` outside benchmarks), so modes that
-    alternate in one run do not mix. With ``phases`` (the hook sets it when a stats file or a
-    benchmark mode file is configured) each capturing call is also cut into phases at
+    alternate in one run do not mix. With ``phases`` (the hook sets it when a stats file is
+    configured and ``HSCAPTURE_HOOK_PHASES=1``) each capturing call is also cut into phases at
     :meth:`mark` (``select``: the experiment mode and picking the opted-in rows; ``rows``: the
     batch's checks and the row maps; ``ids``: the token ids and blocks; ``capture``:
     ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the

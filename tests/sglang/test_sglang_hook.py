@@ -337,9 +337,12 @@ def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_
                                                                        monkeypatch):
     """The hook's timing keeps each benchmark mode's capturing calls apart (modes alternate
     within one bench_server run), and for modes that capture, the part spent inside
-    ``Producer.capture_rows``, never more than the hook's own time."""
+    ``Producer.capture_rows``, never more than the hook's own time; with a stats file and
+    ``HSCAPTURE_HOOK_PHASES=1``, each capturing call cut into phases."""
     mode = tmp_path / "mode"
     monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    monkeypatch.setenv("HSCAPTURE_STATS_FILE", str(tmp_path / "stats.json"))
+    monkeypatch.setenv("HSCAPTURE_HOOK_PHASES", "1")
     hook, sub, srv = rig()
 
     def run(name: str, rid: str, n: int) -> None:
@@ -373,12 +376,16 @@ def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_
     assert all(st[f"time_{p}_ns"] > 0 for p in ("stage", "plan", "reserve", "copy"))
 
 
-def test_without_a_stats_or_mode_file_the_hook_keeps_no_phase_timing(rig, monkeypatch):
-    """The per-phase clocks cost a few microseconds a forward: only a benchmark (a mode file)
-    or a stats report pays them. Otherwise the hook keeps its wall time per call only and the
-    producer counts no ``time_*`` stages."""
-    monkeypatch.delenv("HSCAPTURE_EXPERIMENT_FILE", raising=False)
-    monkeypatch.delenv("HSCAPTURE_STATS_FILE", raising=False)
+def test_without_hscapture_hook_phases_the_hook_keeps_no_phase_timing(rig, monkeypatch,
+                                                                      tmp_path):
+    """The per-phase clocks cost several microseconds a capturing forward (two thread-CPU
+    clock reads, each a syscall): only a run that asks for them (``HSCAPTURE_HOOK_PHASES=1``
+    with a stats file) pays them. A benchmark's mode file and stats file alone do not, so a
+    throughput benchmark measures the hook as it runs in production: its wall time per call
+    only, and the producer counts no ``time_*`` stages."""
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(tmp_path / "mode"))
+    monkeypatch.setenv("HSCAPTURE_STATS_FILE", str(tmp_path / "stats.json"))
+    monkeypatch.delenv("HSCAPTURE_HOOK_PHASES", raising=False)
     hook, sub, srv = rig()
     r = srv.new_req("hscap-untimed", 9)
     srv.extend([(r, 0, 9)])
@@ -387,6 +394,27 @@ def test_without_a_stats_or_mode_file_the_hook_keeps_no_phase_timing(rig, monkey
     on = hook._timing.summary()["by_mode"][""]
     assert on["hook"]["n"] == 1 and on["phases_mean_us"] == {}
     assert not any(k.startswith("time_") for k in hook.producer.stats())
+
+
+def test_hscapture_hook_profile_writes_a_cprofile_of_the_hook_calls_only(rig, monkeypatch,
+                                                                          tmp_path):
+    """``HSCAPTURE_HOOK_PROFILE=FILE`` (a diagnostic) profiles each hook call and nothing
+    between them: at close the file names the number of calls profiled and the hook's own
+    functions, sorted by own and by cumulative time; the samples are captured as without it."""
+    out = tmp_path / "hook-profile.txt"
+    monkeypatch.setenv("HSCAPTURE_HOOK_PROFILE", str(out))
+    monkeypatch.delenv("HSCAPTURE_STATS_FILE", raising=False)
+    hook, sub, srv = rig()
+    reqs = [srv.new_req(f"hscap-prof-{i}", 9) for i in range(3)]
+    for r in reqs:
+        srv.extend([(r, 0, 9)])
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
+    hook.close()
+    text = out.read_text()
+    assert text.startswith("hook calls profiled: 3\n"), text[:200]
+    assert "_publish_batch" in text and "capture_rows" in text
+    assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
 
 
 def test_under_torch_profiler_each_hook_call_is_one_named_range(rig):
