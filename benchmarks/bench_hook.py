@@ -1,7 +1,8 @@
 """Scheduler-thread cost of the real SGLang capture hook, per forward pass.
 
     python benchmarks/bench_hook.py [--device cpu|cuda] [--mixes 1x4096,8x64-4096,...]
-                                    [--forwards 20] [--steady] [--graph] [--profile F]
+                                    [--forwards 20] [--steady] [--graph] [--cold-mib 64]
+                                    [--profile F]
                                     [--out bench-results/bench_hook.json]
 
 Drives the real ``hscapture.sglang.hook.SGLangCaptureHook`` through SGLang's real objects, built
@@ -57,6 +58,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.append(str(ROOT))   # an installed hscapture wins over the uncompiled checkout
 sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
 
 import _stats  # noqa: E402
 from _harness import (MODEL_SHAPES, aux_layers, child_consume, child_main,  # noqa: E402
@@ -249,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="results as CUDA-graph replays hand them out (can_run_cuda_graph): the "
                          "hook asks the producer to snapshot the rows now, as in a server with "
                          "CUDA graphs on (the default)")
+    ap.add_argument("--cold-mib", type=int, default=0,
+                    help="before each forward (outside the clock) write one byte of every cache "
+                         "line of a buffer this large: the hook then runs with the cold caches "
+                         "it meets in a server, where SGLang's own Python runs between hook "
+                         "calls (64: the hook's time 2.6-2.8x its tight-loop time on the CPU "
+                         "machine, as the server's hook is 3-4x bench_hook's on the GPU host)")
     ap.add_argument("--profile", default=None,
                     help="cProfile the timed hook calls (only those) of each mix; write the "
                          "top functions by own time to this text file (times inflated by the "
@@ -310,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
                 rng = random.Random(a.seed + b)
                 times, cpus, tokens, dropped = [], [], [], 0
                 prof = None
+                sweep = np.zeros(a.cold_mib << 20, dtype=np.uint8)
                 for i in range(a.warmup + a.forwards):
                     if a.profile and i == a.warmup:
                         prof = drv.profiler = cProfile.Profile()
                     lengths = [rng.randint(lo, hi) for _ in range(b)]
                     batch = drv.batch(lengths)
                     d0 = int(hook.producer.stats().get("dropped", 0))
+                    if sweep.size:
+                        sweep[::64] += 1         # the caches cold (outside the clock)
                     ns = drv.run(batch, aux, last)
                     if not a.steady:
                         wait_drained(hook.producer, a.device)
@@ -332,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                     wait_drained(hook.producer, a.device)
                     dropped += int(hook.producer.stats().get("dropped", 0)) - d0
                 row = {"shape": shape_name, "hidden": H, "aux_layers": layers, "batch": b,
-                       "steady": a.steady,
+                       "steady": a.steady, "graph": a.graph, "cold_mib": a.cold_mib,
                        "tokens_range": [lo, hi], "tokens_per_forward": _stats.summarize(tokens),
                        "hook_us": _stats.summarize(times),
                        "hook_us_p90": _stats.percentile(times, 90),
