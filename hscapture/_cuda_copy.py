@@ -166,7 +166,7 @@ class NativeCopier:
         allocation, on the caller's stream (one native call with no device-to-host part:
         ``side`` is the caller's stream itself); the sources are that allocation's regions
         and ``starts`` are shifted by ``-lo``. One copy per block whatever the number of
-        rows: in a real server each copy is a ~5.5 us driver call on the scheduler's thread
+        rows: in a real server each copy is a ~5.9 us driver call on the scheduler's thread
         (benchmarks/results/h200-2026-12-03b), and the bytes of the rows between (prompts
         that did not opt in) cost the device microseconds."""
         srcs = []
