@@ -55,6 +55,9 @@ class AnnouncerSettings(Protocol):
     publish_interval_s: float
     commit_grace_s: float
     heartbeat_interval_s: float
+    upstream: Callable[[bool], None] | None
+
+    def run_upstream(self, idle: bool = False) -> None: ...
 
 
 class Announcer:
@@ -125,6 +128,8 @@ class Announcer:
             if head is STOP:
                 break
             if head is None:
+                if s.upstream is not None:   # what the engine adapter still holds
+                    self._safe(s.run_upstream, True)
                 if entries.stage:          # captures stopped with rows staged
                     self._safe(entries.write_due_stage)
                 continue

@@ -123,13 +123,14 @@ class EntryWriter:
 
     def stage_rows(self, maps: list[dict[str, Any]], starts: list[int],
                    blocks: list[torch.Tensor], layout: tuple, key: tuple,
-                   token_ids: HostRowIds, snapshot: bool) -> bool:
+                   token_ids: HostRowIds, snapshot: bool, since: float | None = None) -> bool:
         """Stage one deferred capture (see :meth:`hscapture.producer.Producer.capture_rows`;
         takes the lock); False when its sources cannot be staged (the caller captures them at
         once). ``layout``: ``(layers, kinds, block widths, layer map, hidden, dtype)`` as
         :meth:`_plan` takes it; ``key``: the same as a hashable (the stage's layout key,
         with the group's ``where``). Both are the producer's, reused while the layout stays
-        the same: neither is changed here."""
+        the same: neither is changed here. ``since``: when the rows were captured, where
+        the caller held them back (the stage's interval counts from the oldest)."""
         timed = self._settings.timed
         t = time.perf_counter_ns() if timed else 0
         with self.lock:
@@ -146,7 +147,7 @@ class EntryWriter:
                 self.write_stage_locked()
             if not stage:
                 self._stage_layout = layout
-            stage.add(key, group, maps, starts, ids)
+            stage.add(key, group, maps, starts, ids, since)
             self._counters["staged_rows"] += len(maps)
             if stage.nbytes >= stage.max_bytes:
                 self.write_stage_locked()

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -179,6 +179,12 @@ class Producer:
         #: whether captures time their stages into the ``time_*`` counters of :meth:`stats`
         #: (~2 us a capture; off unless a benchmark or an engine's stats report asks)
         self.timed = False
+        #: an engine adapter's hand-over of captures it holds back (``upstream(idle)``; None:
+        #: none): called, never under the capture lock, by :meth:`flush` and :meth:`close`
+        #: first (``idle=False``), and by the publisher thread with ``idle=True`` while no
+        #: entry waits to be published (about every ``heartbeat_interval_s`` once captures
+        #: stop), so what the adapter holds reaches the ring even when its engine goes quiet
+        self.upstream: Callable[[bool], None] | None = None
         capacity = -(-int(capacity) // 64) * 64   # the ring's record alignment
         if control_reserve is None:
             control_reserve = min(4 << 20, capacity // 8) // 64 * 64
@@ -316,6 +322,7 @@ class Producer:
         hidden: int | None = None,
         snapshot: bool = False,
         defer: bool = False,
+        held_since: float | None = None,
     ) -> bool:
         """:meth:`capture_batch` for an engine adapter's hot path: the rows are already in
         their wire form, so no per-row object is built or converted here.
@@ -330,6 +337,8 @@ class Producer:
         publisher thread within ``heartbeat_interval_s`` once captures stop; a full ring
         then drops the whole entry and reports every row by rid (a subscriber discards the
         later chunks of a sample reported dropped). Returns True when staged.
+        ``held_since``: the ``time.monotonic()`` of the forward the rows come from, where the
+        caller held them back itself: the stage counts its interval from there.
 
         ``rows[r]`` is a batch row map exactly as ``record.ROW_KEYS`` lists it (``rid``,
         ``token_start``, ``token_count``, ``last``, ``cached_prefix``, ``extra``, ``fields``:
@@ -362,7 +371,7 @@ class Producer:
                                                   dtype)
                 if self._entries.stage_rows(rows if isinstance(rows, list) else list(rows),
                                             list(src_starts), blocks, layout, key, token_ids,
-                                            snapshot):
+                                            snapshot, held_since):
                     if self._announcer.inline_due():
                         self._announcer.publish_inline()
                     return True
@@ -530,8 +539,9 @@ class Producer:
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every entry so far has been committed and announced (cutting the
-        publisher thread's commit grace short); staged rows are written first. Raises
-        TimeoutError after ``timeout_s``."""
+        publisher thread's commit grace short); what :attr:`upstream` holds is handed over,
+        and staged rows are written, first. Raises TimeoutError after ``timeout_s``."""
+        self.run_upstream()
         if self._stage:
             with self._lock:
                 if not self._entries.closed:
@@ -552,6 +562,8 @@ class Producer:
         into unmapped memory. Never raises for that; a second call returns at once.
         """
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        if not self._entries.closed:
+            self.run_upstream()
         if not self._lock.acquire(timeout=-1 if timeout_s is None
                                   else min(1.0, max(0.0, timeout_s))):
             self._abandon("the capture lock is held (a capture in progress on this thread?)")
@@ -580,6 +592,19 @@ class Producer:
             return
         self._release_resources(unlink=None)
         self._finalizer.detach()
+
+    def run_upstream(self, idle: bool = False) -> None:
+        """Call :attr:`upstream` (never with the capture lock held); its errors are logged
+        and counted, never raised."""
+        fn = self.upstream
+        if fn is None:
+            return
+        try:
+            fn(idle)
+        except Exception:
+            self._announcer.count_publisher_error()
+            log.exception("hscapture: producer %s: the upstream hand-over failed",
+                          self.producer_id)
 
     def _abandon(self, why: str) -> None:
         """:meth:`close` could not finish: remove the names now, leave the mapping."""
