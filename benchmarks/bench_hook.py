@@ -2,7 +2,7 @@
 
     python benchmarks/bench_hook.py [--device cpu|cuda] [--mixes 1x4096,8x64-4096,...]
                                     [--forwards 20] [--steady] [--graph] [--cold-mib 64]
-                                    [--profile F]
+                                    [--pass-log-ms 50] [--profile F]
                                     [--out bench-results/bench_hook.json]
 
 Drives the real ``hscapture.sglang.hook.SGLangCaptureHook`` through SGLang's real objects, built
@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                          "it meets in a server, where SGLang's own Python runs between hook "
                          "calls (64: the hook's time 2.6-2.8x its tight-loop time on the CPU "
                          "machine, as the server's hook is 3-4x bench_hook's on the GPU host)")
+    ap.add_argument("--pass-log-ms", type=float, default=0.0,
+                    help="the hook's pass log interval (HSCAPTURE_PASS_LOG_MS; 0: each forward "
+                         "processed at once)")
     ap.add_argument("--profile", default=None,
                     help="cProfile the timed hook calls (only those) of each mix; write the "
                          "top functions by own time to this text file (times inflated by the "
@@ -301,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         sock = f"/tmp/{pid}.sock"
         hook = SGLangCaptureHook(load_config({
             "HSCAPTURE_ENDPOINT": f"ipc://{sock}", "HSCAPTURE_PRODUCER_ID": pid,
-            "HSCAPTURE_RING_BYTES": f"{a.ring_mb}M", "HSCAPTURE_FULL_POLICY": "drop"}))
+            "HSCAPTURE_RING_BYTES": f"{a.ring_mb}M", "HSCAPTURE_FULL_POLICY": "drop",
+            "HSCAPTURE_PASS_LOG_MS": str(a.pass_log_ms)}))
         hook.start()
         if hook.producer is None:
             raise RuntimeError(f"the hook did not start its producer: {hook.stats()}")
@@ -345,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                     dropped += int(hook.producer.stats().get("dropped", 0)) - d0
                 row = {"shape": shape_name, "hidden": H, "aux_layers": layers, "batch": b,
                        "steady": a.steady, "graph": a.graph, "cold_mib": a.cold_mib,
+                       "pass_log_ms": a.pass_log_ms,
                        "tokens_range": [lo, hi], "tokens_per_forward": _stats.summarize(tokens),
                        "hook_us": _stats.summarize(times),
                        "hook_us_p90": _stats.percentile(times, 90),

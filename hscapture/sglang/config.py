@@ -70,6 +70,9 @@ DEFAULT_CONVENTION = "sglang-eagle3-aux"
 DEFAULT_PUBLISH_INTERVAL_MS = 20.0
 #: the default of ``HSCAPTURE_STAGE_INTERVAL_MS`` (why: ``hook.STAGE_INTERVAL_S``)
 DEFAULT_STAGE_INTERVAL_MS = 50.0
+#: the default of ``HSCAPTURE_PASS_LOG_MS`` (``hook.PASS_LOG_INTERVAL_S`` says what it does):
+#: off until it is measured in a real server (50 is the interval it was built for)
+DEFAULT_PASS_LOG_MS = 0.0
 
 #: ``sampling_params.custom_params[META_PARAM]``: a request's per-sample metadata
 META_PARAM = f"{DEFAULT_PARAM}_meta"
@@ -262,6 +265,9 @@ class CaptureConfig:
     publish_interval_s: float = DEFAULT_PUBLISH_INTERVAL_MS / 1e3
     #: the producer's ``stage_interval_s`` (``HSCAPTURE_STAGE_INTERVAL_MS`` / 1000)
     stage_interval_s: float = DEFAULT_STAGE_INTERVAL_MS / 1e3
+    #: how long the hook may hold a forward's captures before processing them
+    #: (``HSCAPTURE_PASS_LOG_MS`` / 1000; 0: each forward at once)
+    pass_log_interval_s: float = DEFAULT_PASS_LOG_MS / 1e3
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
@@ -351,6 +357,7 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         raise CaptureConfigError("HSCAPTURE_WAIT_TIMEOUT_S: expected seconds") from exc
     interval_ms = _millis(env, "HSCAPTURE_PUBLISH_INTERVAL_MS", DEFAULT_PUBLISH_INTERVAL_MS)
     stage_ms = _millis(env, "HSCAPTURE_STAGE_INTERVAL_MS", DEFAULT_STAGE_INTERVAL_MS)
+    log_ms = _millis(env, "HSCAPTURE_PASS_LOG_MS", DEFAULT_PASS_LOG_MS)
     producer_id = env.get("HSCAPTURE_PRODUCER_ID", "sglang").strip() or "sglang"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", producer_id):
         raise CaptureConfigError(
@@ -368,6 +375,7 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         wait_timeout_s=wait_s,
         publish_interval_s=interval_ms / 1e3,
         stage_interval_s=stage_ms / 1e3,
+        pass_log_interval_s=log_ms / 1e3,
         model=env.get("HSCAPTURE_MODEL") or None,
         convention=env.get("HSCAPTURE_CONVENTION", DEFAULT_CONVENTION) or DEFAULT_CONVENTION,
         env=env,

@@ -59,6 +59,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 import time
 import weakref
 from array import array
@@ -81,6 +82,7 @@ from ..notice import check_rid
 from .modes import BenchModes
 from .timing import ForwardLog, HookProfile, HookTiming
 from .config import (
+    DEFAULT_PASS_LOG_MS,
     DEFAULT_PUBLISH_INTERVAL_MS,
     DEFAULT_STAGE_INTERVAL_MS,
     CaptureConfig,
@@ -127,6 +129,24 @@ PUBLISH_INTERVAL_S = DEFAULT_PUBLISH_INTERVAL_MS / 1e3   # HSCAPTURE_PUBLISH_INT
 #: forward. Meanwhile the forward's outputs stay referenced (or, for CUDA-graph outputs, their
 #: rows are copied on the GPU at once), bounded by 1/16 of the ring.
 STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_MS sets it
+#: the pass log (``HSCAPTURE_PASS_LOG_MS``; 0: off): a prefill pass only reads what changes
+#: after it (per wanted request its attempt, finish state and prompt length; the token ids and,
+#: for CUDA-graph outputs, the rows, copied) and is appended to a log; the log's passes are
+#: processed (the in-flight bookkeeping, the row maps, ``Producer.capture_rows``) back to back
+#: once per interval, and the producer's stage, whose interval counts from the passes' own
+#: times, written when due (at once, with the default intervals). Why: in a real server the hook
+#: runs with cold caches (SGLang's own Python runs between its calls) and costs 3-4x its
+#: tight-loop time; processed back to back, the passes share warm caches. On the CPU proxy
+#: (bench_hook --cold-mib 64) the per-pass part cost 49-89 us against 139-257 us for the
+#: whole hook, and the whole hook's mean (its drains included) 21-28 % less
+#: (benchmarks/results/h200-2026-12-03b). OFF by default (0) until measured in a real server:
+#: set HSCAPTURE_PASS_LOG_MS=50 to use it.
+PASS_LOG_INTERVAL_S = DEFAULT_PASS_LOG_MS / 1e3
+_MAX_LOGGED = 64          # passes held at most (the log's bound besides its interval)
+#: benchmark modes whose passes may be logged ("": production, and alt=N); the others
+#: (nocapture, nostage, nosnapstage, devids) change how a pass is captured and are processed
+#: at once
+_LOGGED_MODES = frozenset({""})
 
 
 @dataclass(frozen=True)
@@ -232,6 +252,30 @@ class _Inflight:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Pass:
+    """One prefill pass as :meth:`SGLangCaptureHook._record` read it, to be processed now or
+    from the pass log."""
+
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    offsets: list[int]
+    hidden: Any
+    last: Any
+    token_indices: bool
+    snapshot: bool             # the producer must copy the rows during the capture
+    worker: Any
+    batch: Any
+    mode: str                  # the benchmark mode of the pass
+    wanted: list[tuple[int, Any]]
+    #: per wanted request: (attempt, stopping, prompt length, its fill ids array)
+    rows: list[tuple[int, Any, int, Any]] = field(default_factory=list)
+    logged: bool = False
+    shift: int = 0             # hidden's row 0 is the batch's row ``shift`` (a pass's copy)
+    ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
+    since: float | None = None     # time.monotonic() of a logged pass
+
+
 def _dead() -> None:
     return None
 
@@ -300,6 +344,16 @@ class SGLangCaptureHook:
         self._profile = HookProfile(prof) if prof else None
         self._mode = ""          # the benchmark mode of this pass ("" outside benchmarks)
         self._swept = 0.0
+        #: the pass log (PASS_LOG_INTERVAL_S): recorded passes not processed yet, oldest first,
+        #: and when the oldest was recorded
+        self._log: list[_Pass] = []
+        self._log_since = 0.0
+        #: the pass log's interval (the config's; settable: 0 processes each pass at once)
+        self.pass_log_interval_s = config.pass_log_interval_s
+        #: held by every hook call and by the producer's hand-over of the log (its flush,
+        #: close, and its publisher thread once captures stop): the log and the in-flight
+        #: state change under it only
+        self._lock = threading.RLock()
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
         #: id(forward mode) -> (that mode, whether it captures): Enum members only (_on_forward)
         self._captures_by_mode: dict[int, tuple[Any, bool]] = {}
@@ -311,12 +365,13 @@ class SGLangCaptureHook:
         """HookRegistry AFTER signature: ``(result, self_worker, batch, ...)``. Returns None
         so SGLang's result passes through unchanged. While torch's profiler records (SGLang's
         ``/start_profile``) the call is one ``hscapture.hook`` range in the trace."""
-        if _profiler_enabled():
-            with _record_function("hscapture.hook"):
-                return self._forward_hook(result, worker, batch, kwargs)
-        if self._profile is not None:
-            return self._profiled(result, worker, batch, kwargs)
-        return self._forward_hook(result, worker, batch, kwargs)
+        with self._lock:
+            if _profiler_enabled():
+                with _record_function("hscapture.hook"):
+                    return self._forward_hook(result, worker, batch, kwargs)
+            if self._profile is not None:
+                return self._profiled(result, worker, batch, kwargs)
+            return self._forward_hook(result, worker, batch, kwargs)
 
     def _profiled(self, result: Any, worker: Any, batch: Any, kwargs: dict[str, Any]) -> None:
         prof = self._profile
@@ -360,6 +415,10 @@ class SGLangCaptureHook:
                            "requests; capture of this batch is dropped and reported",
                            type(exc).__name__, exc, _mode_name(batch),
                            len(getattr(batch, "reqs", None) or ()), exc_info=True)
+            try:
+                self._drain()        # the logged passes before this pass's reports
+            except Exception:
+                self.counters["errors"] += 1
             self._abort_rows(wanted, f"capture hook error: {type(exc).__name__}: {exc}")
         finally:
             t1 = self._timing.mark("after")
@@ -397,8 +456,11 @@ class SGLangCaptureHook:
         chunked-abort step so an abort is reported even when no further batch runs.
         """
         try:
-            if self._inflight and self.producer is not None:
-                self._sweep()
+            with self._lock:
+                if self._log and self.producer is not None:
+                    self._drain()
+                if self._inflight and self.producer is not None:
+                    self._sweep()
         except Exception as exc:
             self.counters["errors"] += 1
             self._log_once("sweep", logging.ERROR, "hscapture: sweep failed: %s", exc,
@@ -411,6 +473,15 @@ class SGLangCaptureHook:
         unlinked unless a durable subscriber has not read it all
         (:meth:`hscapture.producer.Producer.close`, bounded by ``timeout_s``). Later forwards
         capture nothing (the producer is not started again)."""
+        with self._lock:
+            try:
+                if self.producer is not None:
+                    self._drain()        # the logged passes are captured passes
+            except Exception as exc:
+                self.counters["errors"] += 1
+                self._log_once("close_drain", logging.ERROR, "hscapture: the pass log could "
+                               "not be processed at close: %s", exc, exc_info=True)
+            self._log = []
         self.disabled = self.disabled or "closed"
         if self._forward_log is not None:
             self._forward_log.flush()
@@ -423,6 +494,8 @@ class SGLangCaptureHook:
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
         out.update(inflight=len(self._inflight), disabled=self.disabled,
+                   logged_passes=len(self._log),
+                   logged_rows=sum(len(r.wanted) for r in self._log),
                    ranks=self.ranks, layers=self._layers)
         if self.producer is not None:
             try:
@@ -465,6 +538,7 @@ class SGLangCaptureHook:
                 self.producer = self._producer_factory(
                     self.config, self.ranks, self.config.model or _sglang_model_path())
                 self.producer.timed = self._timing.phases
+                self.producer.upstream = self._upstream
             except Exception as exc:
                 self._disable(f"cannot start the producer: {type(exc).__name__}: {exc}")
                 return False
@@ -496,8 +570,11 @@ class SGLangCaptureHook:
         # benchmark mode alt=N: whether this pass is on the skipped side
         skip = self._bench is not None and self._bench.side(prefill)
         now = time.monotonic()
+        if self._log and not skip and now - self._log_since >= self.pass_log_interval_s:
+            self._drain()          # the pass log is due (also when no prefill comes)
         if self._inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
             self._swept = now      # a request stopped between chunks is reported within this
+            self._drain()          # (the logged passes first: the reports keep their order)
             self._sweep()
         if not prefill:
             # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing; announce what
@@ -525,10 +602,22 @@ class SGLangCaptureHook:
             return
         self.counters["batches"] += 1
         self._timing.mark("select")
-        self._publish_batch(result, worker, batch, wanted)
+        mode = self._mode
+        if self.pass_log_interval_s > 0 and (mode in _LOGGED_MODES or mode.startswith("alt=")):
+            self._log_pass(result, worker, batch, wanted)
+        else:
+            self._drain()
+            self._process(self._record(result, worker, batch, wanted, logged=False))
 
-    def _publish_batch(self, result: Any, worker: Any, batch: Any,
-                       wanted: list[tuple[int, Any]]) -> None:
+    def _record(self, result: Any, worker: Any, batch: Any, wanted: list[tuple[int, Any]],
+                logged: bool) -> _Pass:
+        """What processing this pass needs, read now: the batch's row layout, the forward's
+        outputs, and per wanted request the values that change after the pass (its attempt,
+        whether it is stopping, its prompt length so far). ``logged``: the pass is to be
+        processed later, so its token ids are copied out now and, when the outputs are
+        CUDA-graph buffers the next replay overwrites, the rows covering every wanted row are
+        copied now on the forward's stream (``_Pass.shift``: the first of them); the result
+        says whether that was possible (``_Pass.logged``)."""
         n = len(batch.reqs)
         prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
         if type(prefix_lens) is not list:
@@ -540,17 +629,65 @@ class SGLangCaptureHook:
                 f"batch has {n} requests but {len(prefix_lens)} prefix_lens and "
                 f"{len(extend_lens)} extend_lens")
         offsets = list(itertools.accumulate(extend_lens[:n], initial=0))
-        real_tokens = offsets[-1]
-
         lo = getattr(result, "logits_output", None)
         hidden = getattr(lo, "hidden_states", None)
+        last = getattr(lo, "last_hidden_states", None) if self.config.final_norm else None
+        rec = _Pass(prefix_lens, extend_lens, offsets, hidden, last,
+                    getattr(lo, "hidden_states_token_indices", None) is not None,
+                    bool(getattr(result, "can_run_cuda_graph", True)), worker, batch,
+                    self._mode, wanted)
+        rows = rec.rows
+        for i, req in wanted:
+            fill = req.full_untruncated_fill_ids
+            rows.append((getattr(req, "retraction_count", 0) or 0,
+                         getattr(req, "to_finish", None) or getattr(req, "finished_reason", None),
+                         len(fill), fill))
+        if logged:
+            rec.logged = self._hold(rec)
+        return rec
+
+    def _hold(self, rec: _Pass) -> bool:
+        """Make ``rec`` safe to process later (see :meth:`_record`); False when it cannot be
+        (ids that are not a host ``array('q')``, outputs that do not cover the batch): it is
+        processed at once, as without a log."""
+        ids = []
+        pl, el = rec.prefix_lens, rec.extend_lens
+        for (i, _), row in zip(rec.wanted, rec.rows):
+            fill = row[3]
+            if type(fill) is not array or fill.typecode != "q":
+                return False
+            p, e = pl[i], el[i]
+            ids.append(fill[p:p + e] if e > 0 else fill[:0])
+        rec.ids = ids
+        if rec.snapshot and rec.hidden is not None:
+            offs = rec.offsets
+            first = min(offs[i] for i, _ in rec.wanted)
+            end = max(offs[i] + el[i] for i, _ in rec.wanted)
+            hidden, last = rec.hidden, rec.last
+            if len(hidden.shape) != 2 or hidden.shape[0] < end or (
+                    last is not None and (len(last.shape) != 2 or last.shape[0] < end)):
+                return False
+            rec.hidden = hidden[first:end].clone()
+            if last is not None:
+                rec.last = last[first:end].clone()
+            rec.shift, rec.snapshot = first, False
+        return True
+
+    def _process(self, rec: _Pass) -> None:
+        """Turn one recorded pass into rows and capture them (deferred by the producer's
+        stage); then the in-flight bookkeeping. What :meth:`_record` read is used as it was
+        at the pass."""
+        wanted = rec.wanted
+        prefix_lens, extend_lens, offsets = rec.prefix_lens, rec.extend_lens, rec.offsets
+        real_tokens = offsets[-1] - rec.shift
+        hidden = rec.hidden
         if hidden is None:
             self._fail_rows(wanted, "no_hidden_states",
                             "the forward returned no hidden states: start SGLang with "
                             "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
                             "--return-aux-hidden-state-layer-ids L1 L2 L3")
             return
-        if getattr(lo, "hidden_states_token_indices", None) is not None:
+        if rec.token_indices:
             self._fail_rows(wanted, "token_indices",
                             "the forward returned hidden states for a subset of rows "
                             "(hidden_states_token_indices); this model/feature is not supported")
@@ -569,7 +706,7 @@ class SGLangCaptureHook:
                             "to SGLang (or set HSCAPTURE_LAYERS)")
             return
         k = len(layers)
-        last = getattr(lo, "last_hidden_states", None) if self.config.final_norm else None
+        last = rec.last
         width = hs[1]
         if width % k:
             self._fail_rows(wanted, "width",
@@ -588,30 +725,36 @@ class SGLangCaptureHook:
             self._log_once("no_last", logging.WARNING,
                            "hscapture: no last_hidden_states in this forward; final_norm is "
                            "not captured (only the aux layers)")
-        shape = self._shape_of(layers, h, last is not None, worker)
+        shape = self._shape_of(layers, h, last is not None, rec.worker)
         cap_layers, kinds, layer_map = shape
-        # Graph replays hand out views of reused buffers: ask the producer to snapshot them.
-        snapshot = bool(getattr(result, "can_run_cuda_graph", True))
+        # Graph replays hand out views of reused buffers: ask the producer to snapshot them
+        # (a logged pass's rows were copied at the pass already).
+        snapshot = rec.snapshot
         # The rows, already in their wire form (record.ROW_KEYS order): no per-row object.
         maps: list[dict[str, Any]] = []
         starts: list[int] = []
         accepted: list[tuple[str, int, Any, bool]] = []
         seen: set[str] = set()
         row = self._row
+        mode = rec.mode
+        shift = rec.shift
         # Token ids from each request's own host array (SGLang builds the batch's input_ids
         # from exactly these: ScheduleBatch.prepare_for_extend takes fill_ids[prefix_len:
         # extend_end]); written into the entry by the CPU in one native call, no torch op.
-        # A request whose ids are not an array('q') sends the batch to the device ids.
-        host_ids = self._mode != "devids"
+        # A request whose ids are not an array('q') sends the batch to the device ids. A
+        # logged pass copied its rows' ids at the pass.
+        held = rec.ids
+        host_ids = mode != "devids"
         id_parts: list[tuple[Any, int, int]] = []
-        for i, req in wanted:
-            got = row(req, prefix_lens[i], extend_lens[i], seen)
+        for r, ((i, req), (attempt, stopping, total, fill)) in enumerate(zip(wanted, rec.rows)):
+            got = row(req, prefix_lens[i], extend_lens[i], seen, attempt, stopping, total)
             if got is not None:
                 maps.append(got[0])
-                starts.append(offsets[i])
+                starts.append(offsets[i] - shift)
                 accepted.append(got[1])
-                if host_ids:
-                    fill = req.full_untruncated_fill_ids
+                if held is not None:
+                    id_parts.append((held[r], 0, extend_lens[i]))
+                elif host_ids:
                     if type(fill) is array and fill.typecode == "q":
                         id_parts.append((fill, prefix_lens[i], extend_lens[i]))
                     else:
@@ -624,21 +767,22 @@ class SGLangCaptureHook:
         blocks = [hidden if hs[0] == real_tokens else hidden[:real_tokens]]
         if last is not None:
             blocks.append(last if ls[0] == real_tokens else last[:real_tokens])
-        if host_ids:
+        if held is not None or host_ids:
             ids = HostRowIds(id_parts)
         else:
-            ids = _batch_token_ids(batch, real_tokens, wanted, prefix_lens, extend_lens,
+            ids = _batch_token_ids(rec.batch, real_tokens, wanted, prefix_lens, extend_lens,
                                    offsets)
-        if self._mode == "nocapture":
+        if mode == "nocapture":
             ok = True
         else:
             t = timing.mark("ids")
             ok = self.producer.capture_rows(maps, starts, blocks, layers=cap_layers,
                                             layer_kinds=kinds, token_ids=ids,
                                             layer_map=layer_map, hidden=h, snapshot=snapshot,
-                                            defer=self._mode != "nostage" and not (
-                                                snapshot and self._mode == "nosnapstage"))
-            timing.add_producer(timing.mark("capture") - t, self._mode)
+                                            defer=mode != "nostage" and not (
+                                                snapshot and mode == "nosnapstage"),
+                                            held_since=rec.since)
+            timing.add_producer(timing.mark("capture") - t, mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
         inflight, done, completed = self._inflight, self._done, 0
         for rid, attempt, req, is_last in accepted:
@@ -660,6 +804,60 @@ class SGLangCaptureHook:
         while len(done) > _MAX_DONE:
             done.popitem(last=False)    # the oldest
 
+    def _log_pass(self, result: Any, worker: Any, batch: Any,
+                  wanted: list[tuple[int, Any]]) -> None:
+        """Keep this pass for later (the pass log, ``HSCAPTURE_PASS_LOG_MS``), or process it
+        now when it cannot wait (see :meth:`_hold`) or the log is due."""
+        rec = self._record(result, worker, batch, wanted, logged=True)
+        if not rec.logged:
+            self._drain()               # what came before it first: the calls' order
+            self._process(rec)
+            return
+        log = self._log
+        rec.since = now = time.monotonic()
+        if not log:
+            self._log_since = now
+        log.append(rec)
+        if len(log) >= _MAX_LOGGED or \
+                time.monotonic() - self._log_since >= self.pass_log_interval_s:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Process every logged pass, oldest first; the producer's stage counts its interval
+        from the passes' own times, so it is written now when that passed (the log's interval
+        is the stage's by default). A pass whose processing fails has its opted-in requests
+        reported (as a failed hook call does), the others go on."""
+        log = self._log
+        if not log:
+            return
+        self._log = []
+        for rec in log:
+            try:
+                self._process(rec)
+            except Exception as exc:  # never let capture break the server
+                self.counters["errors"] += 1
+                self._log_once(f"exc:{type(exc).__name__}", logging.ERROR,
+                               "hscapture: capture of a logged pass failed (%s: %s); its "
+                               "opted-in requests are reported", type(exc).__name__, exc,
+                               exc_info=True)
+                self._abort_rows(rec.wanted, f"capture hook error: {type(exc).__name__}: "
+                                             f"{exc}")
+        if self.producer is not None:
+            # the stage counts its interval from the logged passes' own times: due now
+            # (unless its interval is the longer), and written at once
+            self.producer.publish_completed()
+
+    def _upstream(self, idle: bool) -> None:
+        """The producer's hand-over (``Producer.upstream``): the logged passes, at once from
+        its ``flush`` / ``close``, and from its publisher thread while captures have stopped
+        (``idle``) once the log's interval passed."""
+        if not self._log:
+            return
+        if idle and time.monotonic() - self._log_since < self.pass_log_interval_s:
+            return
+        with self._lock:
+            self._drain()
+
     def _shape_of(self, layers: tuple[int, ...], h: int, final: bool, worker: Any
                   ) -> tuple[list[int], list[str], list[list[int]]]:
         """(captured layer ids, kinds, layer map) of a forward: the same for every forward of
@@ -675,11 +873,14 @@ class SGLangCaptureHook:
             got = self._shapes[key] = (cap, kinds, lmap)
         return got
 
-    def _row(self, req: Any, prefix: int, ext: int, seen: set[str]
+    def _row(self, req: Any, prefix: int, ext: int, seen: set[str], attempt: int,
+             stopping: Any, total: int
              ) -> tuple[dict[str, Any], tuple[str, int, Any, bool]] | None:
         """The wire-form row map for one request chunk and what to do with it after the
         capture, or None (skipped, or failed and reported). The rid rule is checked once per
-        sample, at its first chunk (later chunks find the rid in ``_inflight``)."""
+        sample, at its first chunk (later chunks find the rid in ``_inflight``).
+        ``attempt``, ``stopping`` and ``total`` are the request's retraction count, finish
+        or abort state and prompt length as the pass saw them (:meth:`_record`)."""
         rid = req.rid
         st = self._inflight.get(rid) if type(rid) is str else None
         if st is None:
@@ -691,8 +892,6 @@ class SGLangCaptureHook:
                                "captured: %s (further invalid rids are counted)",
                                str(rid)[:80], exc)
                 return None
-        attempt = getattr(req, "retraction_count", 0) or 0
-        stopping = getattr(req, "to_finish", None) or getattr(req, "finished_reason", None)
         if stopping is not None:
             # An aborted request runs one last forward on a 1-token stub prompt: never a sample.
             self._fail_rid(rid, attempt, f"request aborted/finished before its last chunk: "
@@ -715,7 +914,6 @@ class SGLangCaptureHook:
                               else "post_complete_rows_skipped"] += 1
                 return None
             del self._done[rid]  # a new request reusing the rid: a new sample
-        total = len(req.full_untruncated_fill_ids)
         end = prefix + ext
         if end > total:
             self._fail_rid(rid, attempt, f"chunk [{prefix}, {end}) runs past the request's "

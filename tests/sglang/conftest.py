@@ -96,8 +96,11 @@ def rig(published, sock_dir, unique_id):
 
     def _rig(*, publish_kwargs=None, env=None, subscribe=True):
         published(layers=[29, 2, 16], **(publish_kwargs or {}))
+        # each forward processed at once (HSCAPTURE_PASS_LOG_MS=0), so a test reads the
+        # hook's state right after a forward; the pass log's own tests turn it on
         cfg_env = {"HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/cap-{{dp_rank}}.sock",
-                   "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M"}
+                   "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M",
+                   "HSCAPTURE_PASS_LOG_MS": "0"}
         cfg_env.update(env or {})
         hook = SGLangCaptureHook(load_config(cfg_env))
         hook.start()  # what the Scheduler.__init__ AFTER hook does

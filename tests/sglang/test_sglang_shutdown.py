@@ -77,6 +77,9 @@ CHILD = textwrap.dedent(r"""
         # stage, and one whose first chunk was committed and whose last chunk is staged
         import hashlib
         p.stage_interval_s = 3600.0                  # written by close() only, not by time
+        hook.pass_log_interval_s = 3600.0            # (the hook's pass log likewise)
+        def held():                                  # rows deferred: logged or staged
+            return p.stats()["staged_rows"] + hook.stats()["logged_rows"]
         def forward(rows):
             batch = srv.extend(rows)                 # SGLang's batch and the model's result
             holder["result"] = srv._result
@@ -84,9 +87,9 @@ CHILD = textwrap.dedent(r"""
         whole, split = srv.new_req("hscap-staged", 7), srv.new_req("hscap-split", 12)
         forward([(split, 0, 6)])
         p.flush()                                    # the split sample's first chunk: committed
-        staged0 = p.stats()["staged_rows"]
+        staged0 = held()
         forward([(whole, 0, 7), (split, 6, 6)])
-        assert p.stats()["staged_rows"] == staged0 + 2, p.stats()
+        assert held() == staged0 + 2, (p.stats(), hook.stats())
         for req in (whole, split):
             expect[req.rid] = {
                 "ids": list(req.origin_input_ids),

@@ -1,0 +1,143 @@
+"""The hook's pass log (``HSCAPTURE_PASS_LOG_MS``): a prefill pass only reads what changes after
+it and is processed later with the passes around it. Every outcome a subscriber sees is the one
+the hook gives when it processes each pass at once (tests/sglang/test_sglang_hook.py, whose rig
+turns the log off): exact samples, restarts, aborts and sweeps reported, no duplicate; and
+nothing is held forever (the producer's publisher thread hands the log over once forwards
+stop, its flush and close do at once)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang")  # local convenience only: CI installs sglang
+
+from hscapture.errors import IncompleteSampleError, SampleTimeoutError  # noqa: E402
+
+from sglang_support import chunks  # noqa: E402
+from test_sglang_hook import check  # noqa: E402
+
+LOG = {"HSCAPTURE_PASS_LOG_MS": "50"}
+
+
+def test_logged_passes_are_held_then_processed_together_and_every_sample_is_exact(rig):
+    hook, sub, srv = rig(env=LOG)
+    a = srv.new_req("hscap-a", 23)
+    b = srv.new_req("hscap-b", 5)
+    plain = srv.new_req("not-captured", 9)
+    c = srv.new_req("anything", 7, custom_params={"hscapture": True})
+    srv.extend([(a, 0, 10), (plain, 0, 9), (b, 0, 5)])
+    st = hook.stats()
+    assert st["logged_passes"] == 1 and st["logged_rows"] == 2, st
+    assert hook.producer.stats().get("staged_rows", 0) == 0     # held by the hook alone
+    b.output_ids.append(1); plain.output_ids.append(2)
+    b.refresh_fill_ids(); plain.refresh_fill_ids()
+    srv.extend([(a, 10, 10), (c, 0, 7)], decode=[b, plain])
+    srv.decode([b, plain])
+    srv.extend([(a, 20, 3)], pad=5, graph=True)
+    for req in (a, b, c):
+        s = sub.get(req.rid, timeout=10)        # handed over by the producer's publisher
+        check(s, srv, req)
+        assert s.meta["extra"]["attempt"] == 0
+        s.release()
+    with pytest.raises(SampleTimeoutError):
+        sub.get("not-captured", timeout=0.3)
+    hook.producer.flush()
+    st = hook.stats()
+    assert st["samples"] == 3 and st["chunks"] == 5 and st.get("errors", 0) == 0, st
+    assert st["logged_passes"] == 0
+
+
+def test_a_logged_pass_of_graph_outputs_copies_its_rows_at_the_pass(rig):
+    """CUDA-graph outputs are overwritten by the next replay: a logged pass copies the rows
+    covering its wanted ones during the call (here the outputs are wiped right after it)."""
+    hook, sub, srv = rig(env=LOG)
+    plain = srv.new_req("not-captured", 6)
+    r1, r2 = srv.new_req("hscap-g1", 9), srv.new_req("hscap-g2", 4)
+    srv.extend([(plain, 0, 6), (r1, 0, 9), (r2, 0, 4)], graph=True)
+    lo = srv._result.logits_output
+    lo.hidden_states.fill_(float("nan"))
+    lo.last_hidden_states.fill_(float("nan"))
+    assert hook.stats()["logged_passes"] == 1
+    for r in (r1, r2):
+        check(sub.get(r.rid, timeout=10), srv, r)
+
+
+def test_a_logged_retraction_mid_prefill_restarts_and_yields_one_sample(rig):
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-retract", 20)
+    srv.extend([(r, 0, 8)])
+    r.reset_for_retract()
+    r.init_next_round_input(None)
+    for start, size in chunks(20, 8):
+        srv.extend([(r, start, size)])
+    s = sub.get(r.rid, timeout=10)
+    check(s, srv, r)
+    assert s.meta["extra"]["attempt"] == 1
+    hook.producer.flush()
+    assert hook.stats()["restarts"] == 1
+
+
+def test_a_logged_reprefill_after_a_complete_sample_publishes_no_duplicate(rig):
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-done", 9, max_new_tokens=8)
+    srv.extend([(r, 0, 9)])
+    check(sub.get(r.rid, timeout=10), srv, r)
+    r.output_ids.extend([5, 6])
+    r.reset_for_retract()
+    r.init_next_round_input(None)
+    srv.extend([(r, 0, len(r.full_untruncated_fill_ids))])
+    hook.producer.flush()
+    assert hook.stats()["reprefill_skipped"] == 1
+    assert sub.poll(timeout=0.5) is None
+
+
+def test_a_logged_abort_between_chunks_is_reported_and_its_batch_mate_exact(rig):
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-abort", 30)
+    other = srv.new_req("hscap-other", 4)
+    srv.extend([(r, 0, 10)])
+    r.set_finish_with_abort("client went away")   # read at the pass: the stub forward
+    r.init_next_round_input(None)
+    srv.extend([(r, 0, 1), (other, 0, 4)])
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=10)
+    check(sub.get(other.rid, timeout=10), srv, other)
+
+
+def test_the_sweep_hands_the_log_over_first_then_reports_a_request_gone_between_chunks(rig):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-gone", 30)
+    srv.extend([(r, 0, 10)])
+    assert hook.stats()["logged_passes"] == 1
+    r.finished_reason = FINISH_ABORT("aborted between chunks")
+    hook.sweep()            # SGLang's chunked-abort step: the logged chunk first, then the sweep
+    assert hook.stats()["logged_passes"] == 0 and hook.stats()["aborted"] == 1
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=10)
+
+
+def test_the_log_holds_at_most_max_logged_passes_whatever_its_interval(rig):
+    from hscapture.sglang import hook as hook_mod
+
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    reqs = [srv.new_req(f"hscap-many-{i}", 3) for i in range(hook_mod._MAX_LOGGED + 1)]
+    for i, r in enumerate(reqs):
+        srv.extend([(r, 0, 3)])
+        assert hook.stats()["logged_passes"] == (i + 1) % hook_mod._MAX_LOGGED
+    hook.producer.flush()         # the last one: its interval is an hour
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
+
+
+def test_passes_logged_before_the_hook_closes_are_captured(rig):
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    hook.producer.commit_grace_s = 3600.0     # nothing but close() may hand them over
+    r = srv.new_req("hscap-close", 11)
+    srv.extend([(r, 0, 11)])
+    assert hook.stats()["logged_passes"] == 1
+    hook.close(timeout_s=10)
+    check(sub.get(r.rid, timeout=10), srv, r)
