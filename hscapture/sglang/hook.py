@@ -354,6 +354,9 @@ class SGLangCaptureHook:
         #: close, and its publisher thread once captures stop): the log and the in-flight
         #: state change under it only
         self._lock = threading.RLock()
+        #: inside a hook call (a close() from a signal handler on this thread sees it: the
+        #: interrupted call may hold the producer's lock, so the log is not processed then)
+        self._busy = False
         self._shapes: dict[tuple[Any, ...], tuple[list[int], list[str], list[list[int]]]] = {}
         #: id(forward mode) -> (that mode, whether it captures): Enum members only (_on_forward)
         self._captures_by_mode: dict[int, tuple[Any, bool]] = {}
@@ -366,12 +369,16 @@ class SGLangCaptureHook:
         so SGLang's result passes through unchanged. While torch's profiler records (SGLang's
         ``/start_profile``) the call is one ``hscapture.hook`` range in the trace."""
         with self._lock:
-            if _profiler_enabled():
-                with _record_function("hscapture.hook"):
-                    return self._forward_hook(result, worker, batch, kwargs)
-            if self._profile is not None:
-                return self._profiled(result, worker, batch, kwargs)
-            return self._forward_hook(result, worker, batch, kwargs)
+            self._busy = True
+            try:
+                if _profiler_enabled():
+                    with _record_function("hscapture.hook"):
+                        return self._forward_hook(result, worker, batch, kwargs)
+                if self._profile is not None:
+                    return self._profiled(result, worker, batch, kwargs)
+                return self._forward_hook(result, worker, batch, kwargs)
+            finally:
+                self._busy = False
 
     def _profiled(self, result: Any, worker: Any, batch: Any, kwargs: dict[str, Any]) -> None:
         prof = self._profile
@@ -475,7 +482,7 @@ class SGLangCaptureHook:
         capture nothing (the producer is not started again)."""
         with self._lock:
             try:
-                if self.producer is not None:
+                if self.producer is not None and not self._busy:
                     self._drain()        # the logged passes are captured passes
             except Exception as exc:
                 self.counters["errors"] += 1
