@@ -272,6 +272,7 @@ class _Pass:
     rows: list[tuple[int, Any, int, Any]] = field(default_factory=list)
     logged: bool = False
     shift: int = 0             # hidden's row 0 is the batch's row ``shift`` (a pass's copy)
+    real_tokens: int = 0       # the source rows the rows lie in (the batch's, or the copy's)
     ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
     since: float | None = None     # time.monotonic() of a logged pass
 
@@ -643,6 +644,7 @@ class SGLangCaptureHook:
                     getattr(lo, "hidden_states_token_indices", None) is not None,
                     bool(getattr(result, "can_run_cuda_graph", True)), worker, batch,
                     self._mode, wanted)
+        rec.real_tokens = offsets[-1]
         rows = rec.rows
         for i, req in wanted:
             fill = req.full_untruncated_fill_ids
@@ -658,7 +660,9 @@ class SGLangCaptureHook:
         (ids that are not a host ``array('q')``, outputs that do not cover the batch): it is
         processed at once, as without a log."""
         ids = []
-        pl, el = rec.prefix_lens, rec.extend_lens
+        # (copies: the batch's lists are SGLang's, which may reuse them after the pass)
+        pl = rec.prefix_lens = list(rec.prefix_lens)
+        el = rec.extend_lens = list(rec.extend_lens)
         for (i, _), row in zip(rec.wanted, rec.rows):
             fill = row[3]
             if type(fill) is not array or fill.typecode != "q":
@@ -677,7 +681,8 @@ class SGLangCaptureHook:
             rec.hidden = hidden[first:end].clone()
             if last is not None:
                 rec.last = last[first:end].clone()
-            rec.shift, rec.snapshot = first, False
+            rec.shift, rec.snapshot, rec.real_tokens = first, False, end - first
+        rec.batch = None            # (its ids are not needed: the rows' own were copied)
         return True
 
     def _process(self, rec: _Pass) -> None:
@@ -686,7 +691,7 @@ class SGLangCaptureHook:
         at the pass."""
         wanted = rec.wanted
         prefix_lens, extend_lens, offsets = rec.prefix_lens, rec.extend_lens, rec.offsets
-        real_tokens = offsets[-1] - rec.shift
+        real_tokens = rec.real_tokens
         hidden = rec.hidden
         if hidden is None:
             self._fail_rows(wanted, "no_hidden_states",

@@ -51,9 +51,10 @@ def test_a_logged_pass_of_graph_outputs_copies_its_rows_at_the_pass(rig):
     """CUDA-graph outputs are overwritten by the next replay: a logged pass copies the rows
     covering its wanted ones during the call (here the outputs are wiped right after it)."""
     hook, sub, srv = rig(env=LOG)
-    plain = srv.new_req("not-captured", 6)
+    plain, after = srv.new_req("not-captured", 6), srv.new_req("not-captured-2", 5)
     r1, r2 = srv.new_req("hscap-g1", 9), srv.new_req("hscap-g2", 4)
-    srv.extend([(plain, 0, 6), (r1, 0, 9), (r2, 0, 4)], graph=True)
+    # rows that did not opt in before and after the captured ones: only [6, 19) is copied
+    srv.extend([(plain, 0, 6), (r1, 0, 9), (r2, 0, 4), (after, 0, 5)], graph=True)
     lo = srv._result.logits_output
     lo.hidden_states.fill_(float("nan"))
     lo.last_hidden_states.fill_(float("nan"))
