@@ -142,7 +142,8 @@ STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_
 #: (benchmarks/results/h200-2026-12-03b). OFF by default (0) until measured in a real server:
 #: set HSCAPTURE_PASS_LOG_MS=50 to use it.
 PASS_LOG_INTERVAL_S = DEFAULT_PASS_LOG_MS / 1e3
-_MAX_LOGGED = 64          # passes held at most (the log's bound besides its interval)
+_MAX_LOGGED = 64          # passes held at most (bounds besides its interval: this, and the
+#                           memory they keep referenced, 1/16 of the ring, as the stage's)
 #: benchmark modes whose passes may be logged ("": production, and alt=N); the others
 #: (nocapture, nostage, nosnapstage, devids) change how a pass is captured and are processed
 #: at once
@@ -273,6 +274,7 @@ class _Pass:
     logged: bool = False
     shift: int = 0             # hidden's row 0 is the batch's row ``shift`` (a pass's copy)
     real_tokens: int = 0       # the source rows the rows lie in (the batch's, or the copy's)
+    nbytes: int = 0            # the memory a logged pass keeps referenced
     ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
     since: float | None = None     # time.monotonic() of a logged pass
 
@@ -349,6 +351,7 @@ class SGLangCaptureHook:
         #: and when the oldest was recorded
         self._log: list[_Pass] = []
         self._log_since = 0.0
+        self._log_bytes = 0       # what the logged passes keep referenced (bound: 1/16 ring)
         #: the pass log's interval (the config's; settable: 0 processes each pass at once)
         self.pass_log_interval_s = config.pass_log_interval_s
         #: held by every hook call and by the producer's hand-over of the log (its flush,
@@ -683,6 +686,13 @@ class SGLangCaptureHook:
                 rec.last = last[first:end].clone()
             rec.shift, rec.snapshot, rec.real_tokens = first, False, end - first
         rec.batch = None            # (its ids are not needed: the rows' own were copied)
+        # the device (or host) memory the log keeps: the copy, else the forward's outputs
+        h = rec.hidden
+        if h is not None:
+            size = h.element_size()
+            rec.nbytes = h.shape[0] * h.shape[1] * size if len(h.shape) == 2 else 0
+            if rec.last is not None and len(rec.last.shape) == 2:
+                rec.nbytes += rec.last.shape[0] * rec.last.shape[1] * size
         return True
 
     def _process(self, rec: _Pass) -> None:
@@ -829,9 +839,11 @@ class SGLangCaptureHook:
         rec.since = now = time.monotonic()
         if not log:
             self._log_since = now
+            self._log_bytes = 0
         log.append(rec)
-        if len(log) >= _MAX_LOGGED or \
-                time.monotonic() - self._log_since >= self.pass_log_interval_s:
+        self._log_bytes += rec.nbytes
+        if len(log) >= _MAX_LOGGED or self._log_bytes >= self.config.ring_bytes // 16 or \
+                now - self._log_since >= self.pass_log_interval_s:
             self._drain()
 
     def _drain(self) -> None:

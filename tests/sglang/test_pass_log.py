@@ -133,6 +133,20 @@ def test_the_log_holds_at_most_max_logged_passes_whatever_its_interval(rig):
         check(sub.get(r.rid, timeout=10), srv, r)
 
 
+def test_the_log_holds_at_most_a_sixteenth_of_the_ring_in_referenced_outputs(rig):
+    """Logged passes keep their outputs referenced (or their copies): past 1/16 of the ring
+    (the stage's own bound) the log is processed whatever its interval."""
+    hook, sub, srv = rig(env=dict(LOG, HSCAPTURE_RING_BYTES="2M"))   # bound: 128 KiB
+    hook.pass_log_interval_s = 3600.0
+    big = [srv.new_req(f"hscap-big-{i}", 600) for i in range(2)]    # 75 KiB of outputs each
+    srv.extend([(big[0], 0, 600)])
+    assert hook.stats()["logged_passes"] == 1
+    srv.extend([(big[1], 0, 600)])
+    assert hook.stats()["logged_passes"] == 0           # over the bound: processed
+    for r in big:
+        check(sub.get(r.rid, timeout=10), srv, r)
+
+
 def test_passes_logged_before_the_hook_closes_are_captured(rig):
     hook, sub, srv = rig(env=LOG)
     hook.pass_log_interval_s = 3600.0
