@@ -76,6 +76,9 @@ drifts 10-20 ms over seconds, and the scheduler-side ratios of 3 s windows swung
 (benchmarks/results/h200-2026-12-03); blocks of 8 passes (~0.1 s at 1B) cancel that drift, and
 60 s give ~350 ratios whose median's CI is +-0.3-0.5 %. Its requests opt in but only some are
 captured (:func:`partial`): a sample that arrives must be exact, one that does not is no loss.
+``--alt-log MS,...``: instead of that one window, ``--alt-repeat`` rounds of one window per
+value, in turn, in the mode ``alt=N,log=MS`` (the hook's pass log interval MS ms, 0 = none):
+the on/off ratio with and without the pass log, inside one server, their windows alternating.
 
 The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
 (SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
@@ -629,6 +632,12 @@ def main() -> int:
                          "turn), judged from the forward log (interleaved(); needs "
                          "HSCAPTURE_FORWARD_LOG and HSCAPTURE_EXPERIMENT_FILE)")
     ap.add_argument("--alt-s", type=float, default=60.0, help="seconds of the --alt window")
+    ap.add_argument("--alt-log", default="",
+                    help="comma-separated pass log intervals (ms; 0 = none): with --alt, one "
+                         "window per value in the mode alt=N,log=MS, in turn, --alt-repeat "
+                         "times, each of --alt-s seconds")
+    ap.add_argument("--alt-repeat", type=int, default=1,
+                    help="rounds of the --alt-log windows")
     ap.add_argument("--goal", type=float, default=0.98, help="goal: on/off >= this")
     ap.add_argument("--drain-s", type=float, default=120.0)
     ap.add_argument("--out", required=True)
@@ -652,6 +661,10 @@ def main() -> int:
     forward_log = os.environ.get("HSCAPTURE_FORWARD_LOG", "")
     if args.alt and not (args.load == "steady" and forward_log and exp_file):
         ap.error("--alt needs --load steady, HSCAPTURE_FORWARD_LOG and HSCAPTURE_EXPERIMENT_FILE")
+    if args.alt_log and not (args.alt and all(
+            v.isdigit() for v in args.alt_log.split(","))):
+        ap.error(f"--alt-log: expected comma-separated whole milliseconds with --alt, found "
+                 f"{args.alt_log!r}")
     nreq = dict(kv.split("=") for kv in args.requests.split(","))
     batch = {**{m: "1" for m in MIXES}, **dict(kv.split("=") for kv in args.batch.split(","))}
     rng = random.Random(args.seed)
@@ -760,29 +773,49 @@ def main() -> int:
         res["forward_log_records"] = int(len(forwards))
         return True
 
-    def alt_side(mix: str, window: dict[str, Any], res: dict[str, Any]) -> None:
-        """The ``--alt`` window judged from the forward log (:func:`interleaved`) into
-        ``res["interleaved"]`` and ``res["pairs"]["on/off [interleaved]"]`` (the goal's
-        verdict) and ``["on/off [interleaved, unshifted]"]``, printed."""
+    def alt_side(mix: str, windows: list[dict[str, Any]], res: dict[str, Any],
+                 log: str = "") -> None:
+        """The ``--alt`` windows of one setting (``log``: its ``--alt-log`` value, "" for
+        plain ``alt=N``) judged from the forward log (:func:`interleaved`, the windows'
+        ratios pooled) into ``res["interleaved"]`` (``res["interleaved, log=MS"]``) and
+        ``res["pairs"]["on/off [interleaved]"]`` (the goal's verdict; ``[interleaved,
+        log=MS]``) and ``["on/off [interleaved, unshifted]"]`` (``[interleaved, log=MS,
+        unshifted]``), printed."""
         set_mode(current_mode[0] or "")       # a fresh report: the hook flushed its log
         from hscapture.sglang.timing import read_forward_log
 
-        try:
-            got = interleaved(read_forward_log(forward_log), window["t_a"], window["t_b"])
-        except ValueError as exc:
-            notes.append(f"{mix}: no interleaved figures: {exc}")
-            print(f"[bench_server] {notes[-1]}", flush=True)
+        label = "interleaved" + (f", log={log}" if log else "")
+        forwards = read_forward_log(forward_log)
+        gots = []
+        for window in windows:
+            try:
+                gots.append(interleaved(forwards, window["t_a"], window["t_b"]))
+            except ValueError as exc:
+                notes.append(f"{mix}: no {label} figures for a window: {exc}")
+                print(f"[bench_server] {notes[-1]}", flush=True)
+        if not gots:
             return
-        res["interleaved"] = {"n": args.alt, "seconds": args.alt_s, "window": window,
-                              **{k: v for k, v in got.items() if not k.startswith("ratios")}}
-        for name, key, goal in (("interleaved", "ratios", args.goal),
-                                ("interleaved, unshifted", "ratios_unshifted", None)):
+        got = gots[0] if len(gots) == 1 else {
+            "ratios": [x for g in gots for x in g["ratios"]],
+            "ratios_unshifted": [x for g in gots for x in g["ratios_unshifted"]],
+            "blocks": sum(g["blocks"] for g in gots),
+            "passes_per_block": _stats.median([g["passes_per_block"] for g in gots]),
+            "turn_us_median": {side: _stats.median([g["turn_us_median"][side] for g in gots])
+                               for side in ("captured", "skipped")},
+            "hook_us_mean": {side: _stats.median([g["hook_us_mean"][side] for g in gots])
+                             for side in ("captured", "skipped")},
+            "rows": sum(g["rows"] for g in gots), "per_window": [
+                {k: v for k, v in g.items() if not k.startswith("ratios")} for g in gots]}
+        res[label] = {"n": args.alt, "seconds": args.alt_s, "windows": windows,
+                      **{k: v for k, v in got.items() if not k.startswith("ratios")}}
+        for name, key, goal in ((label, "ratios", args.goal),
+                                (f"{label}, unshifted", "ratios_unshifted", None)):
             res["pairs"][f"on/off [{name}]"] = s = _stats.pair_summary(
                 got[key], goal, ">=", seed=args.seed)
             print(f"[bench_server] {mix}: on/off ({name}, alt={args.alt}, "
                   f"{got['blocks']} blocks of {got['passes_per_block']:g} passes) "
                   f"{_verdict(s, args.goal)}", flush=True)
-        print(f"[bench_server] {mix}: alt={args.alt} median turn captured / skipped "
+        print(f"[bench_server] {mix}: {label} alt={args.alt} median turn captured / skipped "
               f"{got['turn_us_median']['captured']:.0f} / {got['turn_us_median']['skipped']:.0f}"
               f" us, hook per pass {got['hook_us_mean']['captured']:.0f} / "
               f"{got['hook_us_mean']['skipped']:.0f} us", flush=True)
@@ -841,7 +874,7 @@ def main() -> int:
             return measure_window(mode, args.round_s)
 
         rounds: list[dict[str, Any]] = []
-        alt_window: dict[str, Any] | None = None
+        alt_windows: dict[str, list[dict[str, Any]]] = {}    # --alt-log value -> windows
         try:
             for m in modes:
                 measure(m)
@@ -860,9 +893,14 @@ def main() -> int:
                       f"{cand}/off {ratio:.3f} ({rounds[-2]['requests']} / "
                       f"{rounds[-1]['requests']} requests answered)", flush=True)
             if args.alt:
-                alt_window = measure_window(f"on:alt={args.alt}", args.alt_s)
-                print(f"[bench_server] {mix}: {args.alt_s:g} s in mode alt={args.alt} "
-                      f"({alt_window['requests']} requests answered)", flush=True)
+                logs = args.alt_log.split(",") if args.alt_log else [""]
+                for _ in range(args.alt_repeat if args.alt_log else 1):
+                    for log in logs:
+                        name = f"alt={args.alt}" + (f",log={log}" if log else "")
+                        w = measure_window(f"on:{name}", args.alt_s)
+                        alt_windows.setdefault(log, []).append(w)
+                        print(f"[bench_server] {mix}: {args.alt_s:g} s in mode {name} "
+                              f"({w['requests']} requests answered)", flush=True)
             if args.profile_dir:
                 # inside the same load: switch, wait out the ramp, then record the steps
                 for mode in ("off", "on"):
@@ -885,8 +923,8 @@ def main() -> int:
             res["profiles"] = profiles
         if rounds:
             summarize(mix, rounds, res)
-        if alt_window is not None:
-            alt_side(mix, alt_window, res)
+        for log, windows in alt_windows.items():
+            alt_side(mix, windows, res, log)
         return res
 
     for mix in args.mix.split(","):

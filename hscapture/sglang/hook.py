@@ -418,6 +418,9 @@ class SGLangCaptureHook:
                     return None
                 if self.producer is not None:
                     bench.apply(self.producer, self.config.publish_interval_s)
+                    log_s = bench.log_s
+                    self.pass_log_interval_s = (self.config.pass_log_interval_s
+                                                if log_s is None else log_s)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
             self.counters["errors"] += 1

@@ -59,6 +59,9 @@ class BenchModes:
         #: this pass's side of ``alt=N`` (timing.ForwardLog's ``phase``: 0 outside the mode,
         #: 1 captured, 2 skipped); the hook resets it to 0 at each pass
         self.phase = 0
+        #: ``alt=N,log=MS``: MS / 1000, the pass log's interval for this mode; None: the
+        #: configured one
+        self.log_s: float | None = None
 
     def read(self, now: int) -> str:
         """The mode in the file: its status is looked at once per 100 ms at most, its content
@@ -84,7 +87,10 @@ class BenchModes:
         mode = self.name
         if self._heartbeat_s is None:
             self._heartbeat_s = producer.heartbeat_interval_s
-        alt = _mode_int(mode, "alt=")
+        base, _, option = mode.partition(",")
+        alt = _mode_int(base, "alt=")
+        log_ms = _mode_seconds(option, "log=", -1.0) if alt else -1.0
+        self.log_s = log_ms / 1e3 if log_ms >= 0.0 else None
         if alt != self.alt:
             self.alt, self._alt_count = alt, 0
         producer.inline_publish = mode != "publisher"

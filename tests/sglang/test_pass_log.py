@@ -156,3 +156,37 @@ def test_passes_logged_before_the_hook_closes_are_captured(rig):
     assert hook.stats()["logged_passes"] == 1
     hook.close(timeout_s=10)
     check(sub.get(r.rid, timeout=10), srv, r)
+
+
+def test_benchmark_mode_alt_with_log_sets_the_log_interval_for_that_mode_alone(
+        rig, tmp_path, monkeypatch):
+    """``alt=N,log=MS`` (bench_server --alt-log): the pass log's interval is MS for as long as
+    the mode lasts (0: each pass processed at once), so windows with and without the log
+    compare inside one server; plain ``alt=N`` and every other mode keep the configured one.
+    Every captured sample arrives exact either way."""
+    from test_sglang_hook import set_mode
+
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig(env=LOG)
+    reqs = [srv.new_req(f"hscap-altlog-{i}", 4 + i) for i in range(5)]
+    set_mode(hook, mode, "alt=1,log=3600000")
+    srv.extend([(reqs[0], 0, 4)])                      # captured, logged for an hour
+    assert hook.pass_log_interval_s == 3600.0
+    assert hook.stats()["logged_passes"] == 1
+    srv.extend([(reqs[1], 0, 5)])                      # skipped: nothing processed
+    assert hook.stats()["logged_passes"] == 1
+    set_mode(hook, mode, "alt=1,log=0")
+    srv.extend([(reqs[2], 0, 6)])                      # captured: the log, then this, at once
+    assert hook.pass_log_interval_s == 0.0
+    assert hook.stats()["logged_passes"] == 0
+    set_mode(hook, mode, "alt=1")
+    srv.extend([(reqs[3], 0, 7)])                      # skipped, the configured 50 ms again
+    assert hook.pass_log_interval_s == 0.05
+    set_mode(hook, mode, "")
+    srv.extend([(reqs[4], 0, 8)])                      # captured as configured
+    assert hook.pass_log_interval_s == 0.05
+    hook.producer.flush(timeout_s=10)
+    for i in (0, 2, 4):
+        check(sub.get(reqs[i].rid, timeout=10), srv, reqs[i])
+    assert hook.counters["errors"] == 0
