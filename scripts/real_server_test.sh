@@ -24,6 +24,7 @@ COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3
         --return-aux-hidden-state-layer-ids $LAYERS --chunked-prefill-size 256
         --disable-radix-cache --mem-fraction-static 0.3)
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-test-{dp_rank}.sock'
+export HSC_SRC=${HSC_SRC:-.}       # build hscapture from this checkout, not the bundle's copy
 export DEADLINE_S=${DEADLINE_S:-280}
 rc=0
 run() {  # run NAME DEADLINE_S [extra SGLang flags...]

@@ -71,8 +71,8 @@ DEFAULT_PUBLISH_INTERVAL_MS = 20.0
 #: the default of ``HSCAPTURE_STAGE_INTERVAL_MS`` (why: ``hook.STAGE_INTERVAL_S``)
 DEFAULT_STAGE_INTERVAL_MS = 50.0
 #: the default of ``HSCAPTURE_PASS_LOG_MS`` (``hook.PASS_LOG_INTERVAL_S`` says what it does):
-#: off until it is measured in a real server (50 is the interval it was built for)
-DEFAULT_PASS_LOG_MS = 0.0
+#: 50 ms, on since the real server measured it (benchmarks/results/h200-2026-12-04)
+DEFAULT_PASS_LOG_MS = 50.0
 
 #: ``sampling_params.custom_params[META_PARAM]``: a request's per-sample metadata
 META_PARAM = f"{DEFAULT_PARAM}_meta"

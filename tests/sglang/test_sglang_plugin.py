@@ -48,9 +48,9 @@ def test_config_values_and_errors():
         with pytest.raises(CaptureConfigError, match=r"HSCAPTURE_PUBLISH_INTERVAL_MS: expected "
                                                      r"milliseconds from 0 to 10000, found"):
             load_config({"HSCAPTURE_PUBLISH_INTERVAL_MS": raw})
-    # the pass log: off unless asked for (not yet measured in a real server)
-    assert c.pass_log_interval_s == 0.0
-    assert load_config({"HSCAPTURE_PASS_LOG_MS": "50"}).pass_log_interval_s == 0.05
+    # the pass log: on, 50 ms, unless turned off (0)
+    assert c.pass_log_interval_s == 0.05
+    assert load_config({"HSCAPTURE_PASS_LOG_MS": "0"}).pass_log_interval_s == 0.0
     for raw in ("-1", "later", "10001"):
         with pytest.raises(CaptureConfigError, match=r"HSCAPTURE_PASS_LOG_MS: expected "
                                                      r"milliseconds from 0 to 10000, found"):
