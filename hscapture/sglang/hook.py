@@ -98,8 +98,10 @@ __all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "make_producer"]
 CAPTURE_MODES = ("EXTEND", "MIXED")
 
 _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill duplicates)
-#: how often the forward hook looks for requests that stopped between chunks (the scheduler's
-#: chunked-abort hook reports aborts at once; this catches requests released silently)
+#: how often the hooks look for requests that stopped between chunks (aborted, finished,
+#: released): the forward hook, and the scheduler's chunked-abort step, which SGLang runs at
+#: EVERY scheduling step (``get_next_batch_to_run``), so it must cost a clock read there; a
+#: stopped request is reported within this interval of the next step or forward
 _SWEEP_INTERVAL_S = 0.05
 #: how long the scheduler may go without a capture before the producer's publisher thread publishes
 #: a completed copy itself (Producer ``commit_grace_s``); an entry is announced at most this long
@@ -466,17 +468,34 @@ class SGLangCaptureHook:
             self._log_once("stats", logging.WARNING, "hscapture: cannot write stats: %s", exc)
 
     def sweep(self, *args: Any, **kwargs: Any) -> None:
-        """Report requests that stopped between chunks (aborted, finished, released).
+        """Report requests that stopped between chunks (aborted, finished, released), at most
+        once per ``_SWEEP_INTERVAL_S``; the pass log's passes are processed first (a logged
+        pass may hold a stopped request's last chunk), and without requests in flight only
+        once the log is due.
 
-        Runs at every hook call; also installed as an AFTER hook on the scheduler's
-        chunked-abort step so an abort is reported even when no further batch runs.
+        Installed as an AFTER hook on the scheduler's chunked-abort step, which SGLang runs at
+        every scheduling step, so an abort is reported even when no further batch runs. Why
+        the interval: processing the log at every step (as this did until 2026-12-04) kept it
+        from ever holding more than one pass, moved that processing outside the forward hook
+        (where the benchmarks time it) and ran the in-flight scan at every step, on the
+        scheduler's thread (benchmarks/results/h200-2026-12-04).
         """
+        now = time.monotonic()
+        if now - self._swept <= _SWEEP_INTERVAL_S:
+            return None
+        bench = self._bench
+        if bench is not None and bench.phase == 2:
+            return None    # alt=N, a skipped block: what the captured passes owe stays theirs
         try:
             with self._lock:
-                if self._log and self.producer is not None:
+                if self.producer is None:
+                    return None
+                self._swept = now
+                if self._inflight:
                     self._drain()
-                if self._inflight and self.producer is not None:
                     self._sweep()
+                elif self._log and now - self._log_since >= self.pass_log_interval_s:
+                    self._drain()
         except Exception as exc:
             self.counters["errors"] += 1
             self._log_once("sweep", logging.ERROR, "hscapture: sweep failed: %s", exc,

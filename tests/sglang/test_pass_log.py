@@ -110,13 +110,52 @@ def test_the_sweep_hands_the_log_over_first_then_reports_a_request_gone_between_
 
     hook, sub, srv = rig(env=LOG)
     r = srv.new_req("hscap-gone", 30)
-    srv.extend([(r, 0, 10)])
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(r, 0, 10)])                  # processed at once: r is in flight
+    hook.pass_log_interval_s = 3600.0
+    srv.extend([(r, 10, 10)])                 # its second chunk, logged
     assert hook.stats()["logged_passes"] == 1
     r.finished_reason = FINISH_ABORT("aborted between chunks")
+    hook._swept = 0.0                         # the sweep's interval passed
     hook.sweep()            # SGLang's chunked-abort step: the logged chunk first, then the sweep
-    assert hook.stats()["logged_passes"] == 0 and hook.stats()["aborted"] == 1
+    st = hook.stats()
+    assert st["logged_passes"] == 0 and st["aborted"] == 1 and st["chunks"] == 2, st
     with pytest.raises(IncompleteSampleError, match="abort"):
         sub.get(r.rid, timeout=10)
+
+
+def test_the_schedulers_every_step_leaves_the_log_alone_until_a_sweep_or_the_log_is_due(rig):
+    """SGLang runs the chunked-abort step (the sweep hook) at EVERY scheduling step. It once
+    processed the log there each time, so the log never held more than one pass and its
+    processing ran outside the forward hook; now a step costs a clock read until the sweep's
+    interval passed, and even then the log is processed only to sweep requests in flight
+    (their last chunk may be in it) or once it is due."""
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    whole = srv.new_req("hscap-whole", 6)
+    srv.extend([(whole, 0, 6)])               # one chunk: nothing in flight after it
+    for _ in range(100):
+        hook.sweep()                          # the scheduler's steps
+    hook._swept = 0.0                         # the sweep's interval passed: nothing to sweep
+    hook.sweep()
+    assert hook.stats()["logged_passes"] == 1
+    chunked = srv.new_req("hscap-chunked", 30)
+    srv.extend([(chunked, 0, 10)])            # logged: not in flight until processed
+    hook.pass_log_interval_s = 0.0            # the log is due
+    hook._swept = 0.0
+    hook.sweep()
+    assert hook.stats()["logged_passes"] == 0 and hook.stats()["chunks"] == 2
+    hook.pass_log_interval_s = 3600.0
+    srv.extend([(chunked, 10, 10)])           # logged; the chunked request is in flight
+    hook.sweep()                              # within the sweep's interval: left alone
+    assert hook.stats()["logged_passes"] == 1
+    hook._swept = 0.0
+    hook.sweep()                              # a sweep with a request in flight: log first
+    assert hook.stats()["logged_passes"] == 0 and hook.stats()["chunks"] == 3
+    srv.extend([(chunked, 20, 10)])
+    hook.producer.flush()
+    for r in (whole, chunked):
+        check(sub.get(r.rid, timeout=10), srv, r)
 
 
 def test_the_log_holds_at_most_max_logged_passes_whatever_its_interval(rig):
