@@ -142,9 +142,10 @@ STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_
 #: (bench_hook --cold-mib 64) the per-pass part cost 49-89 us against 139-257 us for the
 #: whole hook, and the whole hook's mean (its drains included) 21-28 % less
 #: (benchmarks/results/h200-2026-12-03b). In the real server (benchmarks/results/
-#: h200-2026-12-04, on/off in alternating windows of one server) the hook per capturing pass
-#: fell from 174-181 to 87-95 us mean (tiny Llama) and on/off rose at every shape and mix
-#: measured: ON by default (50 ms); HSCAPTURE_PASS_LOG_MS=0 processes each pass at once.
+#: h200-2026-12-04, on/off in alternating windows of one server) the saving is smaller: the
+#: hook's mean per capturing pass 274-301 vs 296-307 us (tiny Llama), on/off 0.4-0.6 points
+#: higher, never lower at any shape or mix measured: ON by default (50 ms);
+#: HSCAPTURE_PASS_LOG_MS=0 processes each pass at once.
 PASS_LOG_INTERVAL_S = DEFAULT_PASS_LOG_MS / 1e3
 _MAX_LOGGED = 64          # passes held at most (bounds besides its interval: this, and the
 #                           memory they keep referenced, 1/16 of the ring, as the stage's)
