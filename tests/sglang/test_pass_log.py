@@ -229,3 +229,32 @@ def test_benchmark_mode_alt_with_log_sets_the_log_interval_for_that_mode_alone(
     for i in (0, 2, 4):
         check(sub.get(reqs[i].rid, timeout=10), srv, reqs[i])
     assert hook.counters["errors"] == 0
+
+
+def test_benchmark_mode_alt_leaves_the_captured_passes_work_out_of_skipped_blocks(
+        rig, tmp_path, monkeypatch):
+    """Under ``alt=N`` what a captured pass owes is paid in captured passes: the sweep hook,
+    which SGLang runs at every scheduling step, does nothing after a skipped pass."""
+    from test_sglang_hook import set_mode
+
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-altsweep", 30)
+    set_mode(hook, mode, "alt=1,log=0")
+    srv.extend([(r, 0, 10)])                   # captured, processed at once: r in flight
+    set_mode(hook, mode, "alt=1,log=3600000")
+    other = srv.new_req("hscap-altsweep-2", 5)
+    srv.extend([(other, 0, 5)])                # skipped
+    hook._swept = 0.0
+    hook.sweep()                               # after a skipped pass: nothing
+    assert hook._swept == 0.0
+    srv.extend([(r, 10, 10)])                  # captured, logged
+    assert hook.stats()["logged_passes"] == 1
+    hook._swept = 0.0                          # (that forward swept: its interval passed)
+    hook.sweep()                               # after a captured pass: the sweep runs
+    assert hook.stats()["logged_passes"] == 0 and hook._swept > 0.0
+    set_mode(hook, mode, "")
+    srv.extend([(r, 20, 10)])
+    hook.producer.flush()
+    check(sub.get(r.rid, timeout=10), srv, r)
