@@ -492,11 +492,15 @@ class SGLangCaptureHook:
                 if self.producer is None:
                     return None
                 self._swept = now
+                t0 = time.perf_counter_ns()
                 if self._inflight:
                     self._drain()
                     self._sweep()
                 elif self._log and now - self._log_since >= self.pass_log_interval_s:
                     self._drain()
+                # (its time is outside the forward hook's: the stats report it)
+                self.counters["sweep_calls"] += 1
+                self.counters["sweep_ns"] += time.perf_counter_ns() - t0
         except Exception as exc:
             self.counters["errors"] += 1
             self._log_once("sweep", logging.ERROR, "hscapture: sweep failed: %s", exc,
