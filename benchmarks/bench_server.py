@@ -1031,6 +1031,11 @@ def main() -> int:
               f"{t['hook']['p50_us']:.0f} us, p90 {t['hook']['p90_us']:.0f} (n={t['hook']['n']}); "
               f"inside Producer.capture_rows p50 {t['producer']['p50_us']:.0f} us, p90 "
               f"{t['producer']['p90_us']:.0f}", flush=True)
+    counters = hook_stats().get("counters") or {}
+    if counters.get("sweep_calls"):
+        # the sweep hook (SGLang's chunked-abort step) runs outside the forward hook's clock
+        print(f"[bench_server] sweep hook, all modes: {counters['sweep_calls']} runs, mean "
+              f"{counters['sweep_ns'] / counters['sweep_calls'] / 1e3:.0f} us", flush=True)
     goals = [{"name": f"server/{mix}/on_vs_off"
                       + ("" if name == "on/off" else "/" + name[len("on/off ["):-1]),
               **{k: v for k, v in s.items() if k != "values"}}
