@@ -452,7 +452,13 @@ def interleaved(forwards: Any, t_a: float, t_b: float) -> dict[str, Any]:
       skipped neighbour gets one, so the difference holds about (N-2)/N of them.
 
     Also ``blocks``, ``passes_per_block`` (median), the median turn (us) of captured and
-    skipped prefill passes, and ``hook_us_mean`` per pass on each side. Raises ValueError
+    skipped prefill passes, ``hook_us_mean`` per pass on each side, ``rest_us_mean``: per
+    pass on each side, the rest of its turn (its hook's exit to the next hook's entry), and
+    ``outside_us_median``: per captured block, its passes' mean rest minus that of the
+    skipped blocks on both sides (as the ratios are paired, so a drift cancels), the median.
+    What a capture costs outside the forward hook's clock shows there (SGLang's own result
+    lag too, (N-2)/N of it; on 2026-12-04 it showed the sweep hook processing the pass log
+    at every scheduling step). Raises ValueError
     when the window holds fewer than 3 captured blocks with skipped ones on both sides."""
     import numpy as np
 
@@ -468,19 +474,24 @@ def interleaved(forwards: Any, t_a: float, t_b: float) -> dict[str, Any]:
     if len(head) < 2:
         raise ValueError(f"interleaved: {len(f)} passes of alt=N in [{t_a:.3f}, {t_b:.3f}] s")
     edges = np.concatenate(([0], np.flatnonzero(np.diff(head["phase"])) + 1, [len(head)]))
+    rest = own - hook[:-2]           # a pass's turn outside its hook: exit to next entry
     blocks = []
     for a, b in zip(edges[:-1], edges[1:]):
         ext = head["extend"][a:b] == 1
         blocks.append((int(head["phase"][a]), int(head["tokens"][a:b][ext].sum()),
-                       float(shifted[a:b].sum()), float(own[a:b].sum()), b - a))
+                       float(shifted[a:b].sum()), float(own[a:b].sum()), b - a,
+                       float(rest[a:b].mean())))
     blocks = blocks[1:-1]
     ratios: list[float] = []
     unshifted: list[float] = []
+    outside: list[float] = []
     for i in range(1, len(blocks) - 1):
-        (p0, k0, s0, o0, _), (p1, k1, s1, o1, _), (p2, k2, s2, o2, _) = blocks[i - 1:i + 2]
+        (p0, k0, s0, o0, _, r0), (p1, k1, s1, o1, _, r1), (p2, k2, s2, o2, _, r2) = \
+            blocks[i - 1:i + 2]
         if p1 == 1 and p0 == 2 and p2 == 2 and k0 and k1 and k2:
             ratios.append(((s0 + s2) / (k0 + k2)) / (s1 / k1))
             unshifted.append(((o0 + o2) / (k0 + k2)) / (o1 / k1))
+            outside.append(r1 - (r0 + r2) / 2)
     if len(ratios) < 3:
         raise ValueError(f"interleaved: {len(ratios)} captured blocks with skipped ones on "
                          f"both sides in [{t_a:.3f}, {t_b:.3f}] s; expected at least 3")
@@ -492,6 +503,9 @@ def interleaved(forwards: Any, t_a: float, t_b: float) -> dict[str, Any]:
                                "skipped": float(np.median(own[off]) / 1e3)},
             "hook_us_mean": {"captured": float(hook[:-2][on].mean() / 1e3),
                              "skipped": float(hook[:-2][off].mean() / 1e3)},
+            "rest_us_mean": {"captured": float(rest[on].mean() / 1e3),
+                             "skipped": float(rest[off].mean() / 1e3)},
+            "outside_us_median": float(np.median(outside) / 1e3),
             "rows": int(head["rows"].sum())}
 
 
@@ -804,6 +818,9 @@ def main() -> int:
                                for side in ("captured", "skipped")},
             "hook_us_mean": {side: _stats.median([g["hook_us_mean"][side] for g in gots])
                              for side in ("captured", "skipped")},
+            "rest_us_mean": {side: _stats.median([g["rest_us_mean"][side] for g in gots])
+                             for side in ("captured", "skipped")},
+            "outside_us_median": _stats.median([g["outside_us_median"] for g in gots]),
             "rows": sum(g["rows"] for g in gots), "per_window": [
                 {k: v for k, v in g.items() if not k.startswith("ratios")} for g in gots]}
         res[label] = {"n": args.alt, "seconds": args.alt_s, "windows": windows,
@@ -818,7 +835,10 @@ def main() -> int:
         print(f"[bench_server] {mix}: {label} alt={args.alt} median turn captured / skipped "
               f"{got['turn_us_median']['captured']:.0f} / {got['turn_us_median']['skipped']:.0f}"
               f" us, hook per pass {got['hook_us_mean']['captured']:.0f} / "
-              f"{got['hook_us_mean']['skipped']:.0f} us", flush=True)
+              f"{got['hook_us_mean']['skipped']:.0f} us, rest of the turn outside the hook "
+              f"{got['rest_us_mean']['captured']:.0f} / {got['rest_us_mean']['skipped']:.0f} "
+              f"us (captured block - its neighbours, median {got['outside_us_median']:+.0f} us)",
+              flush=True)
 
     #: what each paired ratio is of: the client's window, then the scheduler's own clock
     measures = {"tok_per_s": "client", "sched_tok_per_s": "scheduler",

@@ -774,11 +774,14 @@ def test_interleaved_charges_each_capture_its_hook_and_its_lagged_cost_whatever_
         lo, hi = min((b + 30_000) / (b + 600_000) for b in mids), \
             max((b + 30_000) / (b + 600_000) for b in mids)
         assert lo - 1e-3 <= float(np.median(got["ratios"])) <= hi + 1e-3
+        assert got["outside_us_median"] == pytest.approx(200.0 * 6 / n, abs=2.0)
         return
     assert abs(float(np.median(got["ratios"])) - truth) < 1e-3
     assert abs(float(np.median(got["ratios_unshifted"])) - seen) < 1e-3
     assert got["hook_us_mean"] == {"captured": pytest.approx(400.0),
                                    "skipped": pytest.approx(30.0)}
+    # outside the hook: the lagged cost lands after 7 of 8 captured passes, 1 of 8 skipped
+    assert got["outside_us_median"] == pytest.approx(200.0 * 6 / n, abs=2.0)
 
 
 def test_interleaved_leaves_out_passes_of_other_modes_and_refuses_a_window_too_short(tmp_path):
