@@ -98,10 +98,9 @@ __all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "make_producer"]
 CAPTURE_MODES = ("EXTEND", "MIXED")
 
 _MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill duplicates)
-#: how often the hooks look for requests that stopped between chunks (aborted, finished,
-#: released): the forward hook, and the scheduler's chunked-abort step, which SGLang runs at
-#: EVERY scheduling step (``get_next_batch_to_run``), so it must cost a clock read there; a
-#: stopped request is reported within this interval of the next step or forward
+#: how often the forward hook looks for requests that stopped between chunks (the scheduler's
+#: chunked-abort hook, ``SGLangCaptureHook.sweep``, looks at every scheduling step; this
+#: catches requests released silently where no step runs)
 _SWEEP_INTERVAL_S = 0.05
 #: how long the scheduler may go without a capture before the producer's publisher thread publishes
 #: a completed copy itself (Producer ``commit_grace_s``); an entry is announced at most this long
@@ -469,38 +468,32 @@ class SGLangCaptureHook:
             self._log_once("stats", logging.WARNING, "hscapture: cannot write stats: %s", exc)
 
     def sweep(self, *args: Any, **kwargs: Any) -> None:
-        """Report requests that stopped between chunks (aborted, finished, released), at most
-        once per ``_SWEEP_INTERVAL_S``; the pass log's passes are processed first (a logged
-        pass may hold a stopped request's last chunk), and without requests in flight only
-        once the log is due.
+        """Report requests that stopped between chunks (aborted, finished, released).
 
         Installed as an AFTER hook on the scheduler's chunked-abort step, which SGLang runs at
-        every scheduling step, so an abort is reported even when no further batch runs. Why
-        the interval: processing the log at every step (as this did until 2026-12-04) kept it
-        from ever holding more than one pass, moved that processing outside the forward hook
-        (where the benchmarks time it) and ran the in-flight scan at every step, on the
-        scheduler's thread (benchmarks/results/h200-2026-12-04).
+        EVERY scheduling step (``get_next_batch_to_run``), so an abort is reported at the step
+        that handles it, even when no further batch runs. It looks at the requests in flight
+        only (rarely more than the one being chunked) and never processes the pass log: a
+        stopped request with a chunk in the log is left until the log is processed (by a
+        forward, the producer's publisher thread once forwards stop, flush or close: each
+        sweeps after it), since that chunk may be its last. Why: processing the log here, as
+        this did until 2026-12-04, ran at every step, kept the log from ever holding more than
+        one pass and moved its processing outside the forward hook's measured time
+        (benchmarks/results/h200-2026-12-04).
         """
-        now = time.monotonic()
-        if now - self._swept <= _SWEEP_INTERVAL_S:
+        if not self._inflight:
             return None
         bench = self._bench
         if bench is not None and bench.phase == 2:
             return None    # alt=N, a skipped block: what the captured passes owe stays theirs
         try:
             with self._lock:
-                if self.producer is None:
-                    return None
-                self._swept = now
-                t0 = time.perf_counter_ns()
-                if self._inflight:
-                    self._drain()
-                    self._sweep()
-                elif self._log and now - self._log_since >= self.pass_log_interval_s:
-                    self._drain()
-                # (its time is outside the forward hook's: the stats report it)
-                self.counters["sweep_calls"] += 1
-                self.counters["sweep_ns"] += time.perf_counter_ns() - t0
+                if self.producer is not None:
+                    t0 = time.perf_counter_ns()
+                    self._sweep(defer_logged=True)
+                    # (outside the forward hook's clock: the stats report it)
+                    self.counters["sweep_calls"] += 1
+                    self.counters["sweep_ns"] += time.perf_counter_ns() - t0
         except Exception as exc:
             self.counters["errors"] += 1
             self._log_once("sweep", logging.ERROR, "hscapture: sweep failed: %s", exc,
@@ -517,6 +510,8 @@ class SGLangCaptureHook:
             try:
                 if self.producer is not None and not self._busy:
                     self._drain()        # the logged passes are captured passes
+                    if self._inflight:
+                        self._sweep()    # then a stop the scheduler's step left to the log
             except Exception as exc:
                 self.counters["errors"] += 1
                 self._log_once("close_drain", logging.ERROR, "hscapture: the pass log could "
@@ -910,6 +905,8 @@ class SGLangCaptureHook:
             return
         with self._lock:
             self._drain()
+            if self._inflight:
+                self._sweep()      # a stop the scheduler's step left to the log (see sweep)
 
     def _shape_of(self, layers: tuple[int, ...], h: int, final: bool, worker: Any
                   ) -> tuple[list[int], list[str], list[list[int]]]:
@@ -1033,7 +1030,11 @@ class SGLangCaptureHook:
             return None
         return st
 
-    def _sweep(self) -> None:
+    def _sweep(self, defer_logged: bool = False) -> None:
+        """Report every request in flight that stopped (or was released) before its last
+        chunk. ``defer_logged``: leave those with a pass in the log (processed later, it may
+        hold the last chunk); a released request has none (a logged pass keeps it)."""
+        logged: set[int] | None = None
         for rid, st in list(self._inflight.items()):
             req = st.ref()
             if req is None:
@@ -1043,6 +1044,11 @@ class SGLangCaptureHook:
                                                                              None)
                 if stopping is None:
                     continue
+                if defer_logged and self._log:
+                    if logged is None:
+                        logged = {id(r) for rec in self._log for _, r in rec.wanted}
+                    if id(req) in logged:
+                        continue
                 reason = f"request aborted/finished before its last chunk: {_reason(stopping)}"
             self._fail_rid(rid, st.attempt, reason)
 

@@ -25,7 +25,7 @@ __all__ = ["register", "check_sglang_version", "installed_hook", "close_on_sigte
 
 #: AFTER hook that reports chunked requests aborted between chunks without waiting for the
 #: next forward pass (optional: registered only when the method exists). SGLang calls it at
-#: every scheduling step: ``SGLangCaptureHook.sweep`` looks at most every 50 ms.
+#: every scheduling step: ``SGLangCaptureHook.sweep`` only looks at the requests in flight.
 SWEEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort"
 
 #: AFTER hook that starts the producer when the scheduler is constructed (ranks are

@@ -105,7 +105,38 @@ def test_a_logged_abort_between_chunks_is_reported_and_its_batch_mate_exact(rig)
     check(sub.get(other.rid, timeout=10), srv, other)
 
 
-def test_the_sweep_hands_the_log_over_first_then_reports_a_request_gone_between_chunks(rig):
+def test_the_sweep_reports_a_request_stopped_between_chunks_at_once_and_leaves_the_log_alone(
+        rig):
+    """SGLang runs the chunked-abort step (the sweep hook) at EVERY scheduling step. It once
+    processed the log there each time, so the log never held more than one pass and its
+    processing ran outside the forward hook; now a step only looks at the requests in
+    flight: one that stopped is reported at that step, the log is left as it is."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-gone", 30)
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(r, 0, 10)])                  # processed at once: r is in flight
+    hook.pass_log_interval_s = 3600.0
+    other = srv.new_req("hscap-other", 6)
+    srv.extend([(other, 0, 6)])               # logged
+    for _ in range(100):
+        hook.sweep()                          # the scheduler's steps: nothing stopped
+    assert hook.stats()["logged_passes"] == 1 and hook.stats().get("aborted", 0) == 0
+    r.finished_reason = FINISH_ABORT("aborted between chunks")
+    hook.sweep()                              # the step that aborts it
+    st = hook.stats()
+    assert st["aborted"] == 1 and st["logged_passes"] == 1 and st["sweep_calls"] == 101, st
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=10)
+    hook.producer.flush()
+    check(sub.get(other.rid, timeout=10), srv, other)
+
+
+def test_a_stopped_request_with_a_chunk_in_the_log_is_reported_once_the_log_is_processed(rig):
+    """The logged chunk may be the request's last: the step leaves it; processing the log
+    (here the producer's flush: a forward, the publisher thread once forwards stop and close
+    do the same) captures the chunk, then reports the request, whose last chunk never came."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     hook, sub, srv = rig(env=LOG)
@@ -114,50 +145,34 @@ def test_the_sweep_hands_the_log_over_first_then_reports_a_request_gone_between_
     srv.extend([(r, 0, 10)])                  # processed at once: r is in flight
     hook.pass_log_interval_s = 3600.0
     srv.extend([(r, 10, 10)])                 # its second chunk, logged
-    assert hook.stats()["logged_passes"] == 1
     r.finished_reason = FINISH_ABORT("aborted between chunks")
-    hook._swept = 0.0                         # the sweep's interval passed
-    hook.sweep()            # SGLang's chunked-abort step: the logged chunk first, then the sweep
+    hook.sweep()
+    st = hook.stats()
+    assert st["logged_passes"] == 1 and st.get("aborted", 0) == 0, st
+    hook.producer.flush()                     # the log first, then the sweep
     st = hook.stats()
     assert st["logged_passes"] == 0 and st["aborted"] == 1 and st["chunks"] == 2, st
     with pytest.raises(IncompleteSampleError, match="abort"):
         sub.get(r.rid, timeout=10)
 
 
-def test_the_schedulers_every_step_leaves_the_log_alone_until_a_sweep_or_the_log_is_due(rig):
-    """SGLang runs the chunked-abort step (the sweep hook) at EVERY scheduling step. It once
-    processed the log there each time, so the log never held more than one pass and its
-    processing ran outside the forward hook; now a step costs a clock read until the sweep's
-    interval passed, and even then the log is processed only to sweep requests in flight
-    (their last chunk may be in it) or once it is due."""
+def test_a_stopped_request_whose_last_chunk_is_in_the_log_arrives_whole(rig):
+    """A request finishing right after its last chunk (max_new_tokens=1, the capture
+    workload) is not reported by the step that sees it finished while that chunk is logged:
+    the sample arrives whole."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
     hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-done", 20)
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(r, 0, 10)])
     hook.pass_log_interval_s = 3600.0
-    whole = srv.new_req("hscap-whole", 6)
-    srv.extend([(whole, 0, 6)])               # one chunk: nothing in flight after it
-    for _ in range(100):
-        hook.sweep()                          # the scheduler's steps
-    hook._swept = 0.0                         # the sweep's interval passed: nothing to sweep
+    srv.extend([(r, 10, 10)])                 # its last chunk, logged
+    r.finished_reason = FINISH_LENGTH(length=1)
     hook.sweep()
-    assert hook.stats()["logged_passes"] == 1
-    chunked = srv.new_req("hscap-chunked", 30)
-    srv.extend([(chunked, 0, 10)])            # logged: not in flight until processed
-    hook.pass_log_interval_s = 0.0            # the log is due
-    hook._swept = 0.0
-    hook.sweep()
-    assert hook.stats()["logged_passes"] == 0 and hook.stats()["chunks"] == 2
-    hook.pass_log_interval_s = 3600.0
-    srv.extend([(chunked, 10, 10)])           # logged; the chunked request is in flight
-    hook.sweep()                              # within the sweep's interval: left alone
-    assert hook.stats()["logged_passes"] == 1
-    hook._swept = 0.0
-    hook.sweep()                              # a sweep with a request in flight: log first
-    st = hook.stats()
-    # sweeps that ran: the first of the 100 steps, then one each time the interval passed
-    assert st["logged_passes"] == 0 and st["chunks"] == 3 and st["sweep_calls"] == 4, st
-    srv.extend([(chunked, 20, 10)])
     hook.producer.flush()
-    for r in (whole, chunked):
-        check(sub.get(r.rid, timeout=10), srv, r)
+    assert hook.stats().get("aborted", 0) == 0
+    check(sub.get(r.rid, timeout=10), srv, r)
 
 
 def test_the_log_holds_at_most_max_logged_passes_whatever_its_interval(rig):
@@ -237,6 +252,9 @@ def test_benchmark_mode_alt_leaves_the_captured_passes_work_out_of_skipped_block
         rig, tmp_path, monkeypatch):
     """Under ``alt=N`` what a captured pass owes is paid in captured passes: the sweep hook,
     which SGLang runs at every scheduling step, does nothing after a skipped pass."""
+    import time
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
     from test_sglang_hook import set_mode
 
     mode = tmp_path / "mode"
@@ -245,18 +263,17 @@ def test_benchmark_mode_alt_leaves_the_captured_passes_work_out_of_skipped_block
     r = srv.new_req("hscap-altsweep", 30)
     set_mode(hook, mode, "alt=1,log=0")
     srv.extend([(r, 0, 10)])                   # captured, processed at once: r in flight
-    set_mode(hook, mode, "alt=1,log=3600000")
-    other = srv.new_req("hscap-altsweep-2", 5)
-    srv.extend([(other, 0, 5)])                # skipped
-    hook._swept = 0.0
+    srv.extend([(srv.new_req("hscap-altsweep-2", 5), 0, 5)])          # skipped
+    r.finished_reason = FINISH_ABORT("aborted between chunks")
     hook.sweep()                               # after a skipped pass: nothing
-    assert hook._swept == 0.0
-    srv.extend([(r, 10, 10)])                  # captured, logged
-    assert hook.stats()["logged_passes"] == 1
-    hook._swept = 0.0                          # (that forward swept: its interval passed)
-    hook.sweep()                               # after a captured pass: the sweep runs
-    assert hook.stats()["logged_passes"] == 0 and hook._swept > 0.0
-    set_mode(hook, mode, "")
-    srv.extend([(r, 20, 10)])
+    assert hook.stats().get("sweep_calls", 0) == 0 and hook.stats().get("aborted", 0) == 0
+    hook._swept = time.monotonic()             # (the forward's own sweep: not due)
+    y = srv.new_req("hscap-altsweep-3", 4)
+    srv.extend([(y, 0, 4)])                    # captured
+    hook.sweep()                               # after a captured pass: r reported
+    st = hook.stats()
+    assert st["sweep_calls"] == 1 and st["aborted"] == 1, st
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=10)
     hook.producer.flush()
-    check(sub.get(r.rid, timeout=10), srv, r)
+    check(sub.get(y.rid, timeout=10), srv, y)
