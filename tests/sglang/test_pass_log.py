@@ -277,3 +277,23 @@ def test_benchmark_mode_alt_leaves_the_captured_passes_work_out_of_skipped_block
         sub.get(r.rid, timeout=10)
     hook.producer.flush()
     check(sub.get(y.rid, timeout=10), srv, y)
+
+
+def test_with_no_step_or_forward_after_it_the_publisher_reports_a_stop_left_to_the_log(rig):
+    """The quiet end of a run: the stopped request's chunk is in the log and no scheduling
+    step or forward comes; the producer's publisher thread hands the log over once the log's
+    interval passed, and sweeps after it: the request is reported, never left pending."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig(env=LOG)
+    r = srv.new_req("hscap-quiet", 30)
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(r, 0, 10)])                   # processed at once: r is in flight
+    hook.pass_log_interval_s = 0.05
+    srv.extend([(r, 10, 10)])                  # logged
+    r.finished_reason = FINISH_ABORT("aborted between chunks")
+    hook.sweep()                               # the last step: left to the log
+    assert hook.stats()["logged_passes"] == 1
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(r.rid, timeout=15)             # nothing else runs in this process
+    assert hook.stats()["logged_passes"] == 0 and hook.stats()["chunks"] == 2
