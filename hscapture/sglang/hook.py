@@ -509,9 +509,7 @@ class SGLangCaptureHook:
         with self._lock:
             try:
                 if self.producer is not None and not self._busy:
-                    self._drain()        # the logged passes are captured passes
-                    if self._inflight:
-                        self._sweep()    # then a stop the scheduler's step left to the log
+                    self._drain_and_sweep()     # the logged passes are captured passes
             except Exception as exc:
                 self.counters["errors"] += 1
                 self._log_once("close_drain", logging.ERROR, "hscapture: the pass log could "
@@ -606,11 +604,10 @@ class SGLangCaptureHook:
         skip = self._bench is not None and self._bench.side(prefill)
         now = time.monotonic()
         if self._log and not skip and now - self._log_since >= self.pass_log_interval_s:
-            self._drain()          # the pass log is due (also when no prefill comes)
+            self._drain_and_sweep()     # the pass log is due (also when no prefill comes)
         if self._inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
             self._swept = now      # a request stopped between chunks is reported within this
-            self._drain()          # (the logged passes first: the reports keep their order)
-            self._sweep()
+            self._drain_and_sweep()     # (the logged passes first: the reports keep their order)
         if not prefill:
             # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing; announce what
             # the last captures' copies finished (else it waits for the commit grace)
@@ -904,9 +901,7 @@ class SGLangCaptureHook:
         if idle and time.monotonic() - self._log_since < self.pass_log_interval_s:
             return
         with self._lock:
-            self._drain()
-            if self._inflight:
-                self._sweep()      # a stop the scheduler's step left to the log (see sweep)
+            self._drain_and_sweep()
 
     def _shape_of(self, layers: tuple[int, ...], h: int, final: bool, worker: Any
                   ) -> tuple[list[int], list[str], list[list[int]]]:
@@ -1029,6 +1024,14 @@ class SGLangCaptureHook:
                                 extra={"attempt": st.attempt})
             return None
         return st
+
+    def _drain_and_sweep(self) -> None:
+        """Process the pass log, then report the requests in flight that stopped: those the
+        scheduler's step (:meth:`sweep`) left because the log held a chunk of them. Every
+        hand-over of the log but the ones that keep a call's order ends this way."""
+        self._drain()
+        if self._inflight:
+            self._sweep()
 
     def _sweep(self, defer_logged: bool = False) -> None:
         """Report every request in flight that stopped (or was released) before its last
