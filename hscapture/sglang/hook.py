@@ -80,6 +80,7 @@ from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
 from .modes import BenchModes
+from .log_batch import LogArena, RowBatch, arena_key
 from .timing import ForwardLog, HookProfile, HookTiming
 from .config import (
     DEFAULT_PASS_LOG_MS,
@@ -281,6 +282,8 @@ class _Pass:
     nbytes: int = 0            # the memory a logged pass keeps referenced
     ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
     since: float | None = None     # time.monotonic() of a logged pass
+    arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: views)
+    arena_pos: int = 0             # ... from this arena row on
 
 
 def _dead() -> None:
@@ -356,6 +359,10 @@ class SGLangCaptureHook:
         self._log: list[_Pass] = []
         self._log_since = 0.0
         self._log_bytes = 0       # what the logged passes keep referenced (bound: 1/16 ring)
+        #: where logged passes' rows are copied (log_batch.LogArena), and while the log is
+        #: processed, the rows of its passes waiting to be captured in one call
+        self._arena: LogArena | None = None
+        self._batch: RowBatch | None = None
         #: the pass log's interval (the config's; settable: 0 processes each pass at once)
         self.pass_log_interval_s = config.pass_log_interval_s
         #: held by every hook call and by the producer's hand-over of the log (its flush,
@@ -702,10 +709,18 @@ class SGLangCaptureHook:
             if len(hidden.shape) != 2 or hidden.shape[0] < end or (
                     last is not None and (len(last.shape) != 2 or last.shape[0] < end)):
                 return False
-            rec.hidden = hidden[first:end].clone()
+            # into the log's arena (one copy per block, as a clone, without an allocation;
+            # the drain captures the arena's passes in one call: log_batch says why)
+            srcs = [hidden] if last is None else [hidden, last]
+            n, key, arena = end - first, arena_key(srcs), self._arena
+            if arena is None or not arena.fits(key, n):
+                arena = self._arena = LogArena.sized_for(srcs, n, self.config.ring_bytes // 16)
+            pos = rec.arena_pos = arena.put(srcs, first, end)
+            rec.arena = arena
+            rec.hidden = arena.blocks[0][pos:pos + n]
             if last is not None:
-                rec.last = last[first:end].clone()
-            rec.shift, rec.snapshot, rec.real_tokens = first, False, end - first
+                rec.last = arena.blocks[1][pos:pos + n]
+            rec.shift, rec.snapshot, rec.real_tokens = first, False, n
         rec.batch = None            # (its ids are not needed: the rows' own were copied)
         # the device (or host) memory the log keeps: the copy, else the forward's outputs
         h = rec.hidden
@@ -806,6 +821,19 @@ class SGLangCaptureHook:
             return
         timing = self._timing
         timing.mark("rows")
+        batch, arena = self._batch, rec.arena
+        if batch is not None and arena is not None and held is not None and \
+                mode != "nocapture" and (last is not None) == (len(arena.blocks) == 2):
+            # a logged pass in the log's arena: its rows join the drain's one capture call
+            # (log_batch); the bookkeeping below is done now, as for a capture that staged
+            # them, and undone for the rows of a batch whose capture fails (_flush_batch)
+            starts = [rec.arena_pos + s for s in starts]
+            if not batch.accepts(arena, shape, h, maps, starts, id_parts):
+                self._flush_batch()
+            batch.add(arena, shape, h, maps, starts, id_parts, accepted, rec.since, mode)
+            self._settle(accepted, True)
+            return
+        self._flush_batch()     # (captured at once: after the batch's rows, the calls' order)
         # (a slice is one torch dispatch, and it releases the GIL: only where rows are padded)
         blocks = [hidden if hs[0] == real_tokens else hidden[:real_tokens]]
         if last is not None:
@@ -827,6 +855,15 @@ class SGLangCaptureHook:
                                             held_since=rec.since)
             timing.add_producer(timing.mark("capture") - t, mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
+        completed = self._settle(accepted, ok)
+        if completed:
+            self.counters["samples"] += completed
+
+    def _settle(self, accepted: list[tuple[str, int, Any, bool]], ok: bool) -> int:
+        """The in-flight bookkeeping after a capture of ``accepted`` chunks (``ok``: staged
+        or written; else dropped and reported by the producer): a sample's last chunk, or
+        any dropped one, moves its rid to the done ones; another chunk advances its sample.
+        Returns the samples completed."""
         inflight, done, completed = self._inflight, self._done, 0
         for rid, attempt, req, is_last in accepted:
             if not ok or is_last:
@@ -842,10 +879,64 @@ class SGLangCaptureHook:
                 st = inflight.get(rid)
                 if st is not None:
                     st.next_start = st.pending_end
-        if completed:
-            self.counters["samples"] += completed
         while len(done) > _MAX_DONE:
             done.popitem(last=False)    # the oldest
+        return completed
+
+    def _flush_batch(self) -> None:
+        """Capture the drain's batched rows (:class:`RowBatch`) in one call, before anything
+        else reaches the producer (another capture, a report, a publish): the producer sees
+        the calls in the passes' order. Their bookkeeping was done when they were batched; a
+        capture that drops them moves their samples to the done ones, one that raises
+        reports each of their rids (the server goes on)."""
+        batch = self._batch
+        if not batch:
+            return
+        b = batch.take()
+        self.counters["log_captures"] += 1
+        arena, (cap_layers, kinds, layer_map) = b.arena, b.shape
+        lo = min(b.starts)
+        hi = max(s + m["token_count"] for s, m in zip(b.starts, b.maps))
+        starts = [s - lo for s in b.starts] if lo else b.starts
+        timing = self._timing
+        t = timing.mark("ids")
+        try:
+            ok = self.producer.capture_rows(
+                b.maps, starts, [x[lo:hi] for x in arena.blocks], layers=cap_layers,
+                layer_kinds=kinds, token_ids=HostRowIds(b.ids), layer_map=layer_map,
+                hidden=b.hidden, snapshot=False, defer=True, held_since=b.since)
+        except Exception as exc:  # never let capture break the server
+            self.counters["errors"] += 1
+            self._log_once(f"exc:{type(exc).__name__}", logging.ERROR,
+                           "hscapture: capture of logged passes failed (%s: %s); their "
+                           "opted-in requests are reported", type(exc).__name__, exc,
+                           exc_info=True)
+            self._report_batch(b, f"capture hook error: {type(exc).__name__}: {exc}")
+            return
+        timing.add_producer(timing.mark("capture") - t, b.mode)
+        self.counters["chunks" if ok else "dropped_chunks"] += len(b.accepted)
+        if ok:
+            completed = sum(1 for a in b.accepted if a[3])
+            if completed:
+                self.counters["samples"] += completed
+        else:   # dropped (reported by the producer): nothing more of these samples
+            self._settle([a for a in b.accepted if not a[3]], False)
+
+    def _report_batch(self, b: RowBatch, reason: str) -> None:
+        """Report every sample with a chunk in ``b`` (whose capture failed) by rid, once,
+        whatever its bookkeeping said (a last chunk's sample was counted done)."""
+        seen: set[str] = set()
+        try:
+            for rid, attempt, req, _ in b.accepted:
+                if rid in seen:
+                    continue
+                seen.add(rid)
+                self._inflight.pop(rid, None)
+                self._remember_done(rid, attempt, req)
+                self.counters["aborted"] += 1
+                self.producer.abort(rid, reason, extra={"attempt": attempt})
+        except Exception:  # reporting failed too: nothing more can be done safely
+            self.counters["errors"] += 1
 
     def _log_pass(self, result: Any, worker: Any, batch: Any,
                   wanted: list[tuple[int, Any]]) -> None:
@@ -876,6 +967,18 @@ class SGLangCaptureHook:
         if not log:
             return
         self._log = []
+        self._batch = RowBatch()
+        try:
+            self._drain_passes(log)
+            self._flush_batch()
+        finally:
+            self._batch = None
+        if self.producer is not None:
+            # the stage counts its interval from the logged passes' own times: due now
+            # (unless its interval is the longer), and written at once
+            self.producer.publish_completed()
+
+    def _drain_passes(self, log: list[_Pass]) -> None:
         for rec in log:
             try:
                 self._process(rec)
@@ -887,10 +990,6 @@ class SGLangCaptureHook:
                                exc_info=True)
                 self._abort_rows(rec.wanted, f"capture hook error: {type(exc).__name__}: "
                                              f"{exc}")
-        if self.producer is not None:
-            # the stage counts its interval from the logged passes' own times: due now
-            # (unless its interval is the longer), and written at once
-            self.producer.publish_completed()
 
     def _upstream(self, idle: bool) -> None:
         """The producer's hand-over (``Producer.upstream``): the logged passes, at once from
@@ -1012,6 +1111,7 @@ class SGLangCaptureHook:
             # The earlier request with this rid vanished mid-sample; this is a new one.
             self.counters["restarts"] += 1
             del self._inflight[rid]
+            self._flush_batch()     # (the chunks captured before the report)
             self.producer.abort(rid, "superseded by a new request with the same rid",
                                 restart=True, extra={"attempt": st.attempt})
             return None
@@ -1019,6 +1119,7 @@ class SGLangCaptureHook:
             # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
             self.counters["restarts"] += 1
             del self._inflight[rid]
+            self._flush_batch()     # (the chunks captured before the report)
             self.producer.abort(rid, f"retracted after {st.next_start} tokens (attempt "
                                      f"{st.attempt}); re-prefill follows", restart=True,
                                 extra={"attempt": st.attempt})
@@ -1060,6 +1161,7 @@ class SGLangCaptureHook:
         done = self._done.get(rid)
         if done is not None and (req is None or done[1]() is req):
             return
+        self._flush_batch()     # what was captured of it before the report (the calls' order)
         st = self._inflight.pop(rid, None)
         if req is None and st is not None:
             req = st.ref()

@@ -44,6 +44,8 @@ class FakeModelServer:
         self.worker = SimpleNamespace(model_config=SimpleNamespace(num_hidden_layers=NUM_LAYERS))
         self._result: Any = None
         self.calls = 0
+        #: what ``extend`` hands out when its call does not say: CUDA-graph outputs or not
+        self.graph = False
 
         def forward_batch_generation(worker, batch, forward_batch=None, pp_proxy_tensors=None,
                                      is_verify=False, skip_attn_backend_init=None, *,
@@ -81,7 +83,7 @@ class FakeModelServer:
     # -- forward passes --------------------------------------------------------------------
 
     def extend(self, rows: Sequence[tuple[Any, int, int]], decode: Iterable[Any] = (), *,
-               pad: int = 0, graph: bool = False, mode: str | None = None,
+               pad: int = 0, graph: bool | None = None, mode: str | None = None,
                last_hidden: bool = True, hidden_override: Any = "unset",
                last_override: Any = "unset") -> Any:
         """One EXTEND (or MIXED, with ``decode`` rows) forward over ``rows``:
@@ -93,6 +95,7 @@ class FakeModelServer:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        graph = self.graph if graph is None else graph
         reqs = [r for r, _, _ in rows]
         for req, prefix, ext in rows:
             req.prefix_len = prefix          # PrefillAdder / init_next_round_input

@@ -19,6 +19,19 @@ from test_sglang_hook import check  # noqa: E402
 LOG = {"HSCAPTURE_PASS_LOG_MS": "50"}
 
 
+@pytest.fixture(params=[False, True], ids=["eager", "graph"])
+def rig(rig, request):
+    """Every test of this module twice: the forwards' outputs as an eager forward hands them
+    out (a logged pass keeps them referenced), and as CUDA-graph replays do (a logged pass
+    copies its rows into the log's arena, and a drain captures the arena's rows in one
+    call: hscapture.sglang.log_batch)."""
+    def _rig(**kwargs):
+        hook, sub, srv = rig(**kwargs)
+        srv.graph = request.param
+        return hook, sub, srv
+    return _rig
+
+
 def test_logged_passes_are_held_then_processed_together_and_every_sample_is_exact(rig):
     hook, sub, srv = rig(env=LOG)
     a = srv.new_req("hscap-a", 23)
@@ -297,3 +310,82 @@ def test_with_no_step_or_forward_after_it_the_publisher_reports_a_stop_left_to_t
     with pytest.raises(IncompleteSampleError, match="abort"):
         sub.get(r.rid, timeout=15)             # nothing else runs in this process
     assert hook.stats()["logged_passes"] == 0 and hook.stats()["chunks"] == 2
+
+
+def _wipe(srv):
+    """What the next CUDA-graph replay does to the outputs a pass handed out."""
+    lo = srv._result.logits_output
+    lo.hidden_states.fill_(float("nan"))
+    lo.last_hidden_states.fill_(float("nan"))
+
+
+def test_graph_passes_of_one_drain_are_captured_in_one_call_each_sample_one_row(rig):
+    """Chunked prompts over five graph passes (each pass's outputs wiped after it, rows that
+    did not opt in between): the drain captures all of them in ONE producer call, a sample's
+    chunks merged into one row, and every sample arrives exact."""
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    a, b, c = (srv.new_req(f"hscap-merge-{x}", n) for x, n in (("a", 30), ("b", 7), ("c", 25)))
+    plain = srv.new_req("not-captured", 40)
+    passes = [[(a, 0, 12), (plain, 0, 5)],
+              [(a, 12, 12), (plain, 5, 9)],
+              [(a, 24, 6), (b, 0, 7), (c, 0, 3)],
+              [(c, 3, 10), (plain, 14, 20)],
+              [(c, 13, 12), (plain, 34, 6)]]
+    for rows in passes:
+        srv.extend(rows, graph=True)
+        _wipe(srv)
+    assert hook.stats()["logged_passes"] == 5
+    hook.producer.flush()
+    st = hook.stats()
+    assert st["log_captures"] == 1 and st["chunks"] == 7 and st["samples"] == 3, st
+    assert st["producer"]["staged_rows"] == 3           # one row per sample, its chunks merged
+    for r in (a, b, c):
+        check(sub.get(r.rid, timeout=10), srv, r)
+    with pytest.raises(SampleTimeoutError):
+        sub.get("not-captured", timeout=0.3)
+
+
+def test_a_chunk_that_does_not_follow_its_rows_in_the_arena_starts_another_call(rig):
+    """Two opted-in rows in a pass, the first one chunked: its next chunk is not right after
+    its rows in the arena (its batch mate's are), so the batch so far is captured first and
+    the chunk starts the next one. Both samples exact."""
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    r, w = srv.new_req("hscap-gap-r", 20), srv.new_req("hscap-gap-w", 4)
+    srv.extend([(r, 0, 8), (w, 0, 4)], graph=True)
+    _wipe(srv)
+    srv.extend([(r, 8, 12)], graph=True)
+    _wipe(srv)
+    hook.producer.flush()
+    assert hook.stats()["log_captures"] == 2
+    for x in (r, w):
+        check(sub.get(x.rid, timeout=10), srv, x)
+
+
+def test_a_failed_capture_of_the_drains_rows_reports_every_sample_in_it(rig, monkeypatch):
+    """A producer call that raises (fault injected) loses the whole batch: each of its
+    samples is reported by rid, the one whose last chunk was in it too, and the hook goes on
+    capturing the next ones."""
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    r, q = srv.new_req("hscap-fail-r", 20), srv.new_req("hscap-fail-q", 6)
+    srv.extend([(r, 0, 10)], graph=True)
+    srv.extend([(r, 10, 10), (q, 0, 6)], graph=True)
+    real = hook.producer.capture_rows
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: the producer call failed")
+
+    monkeypatch.setattr(hook.producer, "capture_rows", broken)
+    hook.producer.flush()
+    st = hook.stats()
+    assert st["errors"] == 1 and st["aborted"] == 2 and st.get("samples", 0) == 0, st
+    for x in (r, q):
+        with pytest.raises(IncompleteSampleError, match="injected"):
+            sub.get(x.rid, timeout=10)
+    monkeypatch.setattr(hook.producer, "capture_rows", real)
+    n = srv.new_req("hscap-fail-next", 9)
+    srv.extend([(n, 0, 9)], graph=True)
+    hook.producer.flush()
+    check(sub.get(n.rid, timeout=10), srv, n)
