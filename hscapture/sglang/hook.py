@@ -883,14 +883,15 @@ class SGLangCaptureHook:
             done.popitem(last=False)    # the oldest
         return completed
 
-    def _flush_batch(self) -> None:
-        """Capture the drain's batched rows (:class:`RowBatch`) in one call, before anything
-        else reaches the producer (another capture, a report, a publish): the producer sees
-        the calls in the passes' order. Their bookkeeping was done when they were batched; a
-        capture that drops them moves their samples to the done ones, one that raises
-        reports each of their rids (the server goes on)."""
+    def _flush_batch(self, rid: str | None = None) -> None:
+        """Capture the drain's batched rows (:class:`RowBatch`) in one call, before another
+        capture or a publish reaches the producer (the passes' order), and before a report
+        of a rid they hold (``rid``: only then; a report of another sample may come first,
+        a subscriber orders a sample's chunks and reports by rid). Their bookkeeping was done
+        when they were batched; a capture that drops them moves their samples to the done
+        ones, one that raises reports each of their rids (the server goes on)."""
         batch = self._batch
-        if not batch:
+        if not batch or (rid is not None and not batch.holds(rid)):
             return
         b = batch.take()
         self.counters["log_captures"] += 1
@@ -1111,7 +1112,7 @@ class SGLangCaptureHook:
             # The earlier request with this rid vanished mid-sample; this is a new one.
             self.counters["restarts"] += 1
             del self._inflight[rid]
-            self._flush_batch()     # (the chunks captured before the report)
+            self._flush_batch(rid)  # (its chunks captured before the report)
             self.producer.abort(rid, "superseded by a new request with the same rid",
                                 restart=True, extra={"attempt": st.attempt})
             return None
@@ -1119,7 +1120,7 @@ class SGLangCaptureHook:
             # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
             self.counters["restarts"] += 1
             del self._inflight[rid]
-            self._flush_batch()     # (the chunks captured before the report)
+            self._flush_batch(rid)  # (its chunks captured before the report)
             self.producer.abort(rid, f"retracted after {st.next_start} tokens (attempt "
                                      f"{st.attempt}); re-prefill follows", restart=True,
                                 extra={"attempt": st.attempt})
@@ -1161,7 +1162,7 @@ class SGLangCaptureHook:
         done = self._done.get(rid)
         if done is not None and (req is None or done[1]() is req):
             return
-        self._flush_batch()     # what was captured of it before the report (the calls' order)
+        self._flush_batch(rid)  # its chunks captured before the report
         st = self._inflight.pop(rid, None)
         if req is None and st is not None:
             req = st.ref()

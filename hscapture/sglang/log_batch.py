@@ -102,6 +102,10 @@ class RowBatch:
     def __bool__(self) -> bool:
         return bool(self.maps)
 
+    def holds(self, rid: str) -> bool:
+        """Whether a row of ``rid`` is here."""
+        return rid in self._by_rid
+
     def accepts(self, arena: LogArena, shape: Any, hidden: int,
                 maps: Sequence[Mapping[str, Any]], starts: Sequence[int],
                 ids: Sequence[tuple[Any, int, int]]) -> bool:

@@ -389,3 +389,28 @@ def test_a_failed_capture_of_the_drains_rows_reports_every_sample_in_it(rig, mon
     srv.extend([(n, 0, 9)], graph=True)
     hook.producer.flush()
     check(sub.get(n.rid, timeout=10), srv, n)
+
+
+def test_a_report_of_a_sample_outside_the_batch_leaves_the_batch_whole(rig):
+    """A request that stopped between chunks is reported while the drain's rows wait to be
+    captured: its own chunks are not among them, so the batch goes on (one call) and the
+    report and the samples are what they would be otherwise."""
+    hook, sub, srv = rig(env=LOG)
+    x = srv.new_req("hscap-stopped", 30)
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(x, 0, 10)], graph=True)       # processed at once: x is in flight
+    hook.pass_log_interval_s = 3600.0
+    a, b = srv.new_req("hscap-keep-a", 20), srv.new_req("hscap-keep-b", 6)
+    srv.extend([(a, 0, 10)], graph=True)
+    _wipe(srv)
+    x.set_finish_with_abort("client went away")   # read at the pass: the stub forward
+    x.init_next_round_input(None)
+    srv.extend([(a, 10, 10), (x, 0, 1), (b, 0, 6)], graph=True)
+    _wipe(srv)
+    hook.producer.flush()
+    st = hook.stats()
+    assert st["log_captures"] == 1 and st["aborted"] == 1 and st["samples"] == 2, st
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(x.rid, timeout=10)
+    for r in (a, b):
+        check(sub.get(r.rid, timeout=10), srv, r)
