@@ -613,8 +613,13 @@ class SGLangCaptureHook:
         if self._log and not skip and now - self._log_since >= self.pass_log_interval_s:
             self._drain_and_sweep()     # the pass log is due (also when no prefill comes)
         if self._inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
-            self._swept = now      # a request stopped between chunks is reported within this
-            self._drain_and_sweep()     # (the logged passes first: the reports keep their order)
+            # a request stopped between chunks is reported within this; one with a chunk in
+            # the log is left to the log's processing, as the scheduler's step leaves it
+            # (sweep()). (This drained the log until 2026-12-04: a second 50 ms timer beside
+            # the log's own, so a drain held ~3 passes, not the interval's ~12; bench_server
+            # --alt 8 at 8ab431b: 1,430 producer calls for 4,096 logged passes.)
+            self._swept = now
+            self._sweep(defer_logged=True)
         if not prefill:
             # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing; announce what
             # the last captures' copies finished (else it waits for the commit grace)

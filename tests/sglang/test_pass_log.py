@@ -414,3 +414,27 @@ def test_a_report_of_a_sample_outside_the_batch_leaves_the_batch_whole(rig):
         sub.get(x.rid, timeout=10)
     for r in (a, b):
         check(sub.get(r.rid, timeout=10), srv, r)
+
+
+def test_the_forwards_periodic_sweep_reports_a_stop_and_leaves_the_log_to_its_interval(rig):
+    """The forward hook looks for stopped requests every 50 ms too (where no scheduling step
+    runs). It reports one whose chunks were all processed at once and leaves the log alone:
+    the log is processed by its own interval, its passes in one drain."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig(env=LOG)
+    x = srv.new_req("hscap-swept", 30)
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(x, 0, 10)])                   # processed at once: x is in flight
+    hook.pass_log_interval_s = 3600.0
+    a = srv.new_req("hscap-logged", 20)
+    srv.extend([(a, 0, 10)])                   # logged
+    x.finished_reason = FINISH_ABORT("aborted between chunks")
+    hook._swept = 0.0                          # the forward's sweep is due
+    srv.extend([(a, 10, 10)])
+    st = hook.stats()
+    assert st["aborted"] == 1 and st["logged_passes"] == 2, st
+    with pytest.raises(IncompleteSampleError, match="abort"):
+        sub.get(x.rid, timeout=10)
+    hook.producer.flush()
+    check(sub.get(a.rid, timeout=10), srv, a)
