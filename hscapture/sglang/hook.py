@@ -145,7 +145,9 @@ STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_
 #: h200-2026-12-04, on/off in alternating windows of one server) the saving is smaller: the
 #: hook's mean per capturing pass 274-301 vs 296-307 us (tiny Llama), on/off 0.4-0.6 points
 #: higher, never lower at any shape or mix measured: ON by default (50 ms);
-#: HSCAPTURE_PASS_LOG_MS=0 processes each pass at once.
+#: HSCAPTURE_PASS_LOG_MS=0 processes each pass at once. With CUDA-graph passes copied into one
+#: arena and a drain's rows captured in one producer call (log_batch), 0.5-1.1 points higher
+#: (runs 5-7 of the same folder).
 PASS_LOG_INTERVAL_S = DEFAULT_PASS_LOG_MS / 1e3
 _MAX_LOGGED = 64          # passes held at most (bounds besides its interval: this, and the
 #                           memory they keep referenced, 1/16 of the ring, as the stage's)
