@@ -438,3 +438,81 @@ def test_the_forwards_periodic_sweep_reports_a_stop_and_leaves_the_log_to_its_in
         sub.get(x.rid, timeout=10)
     hook.producer.flush()
     check(sub.get(a.rid, timeout=10), srv, a)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_random_schedule_with_the_log_gives_every_sample_exact_or_reported_by_rid(rig, seed):
+    """A scheduler's prefill passes as SGLang's PrefillAdder makes them (the chunked request
+    first, then new ones until the token budget, the last one cut), with the pass log on:
+    random budgets, opted-in and other requests, aborts of a request between its chunks (its
+    1-token stub forward), retractions mid-prompt (re-prefilled from the start), drains at
+    random points (a flush, a pass processed at once) and, under the ``graph`` parameter,
+    each pass's outputs at random as CUDA-graph buffers wiped after it or as eager tensors
+    (one drain then mixes arena passes and referenced ones). Every opted-in request arrives
+    exact with its last attempt, or, aborted, is reported by rid; nothing else arrives."""
+    import random
+
+    hook, sub, srv = rig(env=LOG)
+    rng = random.Random(seed)
+    graphs = srv.graph
+    hook.pass_log_interval_s = 3600.0
+    queue = []
+    for i in range(14):
+        rid = f"hscap-rand-{seed}-{i}" if rng.random() < 0.8 else f"plain-{seed}-{i}"
+        queue.append(srv.new_req(rid, rng.randint(1, 90)))
+    wanted = [r for r in queue if r.rid.startswith("hscap-")]
+    aborted, retracted = set(), {}
+    chunked = None                      # (req, next position)
+    while chunked is not None or queue:
+        budget, rows = rng.randint(8, 64), []
+        if chunked is not None:
+            r, pos = chunked
+            chunked = None
+            fate = rng.random()
+            if pos > 0 and fate < 0.12 and r.rid not in aborted:
+                r.set_finish_with_abort("client went away")
+                r.init_next_round_input(None)
+                aborted.add(r.rid)
+                rows.append((r, 0, 1))               # the stub forward; then it is gone
+                budget -= 1
+            else:
+                if pos > 0 and fate < 0.24:
+                    r.reset_for_retract()
+                    r.init_next_round_input(None)
+                    retracted[r.rid] = r.retraction_count
+                    pos = 0
+                n = min(budget, len(r.origin_input_ids) - pos)
+                rows.append((r, pos, n))
+                budget -= n
+                if pos + n < len(r.origin_input_ids):
+                    chunked = (r, pos + n)
+        while budget > 0 and chunked is None and queue:
+            r = queue.pop(0)
+            n = min(budget, len(r.origin_input_ids))
+            rows.append((r, 0, n))
+            budget -= n
+            if n < len(r.origin_input_ids):
+                chunked = (r, n)
+        graph = graphs and rng.random() < 0.7
+        if rng.random() < 0.1:
+            hook.pass_log_interval_s = 0.0           # this pass (and the log) processed now
+        srv.extend(rows, graph=graph)
+        hook.pass_log_interval_s = 3600.0
+        if graph:
+            _wipe(srv)
+        if rng.random() < 0.08:
+            hook.producer.flush()
+    hook.producer.flush()
+    for r in wanted:
+        if r.rid in aborted:
+            with pytest.raises(IncompleteSampleError):
+                sub.get(r.rid, timeout=10)
+            continue
+        s = sub.get(r.rid, timeout=10)
+        check(s, srv, r)
+        assert s.meta["extra"]["attempt"] == retracted.get(r.rid, 0)
+        s.release()
+    assert sub.poll(timeout=0.3) is None, "nothing else arrives"
+    st = hook.stats()
+    assert st.get("errors", 0) == 0 and st["logged_passes"] == 0, st
+    assert (st.get("log_captures", 0) > 0) == graphs, st      # the arena's batches ran
