@@ -80,7 +80,7 @@ from .._copies import HostRowIds
 from ..errors import CaptureConfigError, InvalidRidError
 from ..notice import check_rid
 from .modes import BenchModes
-from .log_batch import LogArena, RowBatch, arena_key
+from .log_batch import Arenas, LogArena, RowBatch
 from .timing import ForwardLog, HookProfile, HookTiming
 from .config import (
     DEFAULT_PASS_LOG_MS,
@@ -279,12 +279,12 @@ class _Pass:
     #: per wanted request: (attempt, stopping, prompt length, its fill ids array)
     rows: list[tuple[int, Any, int, Any]] = field(default_factory=list)
     logged: bool = False
-    shift: int = 0             # hidden's row 0 is the batch's row ``shift`` (a pass's copy)
+    shift: int = 0             # the batch's row r is hidden's row r - shift (a pass's copy)
     real_tokens: int = 0       # the source rows the rows lie in (the batch's, or the copy's)
     nbytes: int = 0            # the memory a logged pass keeps referenced
     ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
     since: float | None = None     # time.monotonic() of a logged pass
-    arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: views)
+    arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: its blocks)
     arena_pos: int = 0             # ... from this arena row on
 
 
@@ -363,7 +363,7 @@ class SGLangCaptureHook:
         self._log_bytes = 0       # what the logged passes keep referenced (bound: 1/16 ring)
         #: where logged passes' rows are copied (log_batch.LogArena), and while the log is
         #: processed, the rows of its passes waiting to be captured in one call
-        self._arena: LogArena | None = None
+        self._arenas = Arenas()
         self._batch: RowBatch | None = None
         #: the pass log's interval (the config's; settable: 0 processes each pass at once)
         self.pass_log_interval_s = config.pass_log_interval_s
@@ -713,25 +713,27 @@ class SGLangCaptureHook:
             first = min(offs[i] for i, _ in rec.wanted)
             end = max(offs[i] + el[i] for i, _ in rec.wanted)
             hidden, last = rec.hidden, rec.last
-            if len(hidden.shape) != 2 or hidden.shape[0] < end or (
-                    last is not None and (len(last.shape) != 2 or last.shape[0] < end)):
+            hs, ls = hidden.shape, last.shape if last is not None else None
+            if len(hs) != 2 or hs[0] < end or (ls is not None and (len(ls) != 2
+                                                                  or ls[0] < end)):
                 return False
             # into the log's arena (one copy per block, as a clone, without an allocation;
-            # the drain captures the arena's passes in one call: log_batch says why)
+            # the drain captures the arena's passes in one call: log_batch says why). The
+            # pass then reads the arena's blocks whole: its rows are arena rows
+            # [pos, pos + n), batch row r at arena row r - shift.
             srcs = [hidden] if last is None else [hidden, last]
-            n, key, arena = end - first, arena_key(srcs), self._arena
-            if arena is None or not arena.fits(key, n):
-                arena = self._arena = LogArena.sized_for(srcs, n, self.config.ring_bytes // 16)
-            pos = rec.arena_pos = arena.put(srcs, first, end)
+            n = end - first
+            arena = self._arenas.for_rows(srcs, n, self.config.ring_bytes // 16)
+            pos = rec.arena_pos = arena.put(srcs, first, end, hs[0])
             rec.arena = arena
-            rec.hidden = arena.blocks[0][pos:pos + n]
-            if last is not None:
-                rec.last = arena.blocks[1][pos:pos + n]
-            rec.shift, rec.snapshot, rec.real_tokens = first, False, n
+            rec.hidden = arena.blocks[0]
+            rec.last = arena.blocks[1] if last is not None else None
+            rec.shift, rec.snapshot, rec.real_tokens = first - pos, False, pos + n
+            rec.nbytes = n * arena.row_bytes
         rec.batch = None            # (its ids are not needed: the rows' own were copied)
         # the device (or host) memory the log keeps: the copy, else the forward's outputs
         h = rec.hidden
-        if h is not None:
+        if h is not None and rec.arena is None:
             size = h.element_size()
             rec.nbytes = h.shape[0] * h.shape[1] * size if len(h.shape) == 2 else 0
             if rec.last is not None and len(rec.last.shape) == 2:
@@ -834,7 +836,6 @@ class SGLangCaptureHook:
             # a logged pass in the log's arena: its rows join the drain's one capture call
             # (log_batch); the bookkeeping below is done now, as for a capture that staged
             # them, and undone for the rows of a batch whose capture fails (_flush_batch)
-            starts = [rec.arena_pos + s for s in starts]
             if not batch.accepts(arena, shape, h, maps, starts, id_parts):
                 self._flush_batch()
             batch.add(arena, shape, h, maps, starts, id_parts, accepted, rec.since, mode)

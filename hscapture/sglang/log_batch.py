@@ -24,6 +24,7 @@ rows in the order they were added, a merged row where its first chunk was.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from typing import Any, Mapping, Sequence
 
@@ -31,7 +32,7 @@ import torch
 
 from .._staging import continues, merged
 
-__all__ = ["LogArena", "RowBatch", "ARENA_BYTES"]
+__all__ = ["Arenas", "LogArena", "RowBatch", "ARENA_BYTES"]
 
 #: the rows of one arena, in bytes (a pass larger than this gets an arena of its own size;
 #: the pass log holds at most 1/16 of the ring besides)
@@ -42,13 +43,26 @@ class LogArena:
     """Device (or host) blocks like a forward's output blocks (same widths, dtype, device),
     filled with logged passes' rows front to back."""
 
-    __slots__ = ("blocks", "rows", "used", "key")
+    __slots__ = ("blocks", "rows", "used", "key", "host", "row_bytes")
 
     def __init__(self, like: Sequence[torch.Tensor], rows: int) -> None:
         self.key = arena_key(like)
-        self.blocks = [torch.empty((rows, w), dtype=dt, device=dev) for w, dt, dev in self.key]
+        device = like[0].device
+        # Host arenas (tests, the CPU proxy of bench_hook) are zero-filled here: their pages
+        # are faulted in once, not by each pass's copy into fresh pages (~50 us a pass on the
+        # CPU proxy, more than the copy). Device memory has no such cost: left uninitialized.
+        self.host = device.type == "cpu"
+        self.blocks = [(torch.zeros if self.host else torch.empty)(
+            (rows, w), dtype=dt, device=device) for w, dt in self.key]
+        self.row_bytes = sum(int(b.shape[1]) * b.element_size() for b in self.blocks)
         self.rows = rows
         self.used = 0
+
+    def idle(self) -> bool:
+        """Whether no view of the blocks is alive: every capture that took rows from it let
+        go of them (a view, and a view of a view, keeps its base tensor referenced; the
+        references counted here are the blocks list's, the loop's and the call's)."""
+        return all(sys.getrefcount(b) <= 3 for b in self.blocks)
 
     @classmethod
     def sized_for(cls, like: Sequence[torch.Tensor], rows: int, max_bytes: int) -> "LogArena":
@@ -61,20 +75,56 @@ class LogArena:
         """Whether ``rows`` more rows of blocks with key ``key`` (:func:`arena_key`) fit."""
         return key == self.key and self.used + rows <= self.rows
 
-    def put(self, sources: Sequence[torch.Tensor], first: int, end: int) -> int:
+    def put(self, sources: Sequence[torch.Tensor], first: int, end: int,
+            source_rows: int = -1) -> int:
         """Copy rows ``[first, end)`` of each source into the next free rows of its block (on
         the caller's current stream: ordered after the forward that wrote them, before
-        anything enqueued next); returns the first of them."""
+        anything enqueued next); returns the first of them. ``source_rows``: the sources'
+        row count where the caller read it (all of them taken: no slice)."""
         pos, n = self.used, end - first
+        whole = first == 0 and end == source_rows
         for dst, src in zip(self.blocks, sources):
-            dst[pos:pos + n].copy_(src[first:end])
+            dst[pos:pos + n].copy_(src if whole else src[first:end])
         self.used = pos + n
         return pos
 
 
+class Arenas:
+    """The pass log's current arena, and for host arenas one spare, reused once idle.
+
+    A full arena is replaced. On a GPU the replacement is a fresh allocation (the caching
+    allocator hands out freed device memory at no cost). On the host a fresh allocation's
+    pages are faulted in again, so the last full arena is kept and taken back once
+    :meth:`LogArena.idle` (the captures that read it completed)."""
+
+    __slots__ = ("current", "spare")
+
+    def __init__(self) -> None:
+        self.current: LogArena | None = None
+        self.spare: LogArena | None = None
+
+    def for_rows(self, sources: Sequence[torch.Tensor], rows: int, max_bytes: int) -> LogArena:
+        """The arena to put ``rows`` rows of blocks like ``sources`` into: the current one
+        where they fit, else an idle spare that holds them, else a new one sized by
+        :meth:`LogArena.sized_for`."""
+        key, cur = arena_key(sources), self.current
+        if cur is not None and cur.fits(key, rows):
+            return cur
+        spare = self.spare
+        if spare is not None and spare.key == key and spare.rows >= rows and spare.idle():
+            spare.used = 0
+            nxt = spare
+        else:
+            nxt = LogArena.sized_for(sources, rows, max_bytes)
+        self.spare = cur if cur is not None and cur.host else None
+        self.current = nxt
+        return nxt
+
+
 def arena_key(blocks: Sequence[torch.Tensor]) -> tuple:
-    """What an arena must share with a pass's blocks: per block (width, dtype, device)."""
-    return tuple((int(b.shape[1]), b.dtype, b.device) for b in blocks)
+    """What an arena must share with a pass's blocks: per block (width, dtype). (Not the
+    device: one scheduler's forwards all run on its one device.)"""
+    return tuple((b.shape[1], b.dtype) for b in blocks)
 
 
 class RowBatch:

@@ -516,3 +516,42 @@ def test_a_random_schedule_with_the_log_gives_every_sample_exact_or_reported_by_
     st = hook.stats()
     assert st.get("errors", 0) == 0 and st["logged_passes"] == 0, st
     assert (st.get("log_captures", 0) > 0) == graphs, st      # the arena's batches ran
+
+
+def test_logged_passes_with_a_mismatched_final_norm_or_none_are_exact_without_it(rig):
+    """A ``last_hidden_states`` of the wrong width, too few rows or another dtype, logged
+    (graph outputs: copied into an arena as they are) beside normal passes, and a server
+    without final norm capture: each sample exact, ``final_norm`` left out where it cannot be
+    captured, and the passes after them whole."""
+    import torch
+
+    from sglang_support import H
+
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    bad = [torch.zeros(6, H + 1, dtype=srv.dtype), torch.zeros(2, H, dtype=srv.dtype),
+           torch.zeros(6, H, dtype=torch.float64)]
+    reqs = []
+    for i, last in enumerate(bad):
+        r = srv.new_req(f"hscap-badlast-{i}", 6)
+        srv.extend([(r, 0, 6)], last_override=last)
+        ok = srv.new_req(f"hscap-goodlast-{i}", 5)
+        srv.extend([(ok, 0, 5)])
+        reqs.append((r, ok))
+    hook.producer.flush()
+    for r, ok in reqs:
+        s = sub.get(r.rid, timeout=10)
+        want = srv.expected(r)
+        assert set(s.tensors) == set(want) - {"final_norm"}
+        for name, t in s.tensors.items():
+            assert torch.equal(t, want[name]), name
+        check(sub.get(ok.rid, timeout=10), srv, ok)
+    nofn = srv.new_req("hscap-nolast", 7)
+    srv.extend([(nofn, 0, 4)], last_hidden=False)
+    srv.extend([(nofn, 4, 3)], last_hidden=False)
+    hook.producer.flush()
+    s = sub.get(nofn.rid, timeout=10)
+    want = srv.expected(nofn)
+    assert set(s.tensors) == set(want) - {"final_norm"}
+    for name, t in s.tensors.items():
+        assert torch.equal(t, want[name]), name
