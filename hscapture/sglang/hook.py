@@ -436,17 +436,15 @@ class SGLangCaptureHook:
                                                 if log_s is None else log_s)
             self._on_forward(result, worker, batch, wanted)
         except Exception as exc:  # never let capture break the server
-            self.counters["errors"] += 1
-            self._log_once(f"exc:{type(exc).__name__}", logging.ERROR,
-                           "hscapture: capture hook failed (%s: %s) on a %s batch of %d "
-                           "requests; capture of this batch is dropped and reported",
-                           type(exc).__name__, exc, _mode_name(batch),
-                           len(getattr(batch, "reqs", None) or ()), exc_info=True)
+            reason = self._capture_failed(
+                exc, "hscapture: capture hook failed (%s: %s) on a %s batch of %d requests; "
+                "capture of this batch is dropped and reported", _mode_name(batch),
+                len(getattr(batch, "reqs", None) or ()))
             try:
                 self._drain()        # the logged passes before this pass's reports
             except Exception:
                 self.counters["errors"] += 1
-            self._abort_rows(wanted, f"capture hook error: {type(exc).__name__}: {exc}")
+            self._abort_rows(wanted, reason)
         finally:
             t1 = self._timing.mark("after")
             self._timing.add(t1 - t0, len(wanted), self._mode)
@@ -915,12 +913,9 @@ class SGLangCaptureHook:
                 layer_kinds=kinds, token_ids=HostRowIds(b.ids), layer_map=layer_map,
                 hidden=b.hidden, snapshot=False, defer=True, held_since=b.since)
         except Exception as exc:  # never let capture break the server
-            self.counters["errors"] += 1
-            self._log_once(f"exc:{type(exc).__name__}", logging.ERROR,
-                           "hscapture: capture of logged passes failed (%s: %s); their "
-                           "opted-in requests are reported", type(exc).__name__, exc,
-                           exc_info=True)
-            self._report_batch(b, f"capture hook error: {type(exc).__name__}: {exc}")
+            self._report_batch(b, self._capture_failed(
+                exc, "hscapture: capture of logged passes failed (%s: %s); their opted-in "
+                "requests are reported"))
             return
         timing.add_producer(timing.mark("capture") - t, b.mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(b.accepted)
@@ -992,13 +987,18 @@ class SGLangCaptureHook:
             try:
                 self._process(rec)
             except Exception as exc:  # never let capture break the server
-                self.counters["errors"] += 1
-                self._log_once(f"exc:{type(exc).__name__}", logging.ERROR,
-                               "hscapture: capture of a logged pass failed (%s: %s); its "
-                               "opted-in requests are reported", type(exc).__name__, exc,
-                               exc_info=True)
-                self._abort_rows(rec.wanted, f"capture hook error: {type(exc).__name__}: "
-                                             f"{exc}")
+                self._abort_rows(rec.wanted, self._capture_failed(
+                    exc, "hscapture: capture of a logged pass failed (%s: %s); its opted-in "
+                    "requests are reported"))
+
+    def _capture_failed(self, exc: Exception, message: str, *args: Any) -> str:
+        """Count and log (once per exception type) a capture that raised; ``message`` takes
+        the exception's type and text first, then ``args``. Returns the reason its opted-in
+        requests are reported with."""
+        self.counters["errors"] += 1
+        self._log_once(f"exc:{type(exc).__name__}", logging.ERROR, message, type(exc).__name__,
+                       exc, *args, exc_info=True)
+        return f"capture hook error: {type(exc).__name__}: {exc}"
 
     def _upstream(self, idle: bool) -> None:
         """The producer's hand-over (``Producer.upstream``): the logged passes, at once from

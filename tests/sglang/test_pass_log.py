@@ -32,6 +32,16 @@ def rig(rig, request):
     return _rig
 
 
+def _in_flight(hook, srv, rid, n, first, graph=None):
+    """A request of ``n`` tokens whose first chunk (``first`` tokens) was processed at once:
+    it is in flight; the log then holds passes for an hour (until a drain is forced)."""
+    r = srv.new_req(rid, n)
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(r, 0, first)], graph=graph)
+    hook.pass_log_interval_s = 3600.0
+    return r
+
+
 def test_logged_passes_are_held_then_processed_together_and_every_sample_is_exact(rig):
     hook, sub, srv = rig(env=LOG)
     a = srv.new_req("hscap-a", 23)
@@ -127,10 +137,7 @@ def test_the_sweep_reports_a_request_stopped_between_chunks_at_once_and_leaves_t
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     hook, sub, srv = rig(env=LOG)
-    r = srv.new_req("hscap-gone", 30)
-    hook.pass_log_interval_s = 0.0
-    srv.extend([(r, 0, 10)])                  # processed at once: r is in flight
-    hook.pass_log_interval_s = 3600.0
+    r = _in_flight(hook, srv, "hscap-gone", 30, 10)
     other = srv.new_req("hscap-other", 6)
     srv.extend([(other, 0, 6)])               # logged
     for _ in range(100):
@@ -153,10 +160,7 @@ def test_a_stopped_request_with_a_chunk_in_the_log_is_reported_once_the_log_is_p
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     hook, sub, srv = rig(env=LOG)
-    r = srv.new_req("hscap-gone", 30)
-    hook.pass_log_interval_s = 0.0
-    srv.extend([(r, 0, 10)])                  # processed at once: r is in flight
-    hook.pass_log_interval_s = 3600.0
+    r = _in_flight(hook, srv, "hscap-gone", 30, 10)
     srv.extend([(r, 10, 10)])                 # its second chunk, logged
     r.finished_reason = FINISH_ABORT("aborted between chunks")
     hook.sweep()
@@ -396,10 +400,7 @@ def test_a_report_of_a_sample_outside_the_batch_leaves_the_batch_whole(rig):
     captured: its own chunks are not among them, so the batch goes on (one call) and the
     report and the samples are what they would be otherwise."""
     hook, sub, srv = rig(env=LOG)
-    x = srv.new_req("hscap-stopped", 30)
-    hook.pass_log_interval_s = 0.0
-    srv.extend([(x, 0, 10)], graph=True)       # processed at once: x is in flight
-    hook.pass_log_interval_s = 3600.0
+    x = _in_flight(hook, srv, "hscap-stopped", 30, 10, graph=True)
     a, b = srv.new_req("hscap-keep-a", 20), srv.new_req("hscap-keep-b", 6)
     srv.extend([(a, 0, 10)], graph=True)
     _wipe(srv)
@@ -423,10 +424,7 @@ def test_the_forwards_periodic_sweep_reports_a_stop_and_leaves_the_log_to_its_in
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     hook, sub, srv = rig(env=LOG)
-    x = srv.new_req("hscap-swept", 30)
-    hook.pass_log_interval_s = 0.0
-    srv.extend([(x, 0, 10)])                   # processed at once: x is in flight
-    hook.pass_log_interval_s = 3600.0
+    x = _in_flight(hook, srv, "hscap-swept", 30, 10)
     a = srv.new_req("hscap-logged", 20)
     srv.extend([(a, 0, 10)])                   # logged
     x.finished_reason = FINISH_ABORT("aborted between chunks")
