@@ -285,7 +285,6 @@ class _Pass:
     ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
     since: float | None = None     # time.monotonic() of a logged pass
     arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: its blocks)
-    arena_pos: int = 0             # ... from this arena row on
 
 
 def _dead() -> None:
@@ -722,7 +721,7 @@ class SGLangCaptureHook:
             srcs = [hidden] if last is None else [hidden, last]
             n = end - first
             arena = self._arenas.for_rows(srcs, n, self.config.ring_bytes // 16)
-            pos = rec.arena_pos = arena.put(srcs, first, end, hs[0])
+            pos = arena.put(srcs, first, end, hs[0])
             rec.arena = arena
             rec.hidden = arena.blocks[0]
             rec.last = arena.blocks[1] if last is not None else None
