@@ -1050,7 +1050,8 @@ def main() -> int:
         print(f"[bench_server] hook time per capturing forward, mode {mode or 'on'!r}: p50 "
               f"{t['hook']['p50_us']:.0f} us, p90 {t['hook']['p90_us']:.0f} (n={t['hook']['n']}); "
               f"inside Producer.capture_rows p50 {t['producer']['p50_us']:.0f} us, p90 "
-              f"{t['producer']['p90_us']:.0f}", flush=True)
+              f"{t['producer']['p90_us']:.0f}; {t.get('producer_calls', '?')} producer calls "
+              f"for {t.get('capturing_calls', '?')} capturing passes", flush=True)
     counters = hook_stats().get("counters") or {}
     if counters.get("sweep_calls"):
         # the sweep hook (SGLang's chunked-abort step) runs outside the forward hook's clock

@@ -111,7 +111,10 @@ class HookTiming:
     ``Producer.capture_rows``; ``after``: the in-flight bookkeeping), summed per mode: the
     summary's ``phases_mean_us`` is each phase's mean per capturing call, beside
     ``thread_cpu``, the calling thread's CPU time per such call (the rest of the wall time it
-    waited: for the GIL, a lock, the driver)."""
+    waited: for the GIL, a lock, the driver). ``capturing_calls`` / ``producer_calls``: every
+    capturing call and every ``Producer.capture_rows`` call per mode, not only the last 4,096
+    (with the pass log, one producer call covers a drain's passes: their ratio is the passes
+    per call)."""
 
     def __init__(self, phases: bool = False) -> None:
         #: whether calls are cut into phases (:meth:`mark`); without, marks only read the clock
@@ -128,6 +131,8 @@ class HookTiming:
             collections.defaultdict(lambda: collections.deque(maxlen=4096))
         self._producer: collections.defaultdict[str, collections.deque[int]] = \
             collections.defaultdict(lambda: collections.deque(maxlen=4096))
+        self.capturing_calls: collections.Counter[str] = collections.Counter()
+        self.producer_calls: collections.Counter[str] = collections.Counter()
 
     def start(self) -> int:
         """The clock at the start of a hook call (ns); forgets the last call's marks."""
@@ -152,6 +157,7 @@ class HookTiming:
         self.max_ns = max(self.max_ns, ns)
         if rows:
             self._recent[mode].append(ns)
+            self.capturing_calls[mode] += 1
             if len(self._marks) > 2:        # a call that reached its row maps: phases count
                 sums = self._phases[mode]
                 sums["calls"] += 1
@@ -163,6 +169,7 @@ class HookTiming:
 
     def add_producer(self, ns: int, mode: str = "") -> None:
         self._producer[mode].append(ns)
+        self.producer_calls[mode] += 1
 
     def summary(self) -> dict[str, Any]:
         def pct(values: Iterable[int]) -> dict[str, float]:
@@ -177,6 +184,8 @@ class HookTiming:
                 "max_us": self.max_ns / 1e3, "capturing_calls_recent": now["n"],
                 "p50_us": now["p50_us"], "p90_us": now["p90_us"], "p99_us": now["p99_us"],
                 "by_mode": {m: {"hook": pct(v), "producer": pct(self._producer.get(m, ())),
+                                "capturing_calls": self.capturing_calls[m],
+                                "producer_calls": self.producer_calls[m],
                                 "phases_mean_us": _means(self._phases.get(m))}
                             for m, v in self._recent.items()}}
 

@@ -343,6 +343,8 @@ def test_graph_passes_of_one_drain_are_captured_in_one_call_each_sample_one_row(
     hook.producer.flush()
     st = hook.stats()
     assert st["log_captures"] == 1 and st["chunks"] == 7 and st["samples"] == 3, st
+    on = hook._timing.summary()["by_mode"][""]        # what bench_server prints per mode
+    assert (on["capturing_calls"], on["producer_calls"]) == (5, 1)
     assert st["producer"]["staged_rows"] == 3           # one row per sample, its chunks merged
     for r in (a, b, c):
         check(sub.get(r.rid, timeout=10), srv, r)

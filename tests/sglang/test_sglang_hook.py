@@ -357,6 +357,9 @@ def test_hook_time_is_kept_per_benchmark_mode_with_the_producers_share(rig, tmp_
     assert set(by_mode) == {"", "nocapture"}
     assert by_mode[""]["hook"]["n"] == 3 and by_mode[""]["producer"]["n"] == 3
     assert by_mode["nocapture"]["hook"]["n"] == 2 and by_mode["nocapture"]["producer"]["n"] == 0
+    assert (by_mode[""]["capturing_calls"], by_mode[""]["producer_calls"]) == (3, 3)
+    assert (by_mode["nocapture"]["capturing_calls"], by_mode["nocapture"]["producer_calls"]) \
+        == (2, 0)
     on = by_mode[""]
     assert 0 < on["producer"]["p50_us"] <= on["hook"]["p99_us"]
     # every capturing call cut into phases that add up to the call, per mode
