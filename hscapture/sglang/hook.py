@@ -930,13 +930,9 @@ class SGLangCaptureHook:
         seen: set[str] = set()
         try:
             for rid, attempt, req, _ in b.accepted:
-                if rid in seen:
-                    continue
-                seen.add(rid)
-                self._inflight.pop(rid, None)
-                self._remember_done(rid, attempt, req)
-                self.counters["aborted"] += 1
-                self.producer.abort(rid, reason, extra={"attempt": attempt})
+                if rid not in seen:
+                    seen.add(rid)
+                    self._fail_rid(rid, attempt, reason, req, counted_done=True)
         except Exception:  # reporting failed too: nothing more can be done safely
             self.counters["errors"] += 1
 
@@ -1163,10 +1159,13 @@ class SGLangCaptureHook:
                 reason = f"request aborted/finished before its last chunk: {_reason(stopping)}"
             self._fail_rid(rid, st.attempt, reason)
 
-    def _fail_rid(self, rid: str, attempt: int, reason: str, req: Any = None) -> None:
-        """Report ``rid`` as unable to complete (once), and publish nothing more of it."""
+    def _fail_rid(self, rid: str, attempt: int, reason: str, req: Any = None,
+                  counted_done: bool = False) -> None:
+        """Report ``rid`` as unable to complete (once), and publish nothing more of it.
+        ``counted_done``: report it even though its sample is among the done ones (a batch
+        whose capture failed after its bookkeeping counted the sample complete)."""
         done = self._done.get(rid)
-        if done is not None and (req is None or done[1]() is req):
+        if not counted_done and done is not None and (req is None or done[1]() is req):
             return
         self._flush_batch(rid)  # its chunks captured before the report
         st = self._inflight.pop(rid, None)
