@@ -199,7 +199,7 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
     }
     for (size_t i = 0; i < n_post; ++i)
         if ((rc = copy(d, post[i], ss, true)) != CUDA_SUCCESS) return describe(d, rc, "cuMemcpy(2D)Async (to the ring)", err), rc;
-    if ((rc = d.event_record(reinterpret_cast<CUevent>(done), ss)) != CUDA_SUCCESS)
+    if (done != 0 && (rc = d.event_record(reinterpret_cast<CUevent>(done), ss)) != CUDA_SUCCESS)
         return describe(d, rc, "cuEventRecord (done)", err), rc;
     return 0;
 }

@@ -47,7 +47,7 @@ from .errors import CaptureConfigError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["NativeCopier", "native_available", "plan_copies", "plan_staged_copies",
+__all__ = ["DeviceRowCopier", "NativeCopier", "native_available", "plan_copies", "plan_staged_copies",
            "span_index", "staging_bytes", "take_ids"]
 
 #: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
@@ -231,6 +231,41 @@ class NativeCopier:
             torch.cuda.synchronize(idx)
             raise CaptureConfigError(f"native CUDA copy: {err}")
         return done, (keepalive, pool)
+
+
+class DeviceRowCopier:
+    """Device-to-device copies of row ranges, every block of one call in ONE native call
+    (``cuda_submit`` with ``pre`` copies only: no side stream, no event): for the SGLang pass
+    log's arena (:mod:`hscapture.sglang.log_batch`), where ``dst[a:b].copy_(src[c:d])`` costs
+    the scheduler's thread two tensor views and a torch dispatch per block besides the
+    driver's call (benchmarks/results/h200-2026-12-03b/call-costs-h200.txt: a view 1.6 us, a
+    ``copy_`` 8.3 us, one native call of two copies 10.9 us).
+
+    Guarantee: the copies are enqueued on torch's current stream of the sources' device,
+    after everything enqueued there before the call and before anything enqueued after it,
+    as the ``copy_`` they replace would be. A refusal by the driver raises
+    :class:`CaptureConfigError` (copies issued before the failing one may still run: the
+    destination rows must be treated as written)."""
+
+    def __init__(self) -> None:
+        from . import _ring
+
+        self._submit = _ring.cuda_submit
+        self._event = _ring.CudaEvent
+        #: device index -> (an event kept alive, the CUcontext of that device's allocations)
+        self._contexts: dict[int, tuple[Any, int]] = {}
+
+    def copy(self, device: int, copies: array) -> None:
+        """Issue ``copies`` (a flat ``array('Q')`` of (dst, dst_pitch, src, src_pitch, width,
+        height) sextuples, device addresses on ``device``) on its current stream."""
+        got = self._contexts.get(device)
+        if got is None:
+            ev = self._event(copies[2])      # the context owning the first source's allocation
+            got = self._contexts[device] = (ev, ev.context)
+        caller = _raw_stream(device)
+        err = self._submit(caller, caller, 0, 0, got[1], copies, None)
+        if err:
+            raise CaptureConfigError(f"native CUDA copy (pass log): {err}")
 
 
 def take_ids(ids: torch.Tensor, spans: list[tuple[int, int]], tokens: int

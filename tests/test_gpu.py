@@ -950,3 +950,51 @@ def test_stream_to_cuda_keeps_exactly_once_samples_copied_but_not_handed_out_com
             again.close()
         hscapture.Subscriber(endpoint, name=name).unsubscribe()   # give the place up
         _finish(proc)
+
+
+def test_the_pass_log_arena_copies_graph_rows_in_stream_order_exactly_on_both_copy_paths(
+        copy_path):
+    """The SGLang pass log's arena (``hscapture.sglang.log_batch``), as the hook fills it from
+    CUDA-graph outputs: each "pass" writes its sources on a forward stream (the first after a
+    ~0.2 s GPU sleep), the arena takes rows ``[first, end)`` of each block on that stream, and
+    the sources are overwritten with NaN right after (the next replay). The native path (one
+    driver call a pass) must be ordered after the writes and before the overwrite, exactly as
+    the torch ``copy_`` path; a source whose rows are not dense takes the torch copy. Every
+    arena row equals its source row, bit for bit."""
+    from hscapture.sglang.log_batch import Arenas
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(5)
+    k, h, T = 3, 256, 700
+    arenas = Arenas()
+    fwd = torch.cuda.Stream()
+    fwd.wait_stream(torch.cuda.current_stream())
+    cycles = int(_cycles_per_second() * 0.2)
+    want, puts = [], []
+    aux = torch.empty(T, k * h, device=dev, dtype=torch.bfloat16)
+    last = torch.empty(T, h, device=dev, dtype=torch.bfloat16)
+    for f, (first, end) in enumerate([(0, T), (5, 300), (299, 300), (100, 650), (0, 1)]):
+        truth_aux = torch.randn(T, k * h, generator=g, device=dev).to(torch.bfloat16)
+        truth_last = torch.randn(T, h, generator=g, device=dev).to(torch.bfloat16)
+        fwd.wait_stream(torch.cuda.current_stream())       # (the truths: the default stream)
+        with torch.cuda.stream(fwd):
+            if f == 0:
+                torch.cuda._sleep(cycles)
+            aux.copy_(truth_aux)
+            last.copy_(truth_last)
+            srcs = [aux, last]
+            if f == 3:   # rows not dense (column stride 2): the torch copy, same result
+                wide = torch.empty(T, k * h, 2, device=dev, dtype=torch.bfloat16)
+                wide[:, :, 0].copy_(truth_aux)
+                srcs = [wide[:, :, 0], last]
+            arena = arenas.for_rows(srcs, end - first, 64 << 20)
+            pos = arena.put(srcs, first, end, T)
+            aux.fill_(float("nan"))
+            last.fill_(float("nan"))
+        want.append((truth_aux[first:end], truth_last[first:end]))
+        puts.append((arena, pos, end - first))
+    torch.cuda.synchronize()
+    assert (arenas.copier is not None) == (copy_path == "native")
+    for f, ((wa, wl), (arena, pos, n)) in enumerate(zip(want, puts)):
+        assert_bits_equal(arena.blocks[0][pos:pos + n], wa, f"pass {f} aux rows")
+        assert_bits_equal(arena.blocks[1][pos:pos + n], wl, f"pass {f} final rows")

@@ -37,7 +37,9 @@ bool available(std::string* why);
 //   2. `ready` recorded on `caller`, `side` made to wait for it (the side stream's copies start
 //      only after the forward pass, and the snapshots, produced their sources);
 //   3. `post` copies on `side` (device-to-host into the ring);
-//   4. `done` recorded on `side` (the entry may be committed once it completed).
+//   4. `done` recorded on `side` (the entry may be committed once it completed); `done` 0
+//      records nothing (device-to-device copies only, `side` == `caller`: the caller's stream
+//      order is all that orders what reads them; one driver call less).
 // `context` (the sources' CUcontext: the one `event_create` returned for `ready`, made from
 // the sources' allocation) is made current for the calls when it is not.
 // Returns 0, or the first failing CUresult with `err` naming the call (nothing after it was

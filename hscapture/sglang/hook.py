@@ -364,6 +364,9 @@ class SGLangCaptureHook:
         #: processed, the rows of its passes waiting to be captured in one call
         self._arenas = Arenas()
         self._batch: RowBatch | None = None
+        #: the arena whose layout :meth:`_layout` last checked, and what it found:
+        #: (arena, aux layer ids, hidden size, whether the final block is captured, layout)
+        self._arena_layout: tuple[Any, ...] | None = None
         #: the pass log's interval (the config's; settable: 0 processes each pass at once)
         self.pass_log_interval_s = config.pass_log_interval_s
         #: held by every hook call and by the producer's hand-over of the log (its flush,
@@ -697,17 +700,21 @@ class SGLangCaptureHook:
         # (copies: the batch's lists are SGLang's, which may reuse them after the pass)
         pl = rec.prefix_lens = list(rec.prefix_lens)
         el = rec.extend_lens = list(rec.extend_lens)
+        offs = rec.offsets
+        first, end = offs[-1], 0      # the batch rows covering every wanted row
         for (i, _), row in zip(rec.wanted, rec.rows):
             fill = row[3]
             if type(fill) is not array or fill.typecode != "q":
                 return False
             p, e = pl[i], el[i]
             ids.append(fill[p:p + e] if e > 0 else fill[:0])
+            o = offs[i]
+            if o < first:
+                first = o
+            if o + e > end:
+                end = o + e
         rec.ids = ids
         if rec.snapshot and rec.hidden is not None:
-            offs = rec.offsets
-            first = min(offs[i] for i, _ in rec.wanted)
-            end = max(offs[i] + el[i] for i, _ in rec.wanted)
             hidden, last = rec.hidden, rec.last
             hs, ls = hidden.shape, last.shape if last is not None else None
             if len(hs) != 2 or hs[0] < end or (ls is not None and (len(ls) != 2
@@ -742,54 +749,21 @@ class SGLangCaptureHook:
         at the pass."""
         wanted = rec.wanted
         prefix_lens, extend_lens, offsets = rec.prefix_lens, rec.extend_lens, rec.offsets
-        real_tokens = rec.real_tokens
-        hidden = rec.hidden
-        if hidden is None:
-            self._fail_rows(wanted, "no_hidden_states",
-                            "the forward returned no hidden states: start SGLang with "
-                            "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
-                            "--return-aux-hidden-state-layer-ids L1 L2 L3")
-            return
-        if rec.token_indices:
-            self._fail_rows(wanted, "token_indices",
-                            "the forward returned hidden states for a subset of rows "
-                            "(hidden_states_token_indices); this model/feature is not supported")
-            return
-        # (each tensor's shape read once: a torch attribute read costs ~1 us on this thread)
-        hs = hidden.shape
-        if len(hs) != 2 or hs[0] < real_tokens:
-            self._fail_rows(wanted, "shape",
-                            f"hidden states {tuple(hs)} do not cover the batch's "
-                            f"{real_tokens} tokens")
-            return
-        layers = self._resolve_layers()
-        if layers is None:
-            self._fail_rows(wanted, "layers",
-                            "aux layer ids unknown: pass --return-aux-hidden-state-layer-ids "
-                            "to SGLang (or set HSCAPTURE_LAYERS)")
-            return
-        k = len(layers)
-        last = rec.last
-        width = hs[1]
-        if width % k:
-            self._fail_rows(wanted, "width",
-                            f"hidden states are {width} wide, not a multiple of {k} aux layers "
-                            f"{list(layers)} (is --enable-return-aux-hidden-states on?)")
-            return
-        h = width // k
-        ls = last.shape if last is not None else None
-        if last is not None and (len(ls) != 2 or ls[1] != h or ls[0] < real_tokens
-                                 or last.dtype != hidden.dtype):
-            self._log_once("last_shape", logging.WARNING,
-                           "hscapture: last_hidden_states %s does not match the aux states "
-                           "(%d x %d); final_norm is not captured", tuple(ls), k, h)
-            last = None
-        if self.config.final_norm and last is None:
-            self._log_once("no_last", logging.WARNING,
-                           "hscapture: no last_hidden_states in this forward; final_norm is "
-                           "not captured (only the aux layers)")
-        shape = self._shape_of(layers, h, last is not None, rec.worker)
-        cap_layers, kinds, layer_map = shape
+        arena = rec.arena
+        known = self._arena_layout
+        if arena is not None and known is not None and known[0] is arena and \
+                not rec.token_indices:
+            # a pass in the arena whose layout an earlier pass's checks passed: the same
+            # blocks (which cover every pass put in them), the same layers
+            _, layers, h, has_last, shape = known
+            hidden, last = rec.hidden, rec.last if has_last else None
+        else:
+            got = self._layout(rec)
+            if got is None:
+                return
+            layers, h, hidden, last, shape = got
+            if arena is not None:
+                self._arena_layout = (arena, layers, h, last is not None, shape)
         # Graph replays hand out views of reused buffers: ask the producer to snapshot them
         # (a logged pass's rows were copied at the pass already).
         snapshot = rec.snapshot
@@ -839,9 +813,11 @@ class SGLangCaptureHook:
             return
         self._flush_batch()     # (captured at once: after the batch's rows, the calls' order)
         # (a slice is one torch dispatch, and it releases the GIL: only where rows are padded)
-        blocks = [hidden if hs[0] == real_tokens else hidden[:real_tokens]]
+        real_tokens = rec.real_tokens
+        blocks = [hidden if hidden.shape[0] == real_tokens else hidden[:real_tokens]]
         if last is not None:
-            blocks.append(last if ls[0] == real_tokens else last[:real_tokens])
+            blocks.append(last if last.shape[0] == real_tokens else last[:real_tokens])
+        cap_layers, kinds, layer_map = shape
         if held is not None or host_ids:
             ids = HostRowIds(id_parts)
         else:
@@ -862,6 +838,60 @@ class SGLangCaptureHook:
         completed = self._settle(accepted, ok)
         if completed:
             self.counters["samples"] += completed
+
+    def _layout(self, rec: _Pass) -> tuple[tuple[int, ...], int, Any, Any, Any] | None:
+        """The checks of one pass's outputs: ``(aux layer ids, hidden size, aux block, final
+        block or None, the hook's layout tuple (:meth:`_shape_of`))``, or None after its
+        wanted rows were reported (outputs missing, of a subset of rows, too short, not a
+        multiple of the aux layers, layer ids unknown)."""
+        wanted = rec.wanted
+        real_tokens = rec.real_tokens
+        hidden = rec.hidden
+        if hidden is None:
+            self._fail_rows(wanted, "no_hidden_states",
+                            "the forward returned no hidden states: start SGLang with "
+                            "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
+                            "--return-aux-hidden-state-layer-ids L1 L2 L3")
+            return None
+        if rec.token_indices:
+            self._fail_rows(wanted, "token_indices",
+                            "the forward returned hidden states for a subset of rows "
+                            "(hidden_states_token_indices); this model/feature is not supported")
+            return None
+        # (each tensor's shape read once: a torch attribute read costs ~1 us on this thread)
+        hs = hidden.shape
+        if len(hs) != 2 or hs[0] < real_tokens:
+            self._fail_rows(wanted, "shape",
+                            f"hidden states {tuple(hs)} do not cover the batch's "
+                            f"{real_tokens} tokens")
+            return None
+        layers = self._resolve_layers()
+        if layers is None:
+            self._fail_rows(wanted, "layers",
+                            "aux layer ids unknown: pass --return-aux-hidden-state-layer-ids "
+                            "to SGLang (or set HSCAPTURE_LAYERS)")
+            return None
+        k = len(layers)
+        last = rec.last
+        width = hs[1]
+        if width % k:
+            self._fail_rows(wanted, "width",
+                            f"hidden states are {width} wide, not a multiple of {k} aux layers "
+                            f"{list(layers)} (is --enable-return-aux-hidden-states on?)")
+            return None
+        h = width // k
+        ls = last.shape if last is not None else None
+        if last is not None and (len(ls) != 2 or ls[1] != h or ls[0] < real_tokens
+                                 or last.dtype != hidden.dtype):
+            self._log_once("last_shape", logging.WARNING,
+                           "hscapture: last_hidden_states %s does not match the aux states "
+                           "(%d x %d); final_norm is not captured", tuple(ls), k, h)
+            last = None
+        if self.config.final_norm and last is None:
+            self._log_once("no_last", logging.WARNING,
+                           "hscapture: no last_hidden_states in this forward; final_norm is "
+                           "not captured (only the aux layers)")
+        return layers, h, hidden, last, self._shape_of(layers, h, last is not None, rec.worker)
 
     def _settle(self, accepted: list[tuple[str, int, Any, bool]], ok: bool) -> int:
         """The in-flight bookkeeping after a capture of ``accepted`` chunks (``ok``: staged

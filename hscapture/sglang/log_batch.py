@@ -17,7 +17,8 @@ rows contiguous in the arena. A chunk that does not continue its rid's row that 
 new batch (the caller captures the old one first).
 
 Guarantees: :meth:`LogArena.put` copies in the caller's current stream order, as the
-``clone()`` it replaces did, and never writes a row twice (a full arena is replaced; the old
+``clone()`` it replaces did (on a GPU in one native call per pass where the native copy path
+runs: :class:`hscapture._cuda_copy.DeviceRowCopier`), and never writes a row twice (a full arena is replaced; the old
 one stays alive as long as a staged capture references it). :meth:`RowBatch.take` returns
 rows in the order they were added, a merged row where its first chunk was.
 """
@@ -30,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from .._cuda_copy import DeviceRowCopier, native_available
 from .._staging import continues, merged
 
 __all__ = ["Arenas", "LogArena", "RowBatch", "ARENA_BYTES"]
@@ -43,9 +45,11 @@ class LogArena:
     """Device (or host) blocks like a forward's output blocks (same widths, dtype, device),
     filled with logged passes' rows front to back."""
 
-    __slots__ = ("blocks", "rows", "used", "key", "host", "row_bytes")
+    __slots__ = ("blocks", "rows", "used", "key", "host", "row_bytes", "device", "copier",
+                 "_dst")
 
-    def __init__(self, like: Sequence[torch.Tensor], rows: int) -> None:
+    def __init__(self, like: Sequence[torch.Tensor], rows: int,
+                 copier: DeviceRowCopier | None = None) -> None:
         self.key = arena_key(like)
         device = like[0].device
         # Host arenas (tests, the CPU proxy of bench_hook) are zero-filled here: their pages
@@ -57,6 +61,12 @@ class LogArena:
         self.row_bytes = sum(int(b.shape[1]) * b.element_size() for b in self.blocks)
         self.rows = rows
         self.used = 0
+        #: device arenas: each block's (address, row bytes, element size), for ``copier``
+        #: (one native call per :meth:`put` instead of two views and a ``copy_`` per block)
+        self.device = device.index
+        self.copier = None if self.host else copier
+        self._dst = [(b.data_ptr(), int(b.shape[1]) * b.element_size(), b.element_size())
+                     for b in self.blocks]
 
     def idle(self) -> bool:
         """Whether no view of the blocks is alive: every capture that took rows from it let
@@ -65,11 +75,12 @@ class LogArena:
         return all(sys.getrefcount(b) <= 3 for b in self.blocks)
 
     @classmethod
-    def sized_for(cls, like: Sequence[torch.Tensor], rows: int, max_bytes: int) -> "LogArena":
+    def sized_for(cls, like: Sequence[torch.Tensor], rows: int, max_bytes: int,
+                  copier: DeviceRowCopier | None = None) -> "LogArena":
         """An arena for blocks like ``like`` holding ``rows`` rows at least, and as many as
         ``min(ARENA_BYTES, max_bytes)`` hold."""
         row_bytes = sum(int(b.shape[1]) * b.element_size() for b in like)
-        return cls(like, max(rows, min(ARENA_BYTES, max_bytes) // max(1, row_bytes)))
+        return cls(like, max(rows, min(ARENA_BYTES, max_bytes) // max(1, row_bytes)), copier)
 
     def fits(self, key: tuple, rows: int) -> bool:
         """Whether ``rows`` more rows of blocks with key ``key`` (:func:`arena_key`) fit."""
@@ -82,6 +93,20 @@ class LogArena:
         anything enqueued next); returns the first of them. ``source_rows``: the sources'
         row count where the caller read it (all of them taken: no slice)."""
         pos, n = self.used, end - first
+        copier = self.copier
+        if copier is not None:
+            copies = array("Q")
+            for (dst, pitch, size), src in zip(self._dst, sources):
+                st = src.stride()
+                if st[1] != 1:          # not dense rows: the torch copy below
+                    break
+                sp = st[0] * size
+                copies.extend((dst + pos * pitch, pitch, src.data_ptr() + first * sp, sp,
+                               pitch, n))
+            else:
+                self.used = pos + n     # (written, or being written, whatever the driver says)
+                copier.copy(self.device, copies)
+                return pos
         whole = first == 0 and end == source_rows
         for dst, src in zip(self.blocks, sources):
             dst[pos:pos + n].copy_(src if whole else src[first:end])
@@ -97,11 +122,15 @@ class Arenas:
     pages are faulted in again, so the last full arena is kept and taken back once
     :meth:`LogArena.idle` (the captures that read it completed)."""
 
-    __slots__ = ("current", "spare")
+    __slots__ = ("current", "spare", "copier", "_native")
 
     def __init__(self) -> None:
         self.current: LogArena | None = None
         self.spare: LogArena | None = None
+        #: the native device copier of device arenas (made at the first, where the native
+        #: copy path runs: :func:`hscapture._cuda_copy.native_available`), else None
+        self.copier: DeviceRowCopier | None = None
+        self._native: bool | None = None
 
     def for_rows(self, sources: Sequence[torch.Tensor], rows: int, max_bytes: int) -> LogArena:
         """The arena to put ``rows`` rows of blocks like ``sources`` into: the current one
@@ -115,7 +144,10 @@ class Arenas:
             spare.used = 0
             nxt = spare
         else:
-            nxt = LogArena.sized_for(sources, rows, max_bytes)
+            if self._native is None and sources[0].is_cuda:
+                self._native = native_available() == ""
+                self.copier = DeviceRowCopier() if self._native else None
+            nxt = LogArena.sized_for(sources, rows, max_bytes, self.copier)
         self.spare = cur if cur is not None and cur.host else None
         self.current = nxt
         return nxt

@@ -555,3 +555,33 @@ def test_logged_passes_with_a_mismatched_final_norm_or_none_are_exact_without_it
     assert set(s.tensors) == set(want) - {"final_norm"}
     for name, t in s.tensors.items():
         assert torch.equal(t, want[name]), name
+
+
+def test_a_logged_pass_of_a_subset_of_rows_is_reported_between_exact_passes(rig):
+    """The checks of a pass's outputs hold for every logged pass, also one whose arena's
+    layout an earlier pass's checks passed (graph outputs): hidden states of a subset of rows
+    (``hidden_states_token_indices``) have that pass's request reported by rid, and the
+    passes before and after it in the same log stay exact."""
+    import torch
+
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    a, b, c = (srv.new_req(f"hscap-subset-{x}", n) for x, n in (("a", 6), ("b", 5), ("c", 4)))
+    srv.extend([(a, 0, 6)])
+    plain = srv._result_for
+
+    def subset(*args, **kwargs):
+        res = plain(*args, **kwargs)
+        res.logits_output.hidden_states_token_indices = torch.arange(2)
+        return res
+
+    srv._result_for = subset
+    srv.extend([(b, 0, 5)])
+    srv._result_for = plain
+    srv.extend([(c, 0, 4)])
+    assert hook.stats()["logged_passes"] == 3
+    hook.producer.flush()
+    with pytest.raises(IncompleteSampleError, match="subset of rows"):
+        sub.get(b.rid, timeout=10)
+    for r in (a, c):
+        check(sub.get(r.rid, timeout=10), srv, r)
