@@ -36,9 +36,12 @@ from .._staging import continues, merged
 
 __all__ = ["Arenas", "LogArena", "RowBatch", "ARENA_BYTES"]
 
-#: the rows of one arena, in bytes (a pass larger than this gets an arena of its own size;
-#: the pass log holds at most 1/16 of the ring besides)
-ARENA_BYTES = 64 << 20
+#: the rows of one arena at most, in bytes: it is also bounded by 1/16 of the ring, what the
+#: pass log holds at most (64 MiB with the default 1 GiB ring), so that a drain's passes lie
+#: in one arena and go out in one call. 256 MiB: at the 1B shape (16 KiB a row with the final
+#: norm) 64 MiB held two passes of 2,048 rows, a capture call every two passes. (A pass
+#: larger than this gets an arena of its own size.)
+ARENA_BYTES = 256 << 20
 
 
 class LogArena:
