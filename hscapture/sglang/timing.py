@@ -89,8 +89,15 @@ class ForwardLog:
 def read_forward_log(path: str) -> np.ndarray:
     """The records of a :class:`ForwardLog` file: a structured array of
     :data:`FORWARD_FIELDS` (int64 each), in call order. A trailing partial record (a reader
-    racing a flush) is left out."""
-    raw = np.fromfile(path, dtype="<i8")
+    racing a flush) is left out. A path ending in ``.xz`` is read through ``lzma`` (the
+    benchmark results keep their logs so: ~7x smaller)."""
+    if str(path).endswith(".xz"):
+        import lzma
+
+        with lzma.open(path, "rb") as f:
+            raw = np.frombuffer(f.read(), dtype="<i8")
+    else:
+        raw = np.fromfile(path, dtype="<i8")
     k = len(FORWARD_FIELDS)
     raw = raw[: len(raw) // k * k].reshape(-1, k)
     out = np.zeros(len(raw), dtype=[(f, "<i8") for f in FORWARD_FIELDS])

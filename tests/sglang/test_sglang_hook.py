@@ -644,6 +644,9 @@ def test_the_forward_log_records_every_pass_in_every_mode_with_its_tokens_and_ro
         [(25, 2, 1), (5, 1, 1), (2, 0, 0), (7, 0, 1), (5, 0, 1)]
     assert (np.diff(got["t_ns"]) > 0).all() and t_a <= got["t_ns"][0] <= got["t_ns"][-1] <= t_b
     assert (got["hook_ns"] > 0).all() and (got["hook_ns"] < t_b - t_a).all()
+    import lzma   # the results folders keep the logs xz-compressed: read back the same
+    (tmp_path / "forwards.bin.xz").write_bytes(lzma.compress(log.read_bytes()))
+    assert (read_forward_log(str(tmp_path / "forwards.bin.xz")) == got).all()
     check(sub.get(a.rid, timeout=10), srv, a)
     check(sub.get(b.rid, timeout=10), srv, b)
 
