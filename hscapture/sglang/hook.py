@@ -61,7 +61,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -77,17 +76,16 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
         return False
 
 from .._copies import HostRowIds
-from ..errors import CaptureConfigError, InvalidRidError
-from ..notice import check_rid
+from ..errors import CaptureConfigError
 from .modes import BenchModes
 from .log_batch import Arenas, LogArena, RowBatch
+from .samples import SampleTracker
 from .timing import ForwardLog, HookProfile, HookTiming
 from .config import (
     DEFAULT_PASS_LOG_MS,
     DEFAULT_PUBLISH_INTERVAL_MS,
     DEFAULT_STAGE_INTERVAL_MS,
     CaptureConfig,
-    custom_params,
     endpoint_for_dp_rank,
 )
 
@@ -98,7 +96,6 @@ __all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "make_producer"]
 #: Forward modes whose rows are prefill chunks (by ``ForwardMode`` member name).
 CAPTURE_MODES = ("EXTEND", "MIXED")
 
-_MAX_DONE = 1 << 16  # completed/failed rids remembered (suppresses re-prefill duplicates)
 #: how often the forward hook looks for requests that stopped between chunks (the scheduler's
 #: chunked-abort hook, ``SGLangCaptureHook.sweep``, looks at every scheduling step; this
 #: catches requests released silently where no step runs)
@@ -249,15 +246,6 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
     )
 
 
-@dataclass
-class _Inflight:
-    attempt: int
-    next_start: int
-    cached_prefix: int
-    ref: Callable[[], Any]
-    pending_end: int = 0      # end of the chunk handed to the producer in this forward
-    #: the sample's row ``extra`` (attempt, meta), built at its first chunk, reused by the rest
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -287,17 +275,6 @@ class _Pass:
     arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: its blocks)
 
 
-def _dead() -> None:
-    return None
-
-
-def _ref(obj: Any) -> Callable[[], Any]:
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
-
-
 class SGLangCaptureHook:
     """Callable installed as the AFTER hook. One per scheduler process.
 
@@ -324,15 +301,11 @@ class SGLangCaptureHook:
         self.producer: Any = None
         self.disabled: str | None = None
         self.counters: collections.Counter[str] = collections.Counter()
-        self._inflight: dict[str, _Inflight] = {}
-        # rid -> (attempt, ref to the Req) of samples that completed or failed. Keyed by the
-        # Req object too: a later request that reuses the rid is a new sample.
-        # In insertion order, the oldest entry evicted first: an OrderedDict, whose oldest entry
-        # is found and removed in O(1). (A plain dict's ``next(iter(d))`` skips every slot
-        # deleted before it: once full, evicting 8 rids a pass cost ~180 us of this thread.)
-        self._done: collections.OrderedDict[str, tuple[int, Callable[[], Any]]] = \
-            collections.OrderedDict()
         self._logged: set[str] = set()
+        #: the samples in flight and the done ones (samples.py): each chunk's row, restarts,
+        #: reports by rid
+        self._samples = SampleTracker(config, self.counters, self._log_once, self._flush_batch,
+                                      self._report)
         self._layers: tuple[int, ...] | None = None
         self._stats_file = os.environ.get("HSCAPTURE_STATS_FILE", "")
         self._stats_written = 0
@@ -490,7 +463,7 @@ class SGLangCaptureHook:
         one pass and moved its processing outside the forward hook's measured time
         (benchmarks/results/h200-2026-12-04).
         """
-        if not self._inflight:
+        if not self._samples.inflight:
             return None
         bench = self._bench
         if bench is not None and bench.phase == 2:
@@ -499,7 +472,7 @@ class SGLangCaptureHook:
             with self._lock:
                 if self.producer is not None:
                     t0 = time.perf_counter_ns()
-                    self._sweep(defer_logged=True)
+                    self._samples.sweep(self._logged_requests)
                     # (outside the forward hook's clock: the stats report it)
                     self.counters["sweep_calls"] += 1
                     self.counters["sweep_ns"] += time.perf_counter_ns() - t0
@@ -535,7 +508,7 @@ class SGLangCaptureHook:
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
-        out.update(inflight=len(self._inflight), disabled=self.disabled,
+        out.update(inflight=len(self._samples.inflight), disabled=self.disabled,
                    logged_passes=len(self._log),
                    logged_rows=sum(len(r.wanted) for r in self._log),
                    ranks=self.ranks, layers=self._layers)
@@ -614,13 +587,13 @@ class SGLangCaptureHook:
         now = time.monotonic()
         if self._log and not skip and now - self._log_since >= self.pass_log_interval_s:
             self._drain_and_sweep()     # the pass log is due (also when no prefill comes)
-        if self._inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
+        if self._samples.inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
             # a request stopped between chunks is reported within this; one with a chunk in
             # the log is left to the log's processing, as the scheduler's step leaves it
             # (sweep()); the log is processed by its own interval alone. (Until 2026-12-04
             # this drained the log too: a second 50 ms timer, with no measured effect.)
             self._swept = now
-            self._sweep(defer_logged=True)
+            self._samples.sweep(self._logged_requests)
         if not prefill:
             # DECODE/IDLE/verify/...: prefix_lens & co are stale, read nothing; announce what
             # the last captures' copies finished (else it waits for the commit grace)
@@ -772,7 +745,7 @@ class SGLangCaptureHook:
         starts: list[int] = []
         accepted: list[tuple[str, int, Any, bool]] = []
         seen: set[str] = set()
-        row = self._row
+        row = self._samples.row
         mode = rec.mode
         shift = rec.shift
         # Token ids from each request's own host array (SGLang builds the batch's input_ids
@@ -809,7 +782,7 @@ class SGLangCaptureHook:
             if not batch.accepts(arena, shape, h, maps, starts, id_parts):
                 self._flush_batch()
             batch.add(arena, shape, h, maps, starts, id_parts, accepted, rec.since, mode)
-            self._settle(accepted, True)
+            self._samples.settle(accepted, True)
             return
         self._flush_batch()     # (captured at once: after the batch's rows, the calls' order)
         # (a slice is one torch dispatch, and it releases the GIL: only where rows are padded)
@@ -835,7 +808,7 @@ class SGLangCaptureHook:
                                             held_since=rec.since)
             timing.add_producer(timing.mark("capture") - t, mode)
         self.counters["chunks" if ok else "dropped_chunks"] += len(maps)
-        completed = self._settle(accepted, ok)
+        completed = self._samples.settle(accepted, ok)
         if completed:
             self.counters["samples"] += completed
 
@@ -893,30 +866,6 @@ class SGLangCaptureHook:
                            "not captured (only the aux layers)")
         return layers, h, hidden, last, self._shape_of(layers, h, last is not None, rec.worker)
 
-    def _settle(self, accepted: list[tuple[str, int, Any, bool]], ok: bool) -> int:
-        """The in-flight bookkeeping after a capture of ``accepted`` chunks (``ok``: staged
-        or written; else dropped and reported by the producer): a sample's last chunk, or
-        any dropped one, moves its rid to the done ones; another chunk advances its sample.
-        Returns the samples completed."""
-        inflight, done, completed = self._inflight, self._done, 0
-        for rid, attempt, req, is_last in accepted:
-            if not ok or is_last:
-                # complete, or dropped (the producer recorded the drop; nothing more of it
-                # is published)
-                completed += ok
-                if inflight:
-                    inflight.pop(rid, None)
-                if rid in done:
-                    del done[rid]
-                done[rid] = (attempt, _ref(req))   # newest last: evicted oldest first
-            else:
-                st = inflight.get(rid)
-                if st is not None:
-                    st.next_start = st.pending_end
-        while len(done) > _MAX_DONE:
-            done.popitem(last=False)    # the oldest
-        return completed
-
     def _flush_batch(self, rid: str | None = None) -> None:
         """Capture the drain's batched rows (:class:`RowBatch`) in one call, before another
         capture or a publish reaches the producer (the passes' order), and before a report
@@ -952,7 +901,7 @@ class SGLangCaptureHook:
             if completed:
                 self.counters["samples"] += completed
         else:   # dropped (reported by the producer): nothing more of these samples
-            self._settle([a for a in b.accepted if not a[3]], False)
+            self._samples.settle([a for a in b.accepted if not a[3]], False)
 
     def _report_batch(self, b: RowBatch, reason: str) -> None:
         """Report every sample with a chunk in ``b`` (whose capture failed) by rid, once,
@@ -962,7 +911,7 @@ class SGLangCaptureHook:
             for rid, attempt, req, _ in b.accepted:
                 if rid not in seen:
                     seen.add(rid)
-                    self._fail_rid(rid, attempt, reason, req, counted_done=True)
+                    self._samples.fail(rid, attempt, reason, req, counted_done=True)
         except Exception:  # reporting failed too: nothing more can be done safely
             self.counters["errors"] += 1
 
@@ -1050,183 +999,33 @@ class SGLangCaptureHook:
             got = self._shapes[key] = (cap, kinds, lmap)
         return got
 
-    def _row(self, req: Any, prefix: int, ext: int, seen: set[str], attempt: int,
-             stopping: Any, total: int
-             ) -> tuple[dict[str, Any], tuple[str, int, Any, bool]] | None:
-        """The wire-form row map for one request chunk and what to do with it after the
-        capture, or None (skipped, or failed and reported). The rid rule is checked once per
-        sample, at its first chunk (later chunks find the rid in ``_inflight``).
-        ``attempt``, ``stopping`` and ``total`` are the request's retraction count, finish
-        or abort state and prompt length as the pass saw them (:meth:`_record`)."""
-        rid = req.rid
-        st = self._inflight.get(rid) if type(rid) is str else None
-        if st is None:
-            try:
-                rid = check_rid(rid)     # the protocol's one rid rule, at the edge
-            except InvalidRidError as exc:
-                self.counters["invalid_rids"] += 1
-                self._log_once("invalid_rid", logging.ERROR, "hscapture: request %r is not "
-                               "captured: %s (further invalid rids are counted)",
-                               str(rid)[:80], exc)
-                return None
-        if stopping is not None:
-            # An aborted request runs one last forward on a 1-token stub prompt: never a sample.
-            self._fail_rid(rid, attempt, f"request aborted/finished before its last chunk: "
-                                         f"{_reason(stopping)}", req)
-            return None
-        if ext <= 0:
-            return None
-        if rid in seen:
-            # SGLang refuses a second live request with the same rid; never two rows of one
-            # rid in one entry (the subscriber would reject the whole entry)
-            self.counters["duplicate_rid_rows_skipped"] += 1
-            self._log_once("duplicate_rid", logging.ERROR, "hscapture: two requests with rid "
-                           "%r in one batch; the second is not captured", rid)
-            return None
-        seen.add(rid)
-        done = self._done.get(rid)
-        if done is not None:
-            if done[1]() is req:
-                self.counters["reprefill_skipped" if attempt > done[0]
-                              else "post_complete_rows_skipped"] += 1
-                return None
-            del self._done[rid]  # a new request reusing the rid: a new sample
-        end = prefix + ext
-        if end > total:
-            self._fail_rid(rid, attempt, f"chunk [{prefix}, {end}) runs past the request's "
-                                         f"{total} tokens", req)
-            return None
-        is_last = end == total
-        custom = custom_params(req)      # read once for the meta and the fields below
-        if st is not None:
-            st = self._check_inflight(st, rid, attempt, req)
-        if st is None:
-            if prefix > 0:
-                self.counters["cached_prefix_samples"] += 1
-                self._log_once("cached_prefix", logging.WARNING,
-                               "hscapture: rid %r starts at token %d: a prefix-cache hit, "
-                               "positions [0, %d) were not computed and the sample will be "
-                               "reported incomplete. Start SGLang with --disable-radix-cache "
-                               "(or make each prompt unique) for complete samples.",
-                               rid, prefix, prefix)
-            cached = prefix
-            # custom_params.hscapture_meta is read once per sample, here; a bad one costs the
-            # meta (the sample says why in extra["meta_error"]), never the sample
-            extra, bad_meta = self.config.sample_extra(req, attempt, custom=custom)
-            if bad_meta is not None:
-                self.counters["invalid_meta"] += 1
-                self._log_once("invalid_meta", logging.WARNING, "hscapture: rid %r is captured "
-                               "without its metadata: %s (further invalid metas are counted)",
-                               rid, bad_meta)
-            if not is_last:   # a sample of several chunks: followed until its last one
-                self._inflight[rid] = _Inflight(attempt=attempt, next_start=prefix,
-                                                cached_prefix=prefix, ref=_ref(req),
-                                                pending_end=end, extra=extra)
-        elif prefix != st.next_start:
-            self._fail_rid(rid, attempt, f"chunk starts at token {prefix}, expected "
-                                         f"{st.next_start}", req)
-            return None
-        else:
-            cached = st.cached_prefix
-            st.pending_end = end
-            extra = st.extra
-        fields = self.config.fields_for(req, prefix, end, custom=custom) \
-            if custom is not None and self.config.fields else None
-        return ({"rid": rid, "token_start": prefix, "token_count": ext, "last": is_last,
-                 "cached_prefix": cached, "extra": extra,
-                 "fields": fields or {}},
-                (rid, attempt, req, is_last))
-
-    def _check_inflight(self, st: _Inflight, rid: str, attempt: int, req: Any
-                        ) -> _Inflight | None:
-        """``st`` if this chunk continues its sample, else None after reporting why not."""
-        if st.ref() is not req:
-            # The earlier request with this rid vanished mid-sample; this is a new one.
-            self.counters["restarts"] += 1
-            del self._inflight[rid]
-            self._flush_batch(rid)  # (its chunks captured before the report)
-            self.producer.abort(rid, "superseded by a new request with the same rid",
-                                restart=True, extra={"attempt": st.attempt})
-            return None
-        if st.attempt != attempt:
-            # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.
-            self.counters["restarts"] += 1
-            del self._inflight[rid]
-            self._flush_batch(rid)  # (its chunks captured before the report)
-            self.producer.abort(rid, f"retracted after {st.next_start} tokens (attempt "
-                                     f"{st.attempt}); re-prefill follows", restart=True,
-                                extra={"attempt": st.attempt})
-            return None
-        return st
-
     def _drain_and_sweep(self) -> None:
         """Process the pass log, then report the requests in flight that stopped: those the
         scheduler's step (:meth:`sweep`) left because the log held a chunk of them. Every
         hand-over of the log but the ones that keep a call's order ends this way."""
         self._drain()
-        if self._inflight:
-            self._sweep()
+        if self._samples.inflight:
+            self._samples.sweep()
 
-    def _sweep(self, defer_logged: bool = False) -> None:
-        """Report every request in flight that stopped (or was released) before its last
-        chunk. ``defer_logged``: leave those with a pass in the log (processed later, it may
-        hold the last chunk); a released request has none (a logged pass keeps it)."""
-        logged: set[int] | None = None
-        for rid, st in list(self._inflight.items()):
-            req = st.ref()
-            if req is None:
-                reason = "request released before its last chunk"
-            else:
-                stopping = getattr(req, "finished_reason", None) or getattr(req, "to_finish",
-                                                                             None)
-                if stopping is None:
-                    continue
-                if defer_logged and self._log:
-                    if logged is None:
-                        logged = {id(r) for rec in self._log for _, r in rec.wanted}
-                    if id(req) in logged:
-                        continue
-                reason = f"request aborted/finished before its last chunk: {_reason(stopping)}"
-            self._fail_rid(rid, st.attempt, reason)
-
-    def _fail_rid(self, rid: str, attempt: int, reason: str, req: Any = None,
-                  counted_done: bool = False) -> None:
-        """Report ``rid`` as unable to complete (once), and publish nothing more of it.
-        ``counted_done``: report it even though its sample is among the done ones (a batch
-        whose capture failed after its bookkeeping counted the sample complete)."""
-        done = self._done.get(rid)
-        if not counted_done and done is not None and (req is None or done[1]() is req):
-            return
-        self._flush_batch(rid)  # its chunks captured before the report
-        st = self._inflight.pop(rid, None)
-        if req is None and st is not None:
-            req = st.ref()
-        self._remember_done(rid, attempt, req)
-        self.counters["aborted"] += 1
+    def _report(self, rid: str, reason: str, restart: bool, attempt: int) -> None:
+        """Report ``rid`` to the producer (:class:`SampleTracker`'s ``abort``)."""
         if self.producer is not None:
-            self.producer.abort(rid, reason, extra={"attempt": attempt})
+            self.producer.abort(rid, reason, restart=restart, extra={"attempt": attempt})
+
+    def _logged_requests(self) -> set[int]:
+        """The ids of the requests with a pass in the log (a sweep leaves them to the log's
+        processing: that pass may hold the last chunk)."""
+        return {id(r) for rec in self._log for _, r in rec.wanted}
 
     def _fail_rows(self, wanted: Iterable[tuple[int, Any]], key: str, reason: str) -> None:
         self._log_once(key, logging.ERROR, "hscapture: %s", reason)
-        for _, req in wanted:
-            self._fail_rid(str(req.rid), int(getattr(req, "retraction_count", 0) or 0), reason,
-                           req)
+        self._samples.fail_requests(wanted, reason)
 
     def _abort_rows(self, wanted: Iterable[tuple[int, Any]], reason: str) -> None:
         try:
-            for _, req in wanted:
-                self._fail_rid(str(req.rid), int(getattr(req, "retraction_count", 0) or 0),
-                               reason, req)
+            self._samples.fail_requests(wanted, reason)
         except Exception:  # reporting failed too: nothing more can be done safely
             self.counters["errors"] += 1
-
-    def _remember_done(self, rid: str, attempt: int, req: Any) -> None:
-        done = self._done
-        if rid in done:
-            del done[rid]        # re-inserted: newest last
-        done[rid] = (attempt, _ref(req) if req is not None else _dead)
-        while len(done) > _MAX_DONE:
-            done.popitem(last=False)    # the oldest
 
     def _resolve_layers(self) -> tuple[int, ...] | None:
         if self._layers is not None:
@@ -1266,14 +1065,6 @@ def _open_forward_log(path: str) -> ForwardLog | None:
 def _mode_name(batch: Any) -> str:
     mode = getattr(batch, "forward_mode", None)
     return getattr(mode, "name", str(mode))
-
-
-def _reason(finish: Any) -> str:
-    try:
-        js = finish.to_json()
-        return str(js.get("message") or js.get("type") or js)
-    except Exception:
-        return type(finish).__name__
 
 
 def _batch_token_ids(batch: Any, real_tokens: int, wanted: Any, prefix_lens: list[int],

@@ -39,17 +39,17 @@ def set_mode(hook, mode_file, name: str) -> None:
 
 
 def test_the_finished_rid_memory_keeps_the_newest_and_evicts_the_oldest_first(rig, monkeypatch):
-    """The hook remembers the last _MAX_DONE finished samples (a retraction's re-prefill of
+    """The hook remembers the last MAX_DONE finished samples (a retraction's re-prefill of
     one of them publishes no duplicate): past the bound the OLDEST is forgotten first, and
     the re-prefill of a remembered one is still skipped."""
-    import hscapture.sglang.hook as hook_module
+    import hscapture.sglang.samples as samples_module
 
-    monkeypatch.setattr(hook_module, "_MAX_DONE", 4)
+    monkeypatch.setattr(samples_module, "MAX_DONE", 4)
     hook, sub, srv = rig()
     reqs = [srv.new_req(f"hscap-mem-{i}", 5, max_new_tokens=8) for i in range(6)]
     for r in reqs:
         srv.extend([(r, 0, 5)])
-    assert list(hook._done) == [r.rid for r in reqs[2:]]
+    assert list(hook._samples.done) == [r.rid for r in reqs[2:]]
     for r in reqs:
         check(sub.get(r.rid, timeout=10), srv, r)
     newest = reqs[-1]
@@ -59,7 +59,7 @@ def test_the_finished_rid_memory_keeps_the_newest_and_evicts_the_oldest_first(ri
     srv.extend([(newest, 0, len(newest.full_untruncated_fill_ids))])
     assert hook.stats()["reprefill_skipped"] == 1
     assert sub.poll(timeout=0.5) is None
-    assert list(hook._done)[-1] == newest.rid and len(hook._done) == 4
+    assert list(hook._samples.done)[-1] == newest.rid and len(hook._samples.done) == 4
 
 
 def test_batch_of_several_requests_chunked_and_mixed(rig):
