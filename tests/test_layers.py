@@ -99,3 +99,52 @@ def test_the_layer_reader_sees_relative_absolute_and_lazy_imports(tmp_path):
                  "import hscapture.notice\nfrom hscapture import sample\n"
                  "def lazy():\n    from .subscriber import Subscriber\n")
     assert _imports(f) == {"record", "_source", "notice", "sample", "subscriber"}
+
+
+#: the SGLang plugin (hscapture/sglang), top first: the entry point, the hook, what the hook
+#: uses (a pass read and held; the per-sample bookkeeping), then what those stand on
+SGLANG_LAYERS: list[list[str]] = [
+    ["plugin"],
+    ["hook"],
+    ["passes", "samples"],
+    ["log_batch", "timing", "modes"],
+    ["config"],
+]
+
+
+def _sglang_imports(path: Path) -> tuple[set[str], set[str]]:
+    """(modules of hscapture.sglang, modules of hscapture) that ``path`` imports."""
+    siblings: set[str] = set()
+    core: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+            if node.level == 1:
+                # ``from . import NAME``: a sibling module, or a constant of the package's
+                # __init__ (which imports nothing: checked below)
+                siblings.update(n for n in names
+                                if node.module or (path.parent / f"{n}.py").exists())
+            elif node.level == 2:
+                core.update(names)
+            elif (node.module or "").startswith("hscapture.sglang."):
+                siblings.add(node.module.split(".")[2])
+            elif (node.module or "").startswith("hscapture."):
+                core.add(node.module.split(".")[1])
+    return siblings, core
+
+
+def test_the_sglang_plugin_imports_only_downward_and_never_the_subscriber_stack():
+    rank = _rank(SGLANG_LAYERS)
+    subscriber = {m for layer in LAYERS for m in layer}
+    wrong = []
+    for name, r in rank.items():
+        siblings, core = _sglang_imports(PKG / "sglang" / f"{name}.py")
+        for dep in sorted(siblings):
+            if dep not in rank or rank[dep] >= r:
+                wrong.append(f"sglang.{name} imports sglang.{dep} (not below it)")
+        wrong += [f"sglang.{name} imports {dep} (the subscriber stack)"
+                  for dep in sorted(core & subscriber)]
+    assert not wrong, wrong
+    assert _sglang_imports(PKG / "sglang" / "__init__.py") == (set(), set())
+    assert {p.stem for p in (PKG / "sglang").glob("*.py")} - {"__init__", "__main__"} == \
+        set(rank), "a module of hscapture/sglang is missing from SGLANG_LAYERS"

@@ -55,14 +55,13 @@ from __future__ import annotations
 
 import collections
 import enum
-import itertools
 import json
 import logging
 import os
 import threading
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -78,7 +77,8 @@ except ImportError:  # pragma: no cover - a torch without it: no profiler ranges
 from .._copies import HostRowIds
 from ..errors import CaptureConfigError
 from .modes import BenchModes
-from .log_batch import Arenas, LogArena, RowBatch
+from .log_batch import Arenas, RowBatch
+from .passes import Pass, hold, record_pass
 from .samples import SampleTracker
 from .timing import ForwardLog, HookProfile, HookTiming
 from .config import (
@@ -248,31 +248,6 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
 
 
 
-@dataclass(slots=True)
-class _Pass:
-    """One prefill pass as :meth:`SGLangCaptureHook._record` read it, to be processed now or
-    from the pass log."""
-
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    offsets: list[int]
-    hidden: Any
-    last: Any
-    token_indices: bool
-    snapshot: bool             # the producer must copy the rows during the capture
-    worker: Any
-    batch: Any
-    mode: str                  # the benchmark mode of the pass
-    wanted: list[tuple[int, Any]]
-    #: per wanted request: (attempt, stopping, prompt length, its fill ids array)
-    rows: list[tuple[int, Any, int, Any]] = field(default_factory=list)
-    logged: bool = False
-    shift: int = 0             # the batch's row r is hidden's row r - shift (a pass's copy)
-    real_tokens: int = 0       # the source rows the rows lie in (the batch's, or the copy's)
-    nbytes: int = 0            # the memory a logged pass keeps referenced
-    ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
-    since: float | None = None     # time.monotonic() of a logged pass
-    arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: its blocks)
 
 
 class SGLangCaptureHook:
@@ -330,7 +305,7 @@ class SGLangCaptureHook:
         self._swept = 0.0
         #: the pass log (PASS_LOG_INTERVAL_S): recorded passes not processed yet, oldest first,
         #: and when the oldest was recorded
-        self._log: list[_Pass] = []
+        self._log: list[Pass] = []
         self._log_since = 0.0
         self._log_bytes = 0       # what the logged passes keep referenced (bound: 1/16 ring)
         #: where logged passes' rows are copied (log_batch.LogArena), and while the log is
@@ -625,100 +600,12 @@ class SGLangCaptureHook:
             self._log_pass(result, worker, batch, wanted)
         else:
             self._drain()
-            self._process(self._record(result, worker, batch, wanted, logged=False))
+            self._process(record_pass(result, worker, batch, wanted, self._mode,
+                                      self.config.final_norm))
 
-    def _record(self, result: Any, worker: Any, batch: Any, wanted: list[tuple[int, Any]],
-                logged: bool) -> _Pass:
-        """What processing this pass needs, read now: the batch's row layout, the forward's
-        outputs, and per wanted request the values that change after the pass (its attempt,
-        whether it is stopping, its prompt length so far). ``logged``: the pass is to be
-        processed later, so its token ids are copied out now and, when the outputs are
-        CUDA-graph buffers the next replay overwrites, the rows covering every wanted row are
-        copied now on the forward's stream (``_Pass.shift``: the first of them); the result
-        says whether that was possible (``_Pass.logged``)."""
-        n = len(batch.reqs)
-        prefix_lens, extend_lens = batch.prefix_lens, batch.extend_lens
-        if type(prefix_lens) is not list:
-            prefix_lens = [int(x) for x in prefix_lens]
-        if type(extend_lens) is not list:
-            extend_lens = [int(x) for x in extend_lens]
-        if len(prefix_lens) < n or len(extend_lens) < n:
-            raise CaptureConfigError(
-                f"batch has {n} requests but {len(prefix_lens)} prefix_lens and "
-                f"{len(extend_lens)} extend_lens")
-        offsets = list(itertools.accumulate(extend_lens[:n], initial=0))
-        lo = getattr(result, "logits_output", None)
-        hidden = getattr(lo, "hidden_states", None)
-        last = getattr(lo, "last_hidden_states", None) if self.config.final_norm else None
-        rec = _Pass(prefix_lens, extend_lens, offsets, hidden, last,
-                    getattr(lo, "hidden_states_token_indices", None) is not None,
-                    bool(getattr(result, "can_run_cuda_graph", True)), worker, batch,
-                    self._mode, wanted)
-        rec.real_tokens = offsets[-1]
-        rows = rec.rows
-        for i, req in wanted:
-            fill = req.full_untruncated_fill_ids
-            rows.append((getattr(req, "retraction_count", 0) or 0,
-                         getattr(req, "to_finish", None) or getattr(req, "finished_reason", None),
-                         len(fill), fill))
-        if logged:
-            rec.logged = self._hold(rec)
-        return rec
-
-    def _hold(self, rec: _Pass) -> bool:
-        """Make ``rec`` safe to process later (see :meth:`_record`); False when it cannot be
-        (ids that are not a host ``array('q')``, outputs that do not cover the batch): it is
-        processed at once, as without a log."""
-        ids = []
-        # (copies: the batch's lists are SGLang's, which may reuse them after the pass)
-        pl = rec.prefix_lens = list(rec.prefix_lens)
-        el = rec.extend_lens = list(rec.extend_lens)
-        offs = rec.offsets
-        first, end = offs[-1], 0      # the batch rows covering every wanted row
-        for (i, _), row in zip(rec.wanted, rec.rows):
-            fill = row[3]
-            if type(fill) is not array or fill.typecode != "q":
-                return False
-            p, e = pl[i], el[i]
-            ids.append(fill[p:p + e] if e > 0 else fill[:0])
-            o = offs[i]
-            if o < first:
-                first = o
-            if o + e > end:
-                end = o + e
-        rec.ids = ids
-        if rec.snapshot and rec.hidden is not None:
-            hidden, last = rec.hidden, rec.last
-            hs, ls = hidden.shape, last.shape if last is not None else None
-            if len(hs) != 2 or hs[0] < end or (ls is not None and (len(ls) != 2
-                                                                  or ls[0] < end)):
-                return False
-            # into the log's arena (one copy per block, as a clone, without an allocation;
-            # the drain captures the arena's passes in one call: log_batch says why). The
-            # pass then reads the arena's blocks whole: its rows are arena rows
-            # [pos, pos + n), batch row r at arena row r - shift.
-            srcs = [hidden] if last is None else [hidden, last]
-            n = end - first
-            arena = self._arenas.for_rows(srcs, n, self.config.ring_bytes // 16)
-            pos = arena.put(srcs, first, end, hs[0])
-            rec.arena = arena
-            rec.hidden = arena.blocks[0]
-            rec.last = arena.blocks[1] if last is not None else None
-            rec.shift, rec.snapshot, rec.real_tokens = first - pos, False, pos + n
-            rec.nbytes = n * arena.row_bytes
-        rec.batch = None            # (its ids are not needed: the rows' own were copied)
-        # the device (or host) memory the log keeps: the copy, else the forward's outputs
-        h = rec.hidden
-        if h is not None and rec.arena is None:
-            size = h.element_size()
-            rec.nbytes = h.shape[0] * h.shape[1] * size if len(h.shape) == 2 else 0
-            if rec.last is not None and len(rec.last.shape) == 2:
-                rec.nbytes += rec.last.shape[0] * rec.last.shape[1] * size
-        return True
-
-    def _process(self, rec: _Pass) -> None:
+    def _process(self, rec: Pass) -> None:
         """Turn one recorded pass into rows and capture them (deferred by the producer's
-        stage); then the in-flight bookkeeping. What :meth:`_record` read is used as it was
+        stage); then the in-flight bookkeeping. What :func:`.passes.record_pass` read is used as it was
         at the pass."""
         wanted = rec.wanted
         prefix_lens, extend_lens, offsets = rec.prefix_lens, rec.extend_lens, rec.offsets
@@ -812,7 +699,7 @@ class SGLangCaptureHook:
         if completed:
             self.counters["samples"] += completed
 
-    def _layout(self, rec: _Pass) -> tuple[tuple[int, ...], int, Any, Any, Any] | None:
+    def _layout(self, rec: Pass) -> tuple[tuple[int, ...], int, Any, Any, Any] | None:
         """The checks of one pass's outputs: ``(aux layer ids, hidden size, aux block, final
         block or None, the hook's layout tuple (:meth:`_shape_of`))``, or None after its
         wanted rows were reported (outputs missing, of a subset of rows, too short, not a
@@ -918,9 +805,9 @@ class SGLangCaptureHook:
     def _log_pass(self, result: Any, worker: Any, batch: Any,
                   wanted: list[tuple[int, Any]]) -> None:
         """Keep this pass for later (the pass log, ``HSCAPTURE_PASS_LOG_MS``), or process it
-        now when it cannot wait (see :meth:`_hold`) or the log is due."""
-        rec = self._record(result, worker, batch, wanted, logged=True)
-        if not rec.logged:
+        now when it cannot wait (see :func:`.passes.hold`) or the log is due."""
+        rec = record_pass(result, worker, batch, wanted, self._mode, self.config.final_norm)
+        if not hold(rec, self._arenas, self.config.ring_bytes // 16):
             self._drain()               # what came before it first: the calls' order
             self._process(rec)
             return
@@ -955,7 +842,7 @@ class SGLangCaptureHook:
             # (unless its interval is the longer), and written at once
             self.producer.publish_completed()
 
-    def _drain_passes(self, log: list[_Pass]) -> None:
+    def _drain_passes(self, log: list[Pass]) -> None:
         for rec in log:
             try:
                 self._process(rec)
