@@ -47,8 +47,8 @@ from .errors import CaptureConfigError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["DeviceRowCopier", "NativeCopier", "native_available", "plan_copies", "plan_staged_copies",
-           "span_index", "staging_bytes", "take_ids"]
+__all__ = ["DeviceRowCopier", "NativeCopier", "native_available", "plan_copies",
+           "plan_staged_copies", "span_index", "staging_bytes", "take_ids"]
 
 #: ``HSCAPTURE_COPY_PATH=torch`` forces the torch path (for comparison and as an escape hatch).
 COPY_PATH_ENV = "HSCAPTURE_COPY_PATH"

@@ -246,10 +246,6 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
     )
 
 
-
-
-
-
 class SGLangCaptureHook:
     """Callable installed as the AFTER hook. One per scheduler process.
 
@@ -605,8 +601,8 @@ class SGLangCaptureHook:
 
     def _process(self, rec: Pass) -> None:
         """Turn one recorded pass into rows and capture them (deferred by the producer's
-        stage); then the in-flight bookkeeping. What :func:`.passes.record_pass` read is used as it was
-        at the pass."""
+        stage); then the in-flight bookkeeping. What :func:`.passes.record_pass` read is used
+        as it was at the pass."""
         wanted = rec.wanted
         prefix_lens, extend_lens, offsets = rec.prefix_lens, rec.extend_lens, rec.offsets
         arena = rec.arena
