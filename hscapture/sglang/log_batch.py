@@ -19,8 +19,9 @@ new batch (the caller captures the old one first).
 Guarantees: :meth:`LogArena.put` copies in the caller's current stream order, as the
 ``clone()`` it replaces did (on a GPU in one native call per pass where the native copy path
 runs: :class:`hscapture._cuda_copy.DeviceRowCopier`), and never writes a row twice (a full
-arena is replaced; the old one stays alive as long as a staged capture references it). :meth:`RowBatch.take` returns
-rows in the order they were added, a merged row where its first chunk was.
+arena is replaced; the old one stays alive as long as a staged capture references it).
+:meth:`RowBatch.take` returns rows in the order they were added, a merged row where its first
+chunk was.
 """
 
 from __future__ import annotations
