@@ -249,16 +249,22 @@ class SampleTracker:
         """Report ``rid`` as unable to complete (once), and publish nothing more of it.
         ``counted_done``: report it even though its sample is among the done ones (a batch
         whose capture failed after its bookkeeping counted the sample complete)."""
-        done = self.done.get(rid)
-        if not counted_done and done is not None and (req is None or done[1]() is req):
+        if not counted_done and self._reported(rid, req):
             return
         self._flush(rid)            # its chunks captured before the report
+        if not counted_done and self._reported(rid, req):
+            return                  # that capture dropped or failed: its sample is reported
         st = self.inflight.pop(rid, None)
         if req is None and st is not None:
             req = st.ref()
         self.remember_done(rid, attempt, req)
         self.counters["aborted"] += 1
         self._abort(rid, reason, False, attempt)
+
+    def _reported(self, rid: str, req: Any) -> bool:
+        """Whether ``rid``'s sample (``req``'s, where given) is among the done ones."""
+        done = self.done.get(rid)
+        return done is not None and (req is None or done[1]() is req)
 
     def fail_requests(self, wanted: Iterable[tuple[int, Any]], reason: str) -> None:
         """Report every request of ``wanted`` (``(batch row, Req)`` pairs) with ``reason``."""

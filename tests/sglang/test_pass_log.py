@@ -585,3 +585,34 @@ def test_a_logged_pass_of_a_subset_of_rows_is_reported_between_exact_passes(rig)
         sub.get(b.rid, timeout=10)
     for r in (a, c):
         check(sub.get(r.rid, timeout=10), srv, r)
+
+
+def test_a_report_whose_flush_fails_reports_the_sample_once(rig, monkeypatch):
+    """A sample with a chunk in the drain's batch stops (aborted) in the next logged pass: its
+    report first captures the batch (its chunks before its report), and that capture raises
+    (fault injected). The sample is reported once, by the failed batch, not a second time by
+    the report that flushed it; the hook goes on."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0
+    r = srv.new_req("hscap-flushfail", 20)
+    srv.extend([(r, 0, 10)], graph=True)
+    r.finished_reason = FINISH_ABORT("aborted between chunks")
+    srv.extend([(r, 10, 10)], graph=True)
+    real = hook.producer.capture_rows
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: the producer call failed")
+
+    monkeypatch.setattr(hook.producer, "capture_rows", broken)
+    hook.producer.flush()
+    st = hook.stats()
+    assert st["aborted"] == 1, st
+    with pytest.raises(IncompleteSampleError):
+        sub.get(r.rid, timeout=10)
+    monkeypatch.setattr(hook.producer, "capture_rows", real)
+    n = srv.new_req("hscap-flushfail-next", 9)
+    srv.extend([(n, 0, 9)], graph=True)
+    hook.producer.flush()
+    check(sub.get(n.rid, timeout=10), srv, n)
