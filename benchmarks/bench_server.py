@@ -1052,6 +1052,14 @@ def main() -> int:
               f"inside Producer.capture_rows p50 {t['producer']['p50_us']:.0f} us, p90 "
               f"{t['producer']['p90_us']:.0f}; {t.get('producer_calls', '?')} producer calls "
               f"for {t.get('capturing_calls', '?')} capturing passes", flush=True)
+    for key, c in sorted((hook_stats().get("turn_costs") or {}).items()):
+        # HSCAPTURE_TURN_COSTS=1: per mode and alt=N side (1 captured, 2 skipped), what the
+        # scheduler's process spent outside the hook's own clock per turn
+        mode, _, side = key.partition("|")
+        print(f"[bench_server] turn costs, mode {mode or 'on'!r} side {side}: {c['turns']} "
+              f"turns; GC {c['gc_us_per_turn']:.1f} us a turn (of it gen 2 "
+              f"{c['gc_gen2_us_per_turn']:.1f}; runs by generation {c['gc_runs']}); "
+              f"publisher thread CPU {c['publisher_us_per_turn']:.1f} us a turn", flush=True)
     counters = hook_stats().get("counters") or {}
     if counters.get("sweep_calls"):
         # the sweep hook (SGLang's chunked-abort step) runs outside the forward hook's clock

@@ -456,6 +456,12 @@ class Producer:
             self._ring.reap()
 
     @property
+    def publisher_thread(self) -> threading.Thread:
+        """The thread that commits and announces what the capturing threads leave (for
+        diagnostics: e.g. its CPU clock, hscapture.sglang.timing.TurnCosts)."""
+        return self._thread
+
+    @property
     def stage_interval_s(self) -> float:
         """How long deferred captures may wait to become one entry (0: they do not wait;
         settable at any time, the stage's rows then go out by the new interval)."""

@@ -80,7 +80,7 @@ from .modes import BenchModes
 from .log_batch import Arenas, RowBatch
 from .passes import Pass, hold, record_pass
 from .samples import SampleTracker
-from .timing import ForwardLog, HookProfile, HookTiming
+from .timing import ForwardLog, HookProfile, HookTiming, TurnCosts
 from .config import (
     DEFAULT_PASS_LOG_MS,
     DEFAULT_PUBLISH_INTERVAL_MS,
@@ -297,6 +297,10 @@ class SGLangCaptureHook:
         # stats file, or every 1,000 calls without one, and at close
         prof = os.environ.get("HSCAPTURE_HOOK_PROFILE", "")
         self._profile = HookProfile(prof) if prof else None
+        # diagnostic only (HSCAPTURE_TURN_COSTS=1, with a stats file): the GC's and the
+        # publisher thread's time per turn, by mode and alt=N side (timing.TurnCosts)
+        self._costs = TurnCosts() if self._stats_file and os.environ.get(
+            "HSCAPTURE_TURN_COSTS", "") not in ("", "0") else None
         self._mode = ""          # the benchmark mode of this pass ("" outside benchmarks)
         self._swept = 0.0
         #: the pass log (PASS_LOG_INTERVAL_S): recorded passes not processed yet, oldest first,
@@ -367,6 +371,8 @@ class SGLangCaptureHook:
         if batch is None:
             batch = kwargs.get("batch")
         wanted: list[tuple[int, Any]] = []
+        if self._costs is not None:
+            self._costs.turn()
         t0 = self._timing.start()
         bench = self._bench
         try:
@@ -413,6 +419,8 @@ class SGLangCaptureHook:
                 json.dump({"pid": os.getpid(), "mode": self._mode,
                            "timing": self._timing.summary(),
                            "counters": dict(self.counters),
+                           **({"turn_costs": self._costs.summary()}
+                              if self._costs is not None else {}),
                            "producer": {k: v for k, v in (self.producer.stats().items()
                                         if self.producer is not None else ())
                                         if isinstance(v, (int, float, str))}}, f)
@@ -469,6 +477,8 @@ class SGLangCaptureHook:
                                "not be processed at close: %s", exc, exc_info=True)
             self._log = []
         self.disabled = self.disabled or "closed"
+        if self._costs is not None:
+            self._costs.close()
         if self._forward_log is not None:
             self._forward_log.flush()
         if self._profile is not None:
@@ -530,6 +540,8 @@ class SGLangCaptureHook:
                 return False
             log.info("hscapture: capturing on DP rank %d (attn TP/CP rank 0), endpoint %s",
                      self.ranks.dp_rank, getattr(self.producer, "endpoint", "?"))
+            if self._costs is not None and hasattr(self.producer, "publisher_thread"):
+                self._costs.watch(self.producer.publisher_thread)
             if self._on_producer is not None:
                 try:
                     self._on_producer(self)   # the plugin: close on SIGTERM
@@ -555,6 +567,8 @@ class SGLangCaptureHook:
                 self._captures_by_mode[id(mode)] = (mode, prefill)
         # benchmark mode alt=N: whether this pass is on the skipped side
         skip = self._bench is not None and self._bench.side(prefill)
+        if self._costs is not None:
+            self._costs.key = (self._mode, self._bench.phase if self._bench is not None else 0)
         now = time.monotonic()
         if self._log and not skip and now - self._log_since >= self.pass_log_interval_s:
             self._drain_and_sweep()     # the pass log is due (also when no prefill comes)

@@ -234,3 +234,78 @@ class HookProfile:
         with open(tmp, "w") as f:
             f.write(out.getvalue())
         os.replace(tmp, self.path)
+
+
+class TurnCosts:
+    """What the scheduler's process spends outside the hook, per benchmark mode and ``alt=N``
+    side (``HSCAPTURE_TURN_COSTS=1`` with a stats file; a diagnostic): the cyclic garbage
+    collector's runs and their time (``gc.callbacks``, whichever thread ran them), and the CPU
+    time of the producer's publisher thread (its thread CPU clock, read once per hook call).
+
+    A turn is one hook call's start to the next one's: :meth:`turn` at each call's start
+    charges the publisher's CPU since the last start to the turn that ends, then the hook sets
+    :attr:`key` to ``(mode, side)`` of the new pass once it knows it (the side: 1 captured,
+    2 skipped, 0 outside ``alt=N``); a collection is charged to the key current when it ran.
+    Why: after a long hook call the rest of its turn is longer too
+    (benchmarks/results/h200-2026-12-04b, "After a long hook call"), and these are two of the
+    candidates."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self._gc = gc
+        self.key: tuple[str, int] = ("", 0)
+        #: per key: turns, then per generation 0-2 collections and their ns, then publisher ns
+        self.sums: collections.defaultdict[tuple[str, int], list[int]] = \
+            collections.defaultdict(lambda: [0] * 8)
+        self._gc_start = 0
+        self._clock: int | None = None
+        self._last_cpu = 0
+        gc.callbacks.append(self._on_gc)
+
+    def watch(self, thread: Any) -> None:
+        """Read ``thread``'s CPU clock from now on (the producer's publisher thread)."""
+        try:
+            self._clock = time.pthread_getcpuclockid(thread.ident)
+            self._last_cpu = time.clock_gettime_ns(self._clock)
+        except (AttributeError, OSError, TypeError):   # no such clock here: GC alone
+            self._clock = None
+
+    def turn(self) -> None:
+        """A hook call starts: the turn of :attr:`key` ends."""
+        s = self.sums[self.key]
+        s[0] += 1
+        if self._clock is not None:
+            try:
+                now = time.clock_gettime_ns(self._clock)
+            except OSError:          # the thread ended
+                self._clock = None
+                return
+            s[7] += now - self._last_cpu
+            self._last_cpu = now
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter_ns()
+            return
+        g = min(2, int(info.get("generation", 2)))
+        s = self.sums[self.key]
+        s[1 + g] += 1
+        s[4 + g] += time.perf_counter_ns() - self._gc_start
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per ``"MODE|SIDE"``: turns, collections per generation, and per turn the GC's and
+        the publisher thread's time (µs)."""
+        out = {}
+        for (mode, side), s in self.sums.items():
+            n = max(1, s[0])
+            out[f"{mode}|{side}"] = {
+                "turns": s[0], "gc_runs": s[1:4], "gc_us_per_turn": sum(s[4:7]) / n / 1e3,
+                "gc_gen2_us_per_turn": s[6] / n / 1e3, "publisher_us_per_turn": s[7] / n / 1e3}
+        return out
+
+    def close(self) -> None:
+        try:
+            self._gc.callbacks.remove(self._on_gc)
+        except ValueError:
+            pass

@@ -697,3 +697,44 @@ def test_alt_mode_captures_n_prefill_passes_then_skips_n_like_off_and_logs_each_
     assert not st["dropped"] and not st["incomplete"] and not st["rejected"]
     assert hook.producer.stats()["next_seq"] == 4        # nothing numbered for 3 and 4
     assert hook.counters["errors"] == 0
+
+
+def test_turn_costs_charge_gc_runs_and_publisher_time_to_the_side_whose_turn_they_fell_in(
+        rig, tmp_path, monkeypatch):
+    """``HSCAPTURE_TURN_COSTS=1`` (a diagnostic, with a stats file): each turn (one hook call's
+    start to the next one's) is counted for its pass's mode and ``alt=N`` side, a garbage
+    collection is charged to the turn it ran in (here one forced after a captured pass and
+    two after a skipped one), and the publisher thread's CPU time is read per turn."""
+    import gc
+    import json
+
+    mode, stats = tmp_path / "mode", tmp_path / "stats.json"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    monkeypatch.setenv("HSCAPTURE_STATS_FILE", str(stats))
+    monkeypatch.setenv("HSCAPTURE_TURN_COSTS", "1")
+    hook, sub, srv = rig()
+    set_mode(hook, mode, "alt=1")
+    reqs = [srv.new_req(f"hscap-costs-{i}", 5) for i in range(4)]
+    was_enabled = gc.isenabled()
+    gc.disable()          # only the collections forced here (callbacks still run for them)
+    try:
+        srv.extend([(reqs[0], 0, 5)])                   # captured
+        gc.collect()                                    # in the captured pass's turn
+        srv.extend([(reqs[1], 0, 5)])                   # skipped
+        gc.collect()
+        gc.collect()
+        srv.extend([(reqs[2], 0, 5)])                   # captured
+        srv.extend([(reqs[3], 0, 5)])                   # skipped: ends the captured turn
+    finally:
+        if was_enabled:
+            gc.enable()
+    hook._write_stats()
+    costs = json.loads(stats.read_text())["turn_costs"]
+    cap, skp = costs["alt=1|1"], costs["alt=1|2"]
+    assert cap["turns"] == 2 and skp["turns"] == 1, costs
+    assert cap["gc_runs"][2] == 1 and skp["gc_runs"][2] == 2, costs
+    assert cap["gc_us_per_turn"] > 0 and skp["gc_gen2_us_per_turn"] > 0
+    assert cap["publisher_us_per_turn"] >= 0 and skp["publisher_us_per_turn"] >= 0
+    check(sub.get(reqs[0].rid, timeout=10), srv, reqs[0])
+    hook.close()
+    assert hook._costs._on_gc not in gc.callbacks
