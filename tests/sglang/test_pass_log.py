@@ -369,6 +369,27 @@ def test_a_chunk_that_does_not_follow_its_rows_in_the_arena_starts_another_call(
         check(sub.get(x.rid, timeout=10), srv, x)
 
 
+def _flush_with_capture_failing(hook, monkeypatch):
+    """Flush the hook's log with every producer call raising (fault injected); returns what
+    restores the producer's call."""
+    real = hook.producer.capture_rows
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: the producer call failed")
+
+    monkeypatch.setattr(hook.producer, "capture_rows", broken)
+    hook.producer.flush()
+    return lambda: monkeypatch.setattr(hook.producer, "capture_rows", real)
+
+
+def _captures_again(hook, sub, srv, rid):
+    """After a failure the hook goes on: a new request arrives exact."""
+    n = srv.new_req(rid, 9)
+    srv.extend([(n, 0, 9)], graph=True)
+    hook.producer.flush()
+    check(sub.get(n.rid, timeout=10), srv, n)
+
+
 def test_a_failed_capture_of_the_drains_rows_reports_every_sample_in_it(rig, monkeypatch):
     """A producer call that raises (fault injected) loses the whole batch: each of its
     samples is reported by rid, the one whose last chunk was in it too, and the hook goes on
@@ -378,23 +399,14 @@ def test_a_failed_capture_of_the_drains_rows_reports_every_sample_in_it(rig, mon
     r, q = srv.new_req("hscap-fail-r", 20), srv.new_req("hscap-fail-q", 6)
     srv.extend([(r, 0, 10)], graph=True)
     srv.extend([(r, 10, 10), (q, 0, 6)], graph=True)
-    real = hook.producer.capture_rows
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("injected: the producer call failed")
-
-    monkeypatch.setattr(hook.producer, "capture_rows", broken)
-    hook.producer.flush()
+    restore = _flush_with_capture_failing(hook, monkeypatch)
     st = hook.stats()
     assert st["errors"] == 1 and st["aborted"] == 2 and st.get("samples", 0) == 0, st
     for x in (r, q):
         with pytest.raises(IncompleteSampleError, match="injected"):
             sub.get(x.rid, timeout=10)
-    monkeypatch.setattr(hook.producer, "capture_rows", real)
-    n = srv.new_req("hscap-fail-next", 9)
-    srv.extend([(n, 0, 9)], graph=True)
-    hook.producer.flush()
-    check(sub.get(n.rid, timeout=10), srv, n)
+    restore()
+    _captures_again(hook, sub, srv, "hscap-fail-next")
 
 
 def test_a_report_of_a_sample_outside_the_batch_leaves_the_batch_whole(rig):
@@ -600,19 +612,10 @@ def test_a_report_whose_flush_fails_reports_the_sample_once(rig, monkeypatch):
     srv.extend([(r, 0, 10)], graph=True)
     r.finished_reason = FINISH_ABORT("aborted between chunks")
     srv.extend([(r, 10, 10)], graph=True)
-    real = hook.producer.capture_rows
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("injected: the producer call failed")
-
-    monkeypatch.setattr(hook.producer, "capture_rows", broken)
-    hook.producer.flush()
+    restore = _flush_with_capture_failing(hook, monkeypatch)
     st = hook.stats()
     assert st["aborted"] == 1, st
     with pytest.raises(IncompleteSampleError):
         sub.get(r.rid, timeout=10)
-    monkeypatch.setattr(hook.producer, "capture_rows", real)
-    n = srv.new_req("hscap-flushfail-next", 9)
-    srv.extend([(n, 0, 9)], graph=True)
-    hook.producer.flush()
-    check(sub.get(n.rid, timeout=10), srv, n)
+    restore()
+    _captures_again(hook, sub, srv, "hscap-flushfail-next")
