@@ -619,3 +619,78 @@ def test_a_report_whose_flush_fails_reports_the_sample_once(rig, monkeypatch):
         sub.get(r.rid, timeout=10)
     restore()
     _captures_again(hook, sub, srv, "hscap-flushfail-next")
+
+
+@pytest.fixture
+def collections():
+    """Every cyclic collection that starts, as whether a hook call of the scheduler's thread
+    (the forward hook, the sweep) was on the stack; the threshold at 5 allocations meanwhile,
+    so that any call building a few objects would start one (both restored after)."""
+    import gc
+    import sys
+
+    from hscapture.sglang.hook import SGLangCaptureHook
+
+    calls = {SGLangCaptureHook.__call__.__code__, SGLangCaptureHook.sweep.__code__}
+    seen: list[bool] = []
+
+    def started(phase, info):
+        if phase == "start":
+            f = sys._getframe(1)
+            while f is not None and f.f_code not in calls:
+                f = f.f_back
+            seen.append(f is not None)
+
+    old, was = gc.get_threshold(), gc.isenabled()
+    gc.callbacks.append(started)
+    gc.set_threshold(5)
+    try:
+        yield seen
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(started)
+        (gc.enable if was else gc.disable)()
+
+
+def _logged_round(hook, srv, n):
+    """Passes into the log, a drain (by the log's interval), steps: what allocates most."""
+    reqs = [srv.new_req(f"hscap-gc-{n}-{i}", 40 + i) for i in range(6)]
+    for lo in range(0, 40, 20):
+        srv.extend([(r, lo, 20) for r in reqs])
+        hook.sweep()
+    hook.pass_log_interval_s = 0.0
+    srv.extend([(r, 40, i) for i, r in enumerate(reqs) if i])   # due: the log is drained
+    hook.sweep()
+    hook.pass_log_interval_s = 0.05
+    return reqs
+
+
+def test_the_schedulers_hook_calls_never_run_the_garbage_collector_and_keep_it_on(
+        rig, collections):
+    """A hook call builds and frees hundreds of short-lived objects while it processes the log;
+    in a real server the collections they started made GC take 3 times as long in the turns
+    with captures. The calls hold the collector off and put it back on: collections run in the
+    host's code, never inside the hook, and every sample is still exact."""
+    import gc
+
+    hook, sub, srv = rig(env=LOG)
+    reqs = _logged_round(hook, srv, 0)
+    assert gc.isenabled()
+    assert collections and not any(collections), (
+        f"{sum(collections)} of {len(collections)} collections started inside a hook call")
+    hook.producer.flush()
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
+    assert hook.stats().get("errors", 0) == 0
+
+
+def test_a_collector_the_host_turned_off_stays_off_after_the_hooks_calls(rig, collections):
+    import gc
+
+    hook, sub, srv = rig(env=LOG)
+    gc.disable()
+    reqs = _logged_round(hook, srv, 1)
+    assert not gc.isenabled() and not any(collections)   # (explicit gc.collect() calls run)
+    hook.producer.flush()
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
