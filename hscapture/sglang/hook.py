@@ -49,16 +49,15 @@ Request life cycle, per rid (the opt-in is decided by :meth:`CaptureConfig.wants
 Garbage collection: the hook's calls on the scheduler's thread (the forward hook and the
 sweep) hold the cyclic collector off while they run (``gc.disable()``, and ``gc.enable()``
 after, only when it was enabled: a host that turned it off keeps it off). Python starts a
-collection when the count of container objects allocated since the last one passes its
-threshold (700), counting a deallocation back only while that count is above zero. A call
-that builds and frees a few hundred short-lived objects (processing the pass log) therefore
-started a collection whenever the count it found was high enough, and the count it then freed
-was lost: the next collection came that much earlier. In a real server (1B shape, short
-prompts, ``HSCAPTURE_TURN_COSTS=1``) such collections took ~0.5-0.7 ms each and came 2.3 times
-as often in the turns with captures (benchmarks/results/h200-2026-12-04c). Held off, the
-objects the call frees are counted back, what it keeps counts as before, and a collection it
+collection at whichever allocation takes the count of container objects past its threshold;
+a call that builds a few hundred short-lived ones (processing the pass log) started them
+inside the hook, ~0.5-0.7 ms each in a real 1B-shape server. Held off, a collection the call
 would have started runs at the scheduler's next allocation past the threshold instead: never
-skipped, never more often than without the hook's short-lived objects.
+skipped, and never inside the hook's own time. What it does not change (measured,
+benchmarks/results/h200-2026-12-04c): at the 1B shape, short prompts, as many collections
+ran in the turns with captures (138 per 1,193 turns, against 66 in the skipped ones) as
+before: the count they come from is what the hook's objects keep alive across turns (the
+pass log's, the stage's), not its short-lived ones.
 
 Ranks: hidden states are replicated across attention-TP (and attention-CP) ranks after the
 all-reduce, so only ``attn_tp_rank == 0 and attn_cp_rank == 0`` publish. Every DP rank owns
