@@ -171,7 +171,7 @@ class ShardSet(Sequence):
                              f"with index.jsonl)")
         self._handles: dict[str, _Handle] = {}
         self._gen = _FORK_GEN[0]
-        self._layout: dict[int, tuple] = {}
+        self._layout: dict[tuple, tuple] = {}
         self.reload()
 
     # -- index ------------------------------------------------------------------------
@@ -220,6 +220,24 @@ class ShardSet(Sequence):
         if isinstance(key, str):
             return self._entries[self.position(key)]
         return self._entries[self._norm_pos(key)]
+
+    def _layout_of(self, ent: dict[str, Any]) -> tuple[list[int], list[str], list[str]]:
+        """(layer ids, kinds, layer names) of an index line; built once per distinct pair of
+        ``layers`` / ``layer_kinds`` lists (a directory's samples nearly always share one),
+        so a random read does not rebuild them (the cached lists are never handed out)."""
+        raw_l, raw_k = ent.get("layers", ()), ent.get("layer_kinds", ())
+        try:
+            sig = (tuple(raw_l), tuple(raw_k))
+            lay = self._layout.get(sig)
+        except TypeError:       # an unhashable value in a malformed line: built each time
+            sig, lay = None, None
+        if lay is None:
+            layers = [int(x) for x in raw_l]
+            kinds = [str(k) for k in raw_k]
+            lay = (layers, kinds, [layer_name(l, k) for l, k in zip(layers, kinds)])
+            if sig is not None:
+                self._layout[sig] = lay
+        return lay
 
     def _norm_pos(self, i: int) -> int:
         n = len(self._entries)
@@ -271,13 +289,7 @@ class ShardSet(Sequence):
         None); ``fields=False`` skips per-token fields."""
         pos = self.position(key) if isinstance(key, str) else self._norm_pos(key)
         ent = self._entries[pos]
-        lay = self._layout.get(pos)
-        if lay is None:
-            layers = [int(x) for x in ent.get("layers", [])]
-            kinds = [str(k) for k in ent.get("layer_kinds", [])]
-            lay = (layers, kinds, [layer_name(l, k) for l, k in zip(layers, kinds)])
-            self._layout[pos] = lay
-        layers, kinds, all_names = lay
+        layers, kinds, all_names = self._layout_of(ent)
         rid = ent["rid"]
         shard = ent["shard"]
         h = self._handle(shard)

@@ -210,3 +210,23 @@ def test_dataset_in_dataloader_workers_returns_every_sample_once(shard_dir, samp
         assert torch.equal(g["ids"], s.token_ids.to(torch.int64))
         assert torch.equal(g["mask"], s.fields["loss_mask"].to(torch.int64))
         assert torch.equal(g["l1"], s.tensors["layer_1"].float())
+
+
+def test_samples_of_different_layer_sets_read_back_each_with_its_own_and_never_share_lists(
+        tmp_path):
+    """The reader builds a layout (ids, kinds, names) once per distinct layer set, not once
+    per sample; a directory that mixes layer sets still reads every sample with its own, and
+    a caller editing one sample's lists changes no other sample's."""
+    d = tmp_path / "shards"
+    mixed = [make_sample(i, aux=(1, 3, 5) if i % 3 else (2, 4), final_norm=bool(i % 2))
+             for i in range(12)]
+    write_shards(d, mixed)
+    ss = open_shards(d)
+    for i in [5, 0, 11, 3, 7, 0, 6]:
+        assert_same(ss[i], mixed[i])
+    a, b = ss[1], ss[5]
+    assert a.layers == b.layers and a.layers is not b.layers
+    a.layers.append(99)
+    a.layer_kinds.clear()
+    assert_same(ss[5], mixed[5])
+    assert_same(ss[1], mixed[1])
