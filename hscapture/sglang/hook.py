@@ -92,7 +92,7 @@ from .._copies import HostRowIds
 from ..errors import CaptureConfigError
 from .modes import BenchModes
 from .log_batch import Arenas, RowBatch
-from .passes import Pass, hold, record_pass
+from .passes import ROW_FIELDS, Pass, hold, record_pass
 from .samples import SampleTracker
 from .timing import ForwardLog, HookProfile, HookTiming, TurnCosts
 from .config import (
@@ -679,21 +679,27 @@ class SGLangCaptureHook:
         # A request whose ids are not an array('q') sends the batch to the device ids. A
         # logged pass copied its rows' ids at the pass.
         held = rec.ids
+        held_at = 0               # where the row's ids start in ``held``
         host_ids = mode != "devids"
         id_parts: list[tuple[Any, int, int]] = []
-        for r, ((i, req), (attempt, stopping, total, fill)) in enumerate(zip(wanted, rec.rows)):
-            got = row(req, prefix_lens[i], extend_lens[i], seen, attempt, stopping, total)
+        rows = rec.rows
+        for r, (i, req) in enumerate(wanted):
+            attempt, stopping, total, fill = rows[r * ROW_FIELDS:(r + 1) * ROW_FIELDS]
+            e = extend_lens[i]
+            got = row(req, prefix_lens[i], e, seen, attempt, stopping, total)
             if got is not None:
                 maps.append(got[0])
                 starts.append(offsets[i] - shift)
                 accepted.append(got[1])
                 if held is not None:
-                    id_parts.append((held[r], 0, extend_lens[i]))
+                    id_parts.append((held, held_at, e))
                 elif host_ids:
                     if type(fill) is array and fill.typecode == "q":
                         id_parts.append((fill, prefix_lens[i], extend_lens[i]))
                     else:
                         host_ids = False
+            if e > 0:
+                held_at += e
         if not maps:
             return
         timing = self._timing

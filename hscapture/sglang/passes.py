@@ -19,7 +19,10 @@ from typing import Any
 from ..errors import CaptureConfigError
 from .log_batch import Arenas, LogArena
 
-__all__ = ["Pass", "hold", "record_pass"]
+__all__ = ["Pass", "ROW_FIELDS", "hold", "record_pass"]
+
+#: values per wanted request in :attr:`Pass.rows`
+ROW_FIELDS = 4
 
 
 @dataclass(slots=True)
@@ -38,13 +41,17 @@ class Pass:
     batch: Any
     mode: str                  # the benchmark mode of the pass
     wanted: list[tuple[int, Any]]
-    #: per wanted request: (attempt, stopping, prompt length, its fill ids array)
-    rows: list[tuple[int, Any, int, Any]] = field(default_factory=list)
+    #: per wanted request, flat, ``ROW_FIELDS`` values each: its attempt, whether it is
+    #: stopping, its prompt length, its fill ids array (one list, no tuple per row: what a
+    #: logged pass keeps between turns counts toward the cyclic GC's next collection)
+    rows: list[Any] = field(default_factory=list)
     logged: bool = False
     shift: int = 0             # the batch's row r is hidden's row r - shift (a pass's copy)
     real_tokens: int = 0       # the source rows the rows lie in (the batch's, or the copy's)
     nbytes: int = 0            # the memory a logged pass keeps referenced
-    ids: list[Any] | None = None   # the rows' token ids, copied at the pass (logged)
+    #: the wanted rows' token ids end to end, copied at the pass (logged): row k's are
+    #: ``extend_lens[i]`` ids after those of the rows before it
+    ids: array | None = None
     since: float | None = None     # time.monotonic() of a logged pass
     arena: LogArena | None = None  # where a logged pass's copy lies (hidden, last: its blocks)
 
@@ -77,9 +84,9 @@ def record_pass(result: Any, worker: Any, batch: Any, wanted: list[tuple[int, An
     rows = rec.rows
     for i, req in wanted:
         fill = req.full_untruncated_fill_ids
-        rows.append((getattr(req, "retraction_count", 0) or 0,
-                     getattr(req, "to_finish", None) or getattr(req, "finished_reason", None),
-                     len(fill), fill))
+        rows += (getattr(req, "retraction_count", 0) or 0,
+                 getattr(req, "to_finish", None) or getattr(req, "finished_reason", None),
+                 len(fill), fill)
     return rec
 
 
@@ -91,19 +98,21 @@ def hold(rec: Pass, arenas: Arenas, max_bytes: int) -> bool:
     ``Pass.shift``: batch row r is arena row r - shift). False when it cannot be (ids that
     are not a host ``array('q')``, outputs that do not cover the batch): the pass is then
     processed at once, as without a log. Sets ``rec.logged`` to the result."""
-    ids = []
+    ids = array("q")
     # (copies: the batch's lists are SGLang's, which may reuse them after the pass)
     pl = rec.prefix_lens = list(rec.prefix_lens)
     el = rec.extend_lens = list(rec.extend_lens)
     offs = rec.offsets
+    rows = rec.rows
     first, end = offs[-1], 0      # the batch rows covering every wanted row
-    for (i, _), row in zip(rec.wanted, rec.rows):
-        fill = row[3]
+    for k, (i, _) in enumerate(rec.wanted):
+        fill = rows[k * ROW_FIELDS + 3]
         if type(fill) is not array or fill.typecode != "q":
             rec.logged = False
             return False
         p, e = pl[i], el[i]
-        ids.append(fill[p:p + e] if e > 0 else fill[:0])
+        if e > 0:
+            ids += fill[p:p + e]
         o = offs[i]
         if o < first:
             first = o
