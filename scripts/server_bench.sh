@@ -23,6 +23,10 @@
 # ALT_REPEAT=R: R rounds of one such window per pass log interval, bench_server --alt-log). With two candidates the tiny shape did not finish both mixes in
 # its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
 # OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json, forwards.bin.
+# PACK=1: each shape's folder becomes OUT/<shape>.tar.xz once its run ends (forwards.bin
+# compresses ~10x), and its bench_server.log is also kept beside it as OUT/<shape>.log: the
+# device machine returns at most 8 files from OUT, and two shapes' folders hold 10 (2026-12-04c
+# lost three of the tiny shape's that way).
 # Exit 1 if a run failed (a goal missed is not a failure; a sample unaccounted for is).
 set -u
 OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
@@ -58,6 +62,10 @@ run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang
   grep -v " block " "$OUT/$shape/serve.out" | tail -24
   echo "--- $shape: exit $r"
   [ "$r" = 0 ] || rc=1
+  if [ "${PACK:-0}" = 1 ]; then
+    cp "$OUT/$shape/bench_server.log" "$OUT/$shape.log" 2>/dev/null
+    tar cJf "$OUT/$shape.tar.xz" -C "$OUT" "$shape" && rm -rf "${OUT:?}/$shape"
+  fi
 }
 if [[ ",$SHAPES," == *",1b,"* && ! -d /tmp/llama1b ]]; then
   python3 benchmarks/make_llama.py /tmp/llama1b --shape 1b > "$OUT/make_llama.log" 2>&1 || rc=1
