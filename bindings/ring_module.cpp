@@ -529,14 +529,29 @@ NB_MODULE(_ring, m) {
         return why;
     }, "'' when the native CUDA copy path can run (libcuda.so.1 and its functions), else why not.");
     m.def("cuda_submit", [](uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context,
-                            nb::handle pre, nb::handle post) {
+                            nb::handle pre, nb::handle post, bool defer) {
         U64Buffer a(pre), b(post);
         std::string err;
-        if (hsc::cuda::submit(caller, side, ready, done, context, a.data(), a.count(), b.data(), b.count(), &err) != 0)
+        if (hsc::cuda::submit(caller, side, ready, done, context, a.data(), a.count(), b.data(), b.count(), &err,
+                              defer) != 0)
             return err.empty() ? std::string("CUDA copy submission failed") : err;
         return std::string();
     }, "caller"_a, "side"_a, "ready"_a, "done"_a, "context"_a, "pre"_a.none(), "post"_a.none(),
-       "Issue one capture's copies (see csrc/hscapture/cuda_copy.h); '' on success, else the error.");
+       "defer"_a = false,
+       "Issue one capture's copies (see csrc/hscapture/cuda_copy.h); '' on success, else the error. "
+       "defer: queue the device-to-host part until cuda_flush().");
+    m.def("cuda_flush", [] {
+        std::string err;
+        int n = hsc::cuda::flush_deferred(&err);
+        if (n < 0) throw std::runtime_error("hscapture: " + err);
+        return n;
+    }, "Issue every deferred capture's device-to-host copies, in order; returns how many captures. "
+       "A failure raises (the first one), and each failed capture's done event reports it.");
+    m.def("cuda_set_defer_max_age", [](double seconds) {
+        if (!(seconds >= 0.0)) raise(hsc::ErrorKind::Value, "max age must be >= 0 seconds");
+        hsc::cuda::set_defer_max_age_ns(uint64_t(seconds * 1e9));
+    }, "seconds"_a, "How long a deferred capture may wait before a synchronize on its event issues it (default 0.2 s).");
+    m.def("cuda_deferred", &hsc::cuda::deferred_count, "Captures whose device-to-host copies are queued now.");
     nb::class_<CudaEvent>(m, "CudaEvent", "A CUDA event (no timing) of the native copy path.")
         .def(nb::init<uint64_t>(), "context_ptr"_a)
         .def_prop_ro("handle", [](const CudaEvent& e) { return e.event; })

@@ -5,7 +5,11 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace hsc::cuda {
 namespace {
@@ -137,6 +141,36 @@ CUresult source_context(const Driver& d, uint64_t ptr, CUcontext* ctx, std::stri
     return rc;
 }
 
+// Deferred captures (see cuda_copy.h): the queue, in submission order, and the `done` events of
+// captures whose flush failed (event -> CUresult, reported once). One mutex guards both;
+// `flushed` wakes the waiters of event_synchronize.
+struct Deferred {
+    CUcontext context;
+    CUstream side;
+    CUevent ready, done;
+    std::vector<Copy2D> post;
+    std::chrono::steady_clock::time_point queued;
+};
+
+struct DeferQueue {
+    std::mutex mu;
+    std::condition_variable flushed;
+    std::vector<Deferred> queue;
+    std::unordered_map<CUevent, CUresult> failed;
+    std::chrono::nanoseconds max_age{std::chrono::milliseconds(200)};
+};
+
+DeferQueue& defer_queue() {
+    static DeferQueue q;
+    return q;
+}
+
+bool is_queued(const DeferQueue& q, CUevent ev) {
+    for (const Deferred& x : q.queue)
+        if (x.done == ev) return true;
+    return false;
+}
+
 // One copy, with its memory kinds stated (`to_host`: into the page-locked ring, else device to
 // device) rather than left for the driver to classify, as unified-address copies are. Dense
 // rows (pitch == width on both sides, or one row) are one linear copy. Measured against the
@@ -173,8 +207,12 @@ bool available(std::string* why) {
     return d.why.empty();
 }
 
+CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent done, const Copy2D* post,
+                    size_t n_post, std::string* err);
+
 int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context,
-           const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err) {
+           const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err,
+           bool defer) {
     const Driver& d = driver();
     if (!d.why.empty()) {
         if (err) *err = d.why;
@@ -194,14 +232,86 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
     if (ss != cs) {
         if ((rc = d.event_record(reinterpret_cast<CUevent>(ready), cs)) != CUDA_SUCCESS)
             return describe(d, rc, "cuEventRecord (ready)", err), rc;
+        if (defer && done != 0) {
+            // Queued: the wait below, the copies and `done` are issued by flush_deferred. The
+            // wait then uses `ready`'s latest record, which is this one or a later one of the
+            // same stream (a superset: still after the captured point).
+            DeferQueue& q = defer_queue();
+            std::lock_guard<std::mutex> lock(q.mu);
+            q.queue.push_back(Deferred{reinterpret_cast<CUcontext>(context), ss,
+                                       reinterpret_cast<CUevent>(ready), reinterpret_cast<CUevent>(done),
+                                       std::vector<Copy2D>(post, post + n_post),
+                                       std::chrono::steady_clock::now()});
+            q.failed.erase(reinterpret_cast<CUevent>(done));
+            return 0;
+        }
         if ((rc = d.stream_wait_event(ss, reinterpret_cast<CUevent>(ready), 0)) != CUDA_SUCCESS)
             return describe(d, rc, "cuStreamWaitEvent", err), rc;
     }
+    return issue_post(d, ss, nullptr, reinterpret_cast<CUevent>(done), post, n_post, err);
+}
+
+// Steps 2-4 of a capture: the side stream's wait for `ready` (when given), the copies into the
+// ring, `done` (when not 0). The caller made the sources' context current.
+CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent done, const Copy2D* post,
+                    size_t n_post, std::string* err) {
+    CUresult rc = CUDA_SUCCESS;
+    if (ready != nullptr && (rc = d.stream_wait_event(ss, ready, 0)) != CUDA_SUCCESS)
+        return describe(d, rc, "cuStreamWaitEvent", err), rc;
     for (size_t i = 0; i < n_post; ++i)
         if ((rc = copy(d, post[i], ss, true)) != CUDA_SUCCESS) return describe(d, rc, "cuMemcpy(2D)Async (to the ring)", err), rc;
-    if (done != 0 && (rc = d.event_record(reinterpret_cast<CUevent>(done), ss)) != CUDA_SUCCESS)
+    if (done != nullptr && (rc = d.event_record(done, ss)) != CUDA_SUCCESS)
         return describe(d, rc, "cuEventRecord (done)", err), rc;
-    return 0;
+    return CUDA_SUCCESS;
+}
+
+namespace {
+
+// Issues every queued capture, in order; the caller holds q.mu. A capture that fails is
+// reported through its `done` (q.failed) and the flush goes on with the next one.
+int flush_locked(const Driver& d, DeferQueue& q, std::string* err) {
+    int first_rc = 0;
+    for (const Deferred& x : q.queue) {
+        ContextScope scope(d, x.context);
+        CUresult rc = scope.rc();
+        std::string why;
+        if (rc == CUDA_SUCCESS) rc = issue_post(d, x.side, x.ready, x.done, x.post.data(), x.post.size(), &why);
+        else describe(d, rc, "cuCtxPushCurrent", &why);
+        if (rc != CUDA_SUCCESS) {
+            q.failed[x.done] = rc;
+            if (first_rc == 0) {
+                first_rc = rc;
+                if (err) *err = why;
+            }
+        }
+    }
+    int n = int(q.queue.size());
+    q.queue.clear();
+    q.flushed.notify_all();
+    return first_rc != 0 ? -first_rc : n;
+}
+
+}  // namespace
+
+int flush_deferred(std::string* err) {
+    const Driver& d = driver();
+    if (!d.why.empty()) return 0;          // nothing can have been queued
+    DeferQueue& q = defer_queue();
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.queue.empty()) return 0;
+    return flush_locked(d, q, err);
+}
+
+void set_defer_max_age_ns(uint64_t ns) {
+    DeferQueue& q = defer_queue();
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.max_age = std::chrono::nanoseconds(ns);
+}
+
+size_t deferred_count() {
+    DeferQueue& q = defer_queue();
+    std::lock_guard<std::mutex> lock(q.mu);
+    return q.queue.size();
 }
 
 int event_create(uint64_t context_ptr, uint64_t* event, uint64_t* context, std::string* err) {
@@ -226,9 +336,28 @@ int event_destroy(uint64_t event, uint64_t context) {
     return scope.rc() != CUDA_SUCCESS ? scope.rc() : d.event_destroy(reinterpret_cast<CUevent>(event));
 }
 
+// A `done` still queued, or whose deferred issue failed: `*rc` is 0 (pending) or the CUresult,
+// reported once; false for any other event.
+static bool deferred_state(uint64_t event, CUresult* rc) {
+    DeferQueue& q = defer_queue();
+    std::lock_guard<std::mutex> lock(q.mu);
+    auto ev = reinterpret_cast<CUevent>(event);
+    if (is_queued(q, ev)) {
+        *rc = CUDA_ERROR_NOT_READY;
+        return true;
+    }
+    auto it = q.failed.find(ev);
+    if (it == q.failed.end()) return false;
+    *rc = it->second;
+    q.failed.erase(it);
+    return true;
+}
+
 int event_query(uint64_t event, uint64_t context) {
     const Driver& d = driver();
     if (!d.why.empty()) return -1;
+    CUresult deferred = CUDA_SUCCESS;
+    if (deferred_state(event, &deferred)) return deferred == CUDA_ERROR_NOT_READY ? 0 : -deferred;
     ContextScope scope(d, reinterpret_cast<CUcontext>(context));
     if (scope.rc() != CUDA_SUCCESS) return -scope.rc();
     CUresult rc = d.event_query(reinterpret_cast<CUevent>(event));
@@ -242,6 +371,29 @@ int event_synchronize(uint64_t event, uint64_t context, std::string* err) {
     if (!d.why.empty()) {
         if (err) *err = d.why;
         return -1;
+    }
+    {
+        // A queued capture: wait for the engine's flush, or flush once the oldest queued
+        // capture is max_age old.
+        DeferQueue& q = defer_queue();
+        std::unique_lock<std::mutex> lock(q.mu);
+        auto ev = reinterpret_cast<CUevent>(event);
+        while (is_queued(q, ev)) {
+            auto due = q.queue.front().queued + q.max_age;
+            if (std::chrono::steady_clock::now() >= due) {
+                std::string ignored;   // a failure is reported per event, just below
+                flush_locked(d, q, &ignored);
+                break;
+            }
+            q.flushed.wait_until(lock, due);
+        }
+        auto it = q.failed.find(ev);
+        if (it != q.failed.end()) {
+            CUresult rc = it->second;
+            q.failed.erase(it);
+            describe(d, rc, "deferred capture copy", err);
+            return rc;
+        }
     }
     ContextScope scope(d, reinterpret_cast<CUcontext>(context));
     if (scope.rc() != CUDA_SUCCESS) return describe(d, scope.rc(), "cuCtxPushCurrent", err), scope.rc();

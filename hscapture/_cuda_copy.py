@@ -96,6 +96,10 @@ class NativeCopier:
         #: device index -> (side stream, its handle, ready event, its context, done pool)
         self._devices: dict[int, tuple[Any, int, Any, int, collections.deque]] = {}
         self.pools: dict[int, collections.deque] = {}
+        #: queue each capture's device-to-host copies until :func:`flush_deferred` (csrc/
+        #: hscapture/cuda_copy.h "Deferred device-to-host copies"; ``done`` reads as pending
+        #: until then); the snapshots are issued at once either way
+        self.defer = False
 
     def _device(self, blocks: list[torch.Tensor]) -> tuple[Any, int, Any, int,
                                                            collections.deque]:
@@ -139,7 +143,7 @@ class NativeCopier:
                                 snapshot, stage.data_ptr() if stage is not None else 0)
         t = time.perf_counter_ns() if timing is not None else 0
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context,
-                                     pre, post)
+                                     pre, post, self.defer)
         if timing is not None:
             timing["time_submit_ns"] += time.perf_counter_ns() - t
         if err:
@@ -224,13 +228,25 @@ class NativeCopier:
         post = plan_staged_copies(payload, block_offsets, spans, sources)
         t = time.perf_counter_ns() if timing is not None else 0
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context, None,
-                                     post)
+                                     post, self.defer)
         if timing is not None:
             timing["time_submit_ns"] += time.perf_counter_ns() - t
         if err:
             torch.cuda.synchronize(idx)
             raise CaptureConfigError(f"native CUDA copy: {err}")
         return done, (keepalive, pool)
+
+
+def flush_deferred() -> int:
+    """Issue the device-to-host copies of every deferred capture of this process, in order
+    (:attr:`NativeCopier.defer`); how many captures. Raises :class:`CaptureConfigError` when
+    the driver refused one (each failed capture's ``done`` reports it to its entry)."""
+    from . import _ring
+
+    try:
+        return _ring.cuda_flush()
+    except RuntimeError as exc:
+        raise CaptureConfigError(f"native CUDA copy (deferred): {exc}") from None
 
 
 class DeviceRowCopier:

@@ -621,6 +621,92 @@ def test_deferred_captures_on_cuda_become_one_entry_exact_behind_a_slow_forward_
         p.close()
 
 
+def _one_forward(p, rng_seed: int, tag: str, snapshot: bool, stage: bool = False) -> dict:
+    """One forward of 3 requests (rows 0 and 2 captured) through ``_capture_packed``; the
+    sources are overwritten with NaN right after the call when ``snapshot`` (the snapshot was
+    taken during it), the int64 ids always. Returns what must arrive (``_assert_packed_samples``)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(rng_seed)
+    k, h = 3, 256
+    lens, wanted = [300, 5, 700], [0, 2]
+    offs = [0, 300, 305]
+    T = sum(lens)
+    aux = torch.randn(T, k * h, generator=g, device=dev).to(torch.bfloat16)
+    last = torch.randn(T, h, generator=g, device=dev).to(torch.bfloat16)
+    ids = torch.randint(0, 50_000, (T,), generator=g, device=dev)
+    maps = [{"rid": f"{tag}-{i}", "token_start": 0, "token_count": lens[i], "last": True,
+             "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}} for i in wanted]
+    want = {m["rid"]: ([bits(aux[offs[i]:offs[i] + lens[i], j * h:(j + 1) * h])
+                        for j in range(k)] + [bits(last[offs[i]:offs[i] + lens[i]])],
+                       ids[offs[i]:offs[i] + lens[i]].cpu()) for m, i in zip(maps, wanted)}
+    assert _capture_packed(p, maps, [offs[i] for i in wanted], aux, last, h, ids, snapshot,
+                           defer=stage)
+    ids.fill_(-1)
+    if snapshot:
+        aux.fill_(float("nan"))
+        last.fill_(float("nan"))
+    return want
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_deferred_device_copies_wait_for_the_flush_then_arrive_exact(pair, copy_path, snapshot):
+    """``Producer.defer_device_copies`` (what the SGLang hook turns on where its step hook
+    runs): a capture's device-to-host copies are queued, not issued; its entry cannot be
+    committed (its ``done`` reads as pending), so nothing reaches the subscriber, until
+    ``flush_device_copies`` issues them; then every sample is exact, the snapshot's included
+    (its sources were overwritten right after the call). The torch path has nothing to defer
+    and says so."""
+    from hscapture import _ring
+
+    p, sub = pair
+    on = p.defer_device_copies(True)
+    assert on == (copy_path == "native")
+    if not on:
+        return
+    _ring.cuda_set_defer_max_age(60.0)      # no wait may issue them early in this test
+    try:
+        want = {}
+        for f in range(3):
+            want.update(_one_forward(p, 40 + f, f"dfr-{snapshot:d}-{f}", snapshot))
+        assert _ring.cuda_deferred() == 3
+        torch.cuda.synchronize()            # every forward and snapshot is done; the copies
+        assert sub.poll(timeout=0.0) is None   # are not issued, so no entry is committed
+        assert p.flush_device_copies() == 3
+        assert _ring.cuda_deferred() == 0
+        _assert_packed_samples(sub, want)
+        st = p.stats()
+        assert st.get("dropped", 0) == 0 and st.get("native_copies") == 3, st
+    finally:
+        _ring.cuda_set_defer_max_age(0.2)
+        p.defer_device_copies(False)
+
+
+def test_a_deferred_copy_nobody_flushes_is_issued_by_the_publishers_wait_after_max_age(pair,
+                                                                                        copy_path):
+    """A stalled engine never holds a capture forever: with no flush, the publisher thread's
+    wait for the entry's copy issues the queued copies once the oldest is ``max_age`` old
+    (here 0.1 s); the samples arrive exact. Staged captures (the stage written by flush) are
+    deferred the same way and flushed by ``Producer.flush``."""
+    from hscapture import _ring
+
+    p, sub = pair
+    if not p.defer_device_copies(True):
+        pytest.skip("the torch copy path has nothing to defer")
+    _ring.cuda_set_defer_max_age(0.1)
+    try:
+        want = _one_forward(p, 60, "dfr-age", snapshot=True)
+        t0 = time.monotonic()
+        _assert_packed_samples(sub, want)      # get() waits; nobody calls flush_device_copies
+        assert time.monotonic() - t0 >= 0.05
+        assert _ring.cuda_deferred() == 0
+        staged = _one_forward(p, 61, "dfr-stage", snapshot=True, stage=True)
+        p.flush(timeout_s=30)                  # writes the stage, flushes its copies, waits
+        _assert_packed_samples(sub, staged)
+    finally:
+        _ring.cuda_set_defer_max_age(0.2)
+        p.defer_device_copies(False)
+
+
 def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(endpoint):
     """CUDA copies complete between captures (a device synchronize, not a sleep): each capture
     publishes the previous entry, the publisher thread publishes none of them (it would take

@@ -46,7 +46,26 @@ bool available(std::string* why);
 // issued; copies before it may be in flight, so the caller must treat the entry as failed and
 // wait for `done` only if it was recorded: it was not).
 int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context,
-           const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err);
+           const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err,
+           bool defer = false);
+
+// Deferred device-to-host copies. Every device-to-host copy of the process goes through one
+// copy engine in the order it was issued, whatever its stream: a capture's tens of MB issued
+// inside a forward pass are ahead of the engine's own few-KB result read-back of that pass,
+// which then waits for them (benchmarks/bench_copy_contention.py: 0.57 ms behind 40 MB, 5.6 ms
+// behind 320 MB, on an H200). With `defer`, `submit` issues the snapshots and records `ready`
+// at once (the point in the caller's stream the copies must follow) and QUEUES steps 2-4 (the
+// side stream's wait, the `post` copies, `done`); `flush_deferred` issues every queued one, in
+// order: the engine adapter calls it once the engine has issued its own read-back (SGLang: at
+// the next scheduling step). Until then `event_query(done)` says "pending", and
+// `event_synchronize(done)` waits for the flush, or flushes itself once the oldest queued
+// capture is `max_age_ns` old (a stalled engine never holds a capture forever). A flush that
+// fails reports its CUresult through the query / synchronize of each `done` it did not issue.
+// `done` must be a distinct event per queued capture (each capture takes its own from a pool).
+int flush_deferred(std::string* err);
+void set_defer_max_age_ns(uint64_t ns);
+// How many captures are queued now.
+size_t deferred_count();
 
 // Events, created without timing (cheap to record) in the context that owns `context_ptr`'s
 // allocation; `*context` receives that context, which every later call on the event makes

@@ -268,6 +268,10 @@ class CaptureConfig:
     #: how long the hook may hold a forward's captures before processing them
     #: (``HSCAPTURE_PASS_LOG_MS`` / 1000; 0: each forward at once)
     pass_log_interval_s: float = DEFAULT_PASS_LOG_MS / 1e3
+    #: issue the captures' device-to-host copies at the next scheduling step, behind SGLang's
+    #: own result read-back, not during the forward pass (``HSCAPTURE_DEFER_COPIES``; used
+    #: only where the plugin's step hook is installed: ``Producer.defer_device_copies``)
+    defer_copies: bool = True
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
@@ -370,6 +374,7 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         param=env.get("HSCAPTURE_PARAM", DEFAULT_PARAM),
         layers=parse_layers(env.get("HSCAPTURE_LAYERS")),
         final_norm=_bool(env, "HSCAPTURE_FINAL_NORM", True),
+        defer_copies=_bool(env, "HSCAPTURE_DEFER_COPIES", True),
         ring_bytes=_size(env, "HSCAPTURE_RING_BYTES", 1 << 30),
         full_policy=policy,
         wait_timeout_s=wait_s,

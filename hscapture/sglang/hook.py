@@ -285,6 +285,10 @@ class SGLangCaptureHook:
         self.ranks: Ranks | None = None
         self.producer: Any = None
         self.disabled: str | None = None
+        #: the plugin installed :meth:`sweep` on SGLang's scheduling step: captures' device-to-
+        #: host copies are then deferred to it (``config.defer_copies``; :meth:`sweep` says why)
+        self.step_hook = False
+        self._deferring = False
         self.counters: collections.Counter[str] = collections.Counter()
         self._logged: set[str] = set()
         #: the samples in flight and the done ones (samples.py): each chunk's row, restarts,
@@ -464,6 +468,16 @@ class SGLangCaptureHook:
         one pass and moved its processing outside the forward hook's measured time
         (benchmarks/results/h200-2026-12-04).
         """
+        if self._deferring:
+            # The device-to-host copies of the captures made since the last step: issued
+            # here, after SGLang queued the read-back of that step's results on its copy
+            # stream, so that read-back (which the next turn waits for) is not queued behind
+            # them in the copy engine (Producer.defer_device_copies). One native call.
+            try:
+                self.producer.flush_device_copies()
+            except Exception as exc:     # each failed capture is reported by its own entry
+                self._log_once("flush_copies", logging.WARNING,
+                               "hscapture: deferred copies: %s", exc)
         if not self._samples.inflight:
             return None
         bench = self._bench
@@ -563,6 +577,9 @@ class SGLangCaptureHook:
                     self.config, self.ranks, self.config.model or _sglang_model_path())
                 self.producer.timed = self._timing.phases
                 self.producer.upstream = self._upstream
+                if self.step_hook and self.config.defer_copies and \
+                        hasattr(self.producer, "defer_device_copies"):
+                    self._deferring = bool(self.producer.defer_device_copies(True))
             except Exception as exc:
                 self._disable(f"cannot start the producer: {type(exc).__name__}: {exc}")
                 return False

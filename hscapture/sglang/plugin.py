@@ -108,6 +108,8 @@ def _register_sweep(hook: Any, registry: Any, hook_type: Any) -> None:
             continue
         if callable(getattr(owner, attr, None)):
             registry.register(target, fn, hook_type.AFTER)
+            if target == SWEEP_TARGET:
+                hook.step_hook = True   # a step runs after SGLang queued its result read-back
 
 
 def close_on_sigterm(hook: Any) -> bool:

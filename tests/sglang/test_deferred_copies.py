@@ -1,0 +1,111 @@
+"""The SGLang hook defers its captures' device-to-host copies to the scheduling step.
+
+Why (``Producer.defer_device_copies``): a device-to-host copy waits in the copy engine behind
+every one issued before it, so copies issued during a forward pass delay SGLang's own result
+read-back of that pass. The hook turns deferral on where the plugin installed its step hook
+(``SGLangCaptureHook.sweep`` on ``process_pending_chunked_abort``, which runs after SGLang
+queued the read-back) and issues the copies there, at EVERY step. The copies themselves run
+on the GPU only (tests/test_gpu.py); here the real producer's two methods are spied on.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang")
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """Producer.defer_device_copies answers True (as on the native CUDA path) and both
+    methods record their calls."""
+    from hscapture.producer import Producer
+
+    calls = {"defer": [], "flush": 0}
+
+    def defer(self, on=True):
+        calls["defer"].append(on)
+        return True
+
+    def flush(self):
+        calls["flush"] += 1
+        return 0
+
+    monkeypatch.setattr(Producer, "defer_device_copies", defer)
+    monkeypatch.setattr(Producer, "flush_device_copies", flush)
+    return calls
+
+
+def _hook(published, sock_dir, unique_id, step_hook, **env):
+    from hscapture.sglang.config import load_config
+    from hscapture.sglang.hook import SGLangCaptureHook
+
+    published(layers=[29, 2, 16])
+    cfg = {"HSCAPTURE_ENDPOINT": f"ipc://{sock_dir}/cap-{{dp_rank}}.sock",
+           "HSCAPTURE_PRODUCER_ID": unique_id, "HSCAPTURE_RING_BYTES": "64M", **env}
+    hook = SGLangCaptureHook(load_config(cfg))
+    hook.step_hook = step_hook
+    hook.start()
+    return hook
+
+
+def test_with_the_step_hook_installed_copies_are_deferred_and_every_step_flushes_them(
+        published, sock_dir, unique_id, spied):
+    from sglang_support import FakeModelServer
+    from test_sglang_hook import check
+    from hscapture import Subscriber
+
+    hook = _hook(published, sock_dir, unique_id, step_hook=True)
+    sub = Subscriber(hook.producer.endpoint)
+    try:
+        sub.wait_ready(timeout=10)
+        assert spied["defer"] == [True]
+        hook.sweep()                      # nothing in flight: still a flush
+        hook.sweep()
+        assert spied["flush"] == 2
+        srv = FakeModelServer(hook)
+        r = srv.new_req("hscap-dfr-0", 9)
+        srv.extend([(r, 0, 9)])
+        hook.sweep()
+        assert spied["flush"] == 3
+        hook.producer.flush(timeout_s=10)
+        check(sub.get(r.rid, timeout=10), srv, r)
+    finally:
+        sub.close()
+        hook.close()
+
+
+@pytest.mark.parametrize("step_hook, env", [(False, {}), (True, {"HSCAPTURE_DEFER_COPIES": "0"})])
+def test_without_the_step_hook_or_with_deferral_off_copies_are_issued_at_once(
+        published, sock_dir, unique_id, spied, step_hook, env):
+    hook = _hook(published, sock_dir, unique_id, step_hook=step_hook, **env)
+    try:
+        assert spied["defer"] == []
+        hook.sweep()
+        assert spied["flush"] == 0
+    finally:
+        hook.close()
+
+
+def test_the_plugin_marks_the_hook_when_it_installs_the_step_hook():
+    from hscapture.sglang import plugin
+
+    class Registry:
+        registered: list = []
+
+        @classmethod
+        def register(cls, target, fn, kind):
+            cls.registered.append(target)
+
+    class Hook:
+        step_hook = False
+
+        def start(self, *a, **k):
+            pass
+
+        def sweep(self, *a, **k):
+            pass
+
+    hook = Hook()
+    plugin._register_sweep(hook, Registry, type("HT", (), {"AFTER": "after"}))
+    assert plugin.SWEEP_TARGET in Registry.registered
+    assert hook.step_hook is True
