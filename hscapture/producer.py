@@ -27,6 +27,7 @@ from . import record as rec
 from ._announcer import Announcer
 from ._control import ControlLog
 from ._copies import EntryCopier, HostRowIds
+from ._cuda_copy import flush_deferred
 from ._entries import SPLIT, EntryWriter
 from ._publish_queue import PublishQueue
 from ._staging import Stage
@@ -580,7 +581,6 @@ class Producer:
         process now, in capture order; how many captures. Cheap when none is queued."""
         if self._copier.native is None:
             return 0
-        from ._cuda_copy import flush_deferred
         return flush_deferred()
 
     def _flush_device_copies_quietly(self) -> None:
