@@ -100,6 +100,8 @@ class NativeCopier:
         #: hscapture/cuda_copy.h "Deferred device-to-host copies"; ``done`` reads as pending
         #: until then); the snapshots are issued at once either way
         self.defer = False
+        #: device index -> the stream its last deferred-mode capture came from
+        self._defer_streams: dict[int, int] = {}
 
     def _device(self, blocks: list[torch.Tensor]) -> tuple[Any, int, Any, int,
                                                            collections.deque]:
@@ -112,6 +114,17 @@ class NativeCopier:
             pool = self.pools[idx] = collections.deque()
             got = self._devices[idx] = (s, int(s.cuda_stream), ready, ready.context, pool)
         return got
+
+    def _ready_from(self, idx: int, caller: int) -> None:
+        """Deferred copies wait for the device's ``ready`` event as last recorded when they
+        are issued: that covers each one's capture point only while every capture of the
+        device comes from one stream (SGLang's forward stream). A capture from another stream
+        first issues what is queued."""
+        if self.defer:
+            last = self._defer_streams.get(idx)
+            if last is not None and last != caller:
+                flush_deferred()
+            self._defer_streams[idx] = caller
 
     def submit(self, payload: int, block_offsets: list[int], ids_offset: int, tokens: int,
                spans: list[tuple[int, int]], blocks: list[torch.Tensor], ids: Any,
@@ -141,6 +154,7 @@ class NativeCopier:
                                 dtype=torch.uint8, device=blocks[0].device)
         pre, post = plan_copies(payload, block_offsets, ids_offset, tokens, spans, srcs, id_src,
                                 snapshot, stage.data_ptr() if stage is not None else 0)
+        self._ready_from(blocks[0].get_device(), caller)
         t = time.perf_counter_ns() if timing is not None else 0
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context,
                                      pre, post, self.defer)
@@ -200,6 +214,7 @@ class NativeCopier:
             pre.extend((at, width, ptr + lo * pitch, pitch, width, rows))
             dense.append((at, width, width))
             at += _up(rows * width)
+        self._ready_from(idx, caller)     # (it records the device's ready event)
         err = self._ring.cuda_submit(caller, caller, ready.handle, ready.handle, context, pre,
                                      None)
         if err:
@@ -226,6 +241,7 @@ class NativeCopier:
         except IndexError:
             done = self._ring.CudaEvent(sources[0][0][0])
         post = plan_staged_copies(payload, block_offsets, spans, sources)
+        self._ready_from(idx, caller)
         t = time.perf_counter_ns() if timing is not None else 0
         err = self._ring.cuda_submit(caller, side_h, ready.handle, done.handle, context, None,
                                      post, self.defer)

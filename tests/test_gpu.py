@@ -681,6 +681,52 @@ def test_deferred_device_copies_wait_for_the_flush_then_arrive_exact(pair, copy_
         p.defer_device_copies(False)
 
 
+def test_deferred_captures_from_two_streams_each_wait_for_their_own_forward(pair, copy_path):
+    """Queued copies wait for the device's ready event as last recorded when they are issued:
+    a capture from another stream first issues what is queued (``NativeCopier._ready_from``).
+    The first capture's values land ~0.3 s late on stream A; the second capture, on stream
+    B, is ready at once. Without that flush the first capture's copies would wait for B's
+    point and read A's sources before they were written. Both samples exact."""
+    from hscapture import _ring
+
+    p, sub = pair
+    if not p.defer_device_copies(True):
+        pytest.skip("the torch copy path has nothing to defer")
+    _ring.cuda_set_defer_max_age(60.0)
+    try:
+        cycles = int(_cycles_per_second() * 0.3)
+        dev = torch.device("cuda")
+        k, h, lens, offs = 3, 256, [300, 5, 700], [0, 300, 305]
+        want, keep = {}, []
+        slow, fast = torch.cuda.Stream(), torch.cuda.Stream()
+        for f, (stream, late) in enumerate(((slow, True), (fast, False))):
+            g = torch.Generator(device=dev).manual_seed(70 + f)
+            truth_aux = torch.randn(sum(lens), k * h, generator=g, device=dev).to(torch.bfloat16)
+            truth_last = torch.randn(sum(lens), h, generator=g, device=dev).to(torch.bfloat16)
+            ids = torch.randint(0, 50_000, (sum(lens),), generator=g, device=dev)
+            maps = [{"rid": f"dfr-2s-{f}-{i}", "token_start": 0, "token_count": lens[i],
+                     "last": True, "cached_prefix": 0, "extra": {"attempt": 0}, "fields": {}}
+                    for i in (0, 2)]
+            for m, i in zip(maps, (0, 2)):
+                a, n = offs[i], lens[i]
+                want[m["rid"]] = ([bits(truth_aux[a:a + n, j * h:(j + 1) * h]) for j in range(k)]
+                                  + [bits(truth_last[a:a + n])], ids[a:a + n].cpu())
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                aux, last = torch.empty_like(truth_aux), torch.empty_like(truth_last)
+                if late:
+                    torch.cuda._sleep(cycles)       # this forward's values land late
+                aux.copy_(truth_aux)
+                last.copy_(truth_last)
+                assert _capture_packed(p, maps, [offs[0], offs[2]], aux, last, h, ids, False)
+            keep.append((aux, last, truth_aux, truth_last, ids))
+        assert p.flush_device_copies() >= 1
+        _assert_packed_samples(sub, want)
+    finally:
+        _ring.cuda_set_defer_max_age(0.2)
+        p.defer_device_copies(False)
+
+
 def test_a_deferred_copy_nobody_flushes_is_issued_by_the_publishers_wait_after_max_age(pair,
                                                                                         copy_path):
     """A stalled engine never holds a capture forever: with no flush, the publisher thread's
