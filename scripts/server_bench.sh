@@ -59,6 +59,13 @@ run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang
     > "$OUT/$shape/serve.out" 2>&1
   local r=$?
   [ -f "$HSCAPTURE_FORWARD_LOG" ] && cp "$HSCAPTURE_FORWARD_LOG" "$OUT/$shape/forwards.bin"
+  # alt=N windows: turn and hook time by position in the block (a cost landing on the turn
+  # after a drain shows there, not in the block ratios: h200-2026-12-04d), into bench_server.log
+  if [ "${ALT:-0}" != 0 ] && [ -f "$OUT/$shape/forwards.bin" ]; then
+    { echo "--- alt_positions (the last window of the forward log)"
+      python3 benchmarks/alt_positions.py "$OUT/$shape/forwards.bin"; } \
+      >> "$OUT/$shape/bench_server.log" 2>&1
+  fi
   grep -v " block " "$OUT/$shape/serve.out" | tail -24
   echo "--- $shape: exit $r"
   [ "$r" = 0 ] || rc=1
