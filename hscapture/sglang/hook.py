@@ -468,13 +468,14 @@ class SGLangCaptureHook:
         one pass and moved its processing outside the forward hook's measured time
         (benchmarks/results/h200-2026-12-04).
         """
-        if self._deferring:
+        producer = self.producer
+        if self._deferring and producer is not None:
             # The device-to-host copies of the captures made since the last step: issued
             # here, after SGLang queued the read-back of that step's results on its copy
             # stream, so that read-back (which the next turn waits for) is not queued behind
             # them in the copy engine (Producer.defer_device_copies). One native call.
             try:
-                self.producer.flush_device_copies()
+                producer.flush_device_copies()
             except Exception as exc:     # each failed capture is reported by its own entry
                 self._log_once("flush_copies", logging.WARNING,
                                "hscapture: deferred copies: %s", exc)
