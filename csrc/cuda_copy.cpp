@@ -207,8 +207,8 @@ bool available(std::string* why) {
     return d.why.empty();
 }
 
-CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent done, const Copy2D* post,
-                    size_t n_post, std::string* err);
+static CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent done,
+                           const Copy2D* post, size_t n_post, std::string* err);
 
 int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64_t context,
            const Copy2D* pre, size_t n_pre, const Copy2D* post, size_t n_post, std::string* err,
@@ -253,8 +253,8 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
 
 // Steps 2-4 of a capture: the side stream's wait for `ready` (when given), the copies into the
 // ring, `done` (when not 0). The caller made the sources' context current.
-CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent done, const Copy2D* post,
-                    size_t n_post, std::string* err) {
+static CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent done,
+                           const Copy2D* post, size_t n_post, std::string* err) {
     CUresult rc = CUDA_SUCCESS;
     if (ready != nullptr && (rc = d.stream_wait_event(ss, ready, 0)) != CUDA_SUCCESS)
         return describe(d, rc, "cuStreamWaitEvent", err), rc;
@@ -336,21 +336,24 @@ int event_destroy(uint64_t event, uint64_t context) {
     return scope.rc() != CUDA_SUCCESS ? scope.rc() : d.event_destroy(reinterpret_cast<CUevent>(event));
 }
 
-// A `done` still queued, or whose deferred issue failed: `*rc` is 0 (pending) or the CUresult,
-// reported once; false for any other event.
+// The CUresult of `ev`'s failed deferred issue, removed (reported once); CUDA_SUCCESS if none.
+// The caller holds q.mu.
+static CUresult take_failure(DeferQueue& q, CUevent ev) {
+    auto it = q.failed.find(ev);
+    if (it == q.failed.end()) return CUDA_SUCCESS;
+    CUresult rc = it->second;
+    q.failed.erase(it);
+    return rc;
+}
+
+// A `done` still queued, or whose deferred issue failed: `*rc` is CUDA_ERROR_NOT_READY
+// (pending) or the CUresult, reported once; false for any other event.
 static bool deferred_state(uint64_t event, CUresult* rc) {
     DeferQueue& q = defer_queue();
     std::lock_guard<std::mutex> lock(q.mu);
     auto ev = reinterpret_cast<CUevent>(event);
-    if (is_queued(q, ev)) {
-        *rc = CUDA_ERROR_NOT_READY;
-        return true;
-    }
-    auto it = q.failed.find(ev);
-    if (it == q.failed.end()) return false;
-    *rc = it->second;
-    q.failed.erase(it);
-    return true;
+    *rc = is_queued(q, ev) ? CUDA_ERROR_NOT_READY : take_failure(q, ev);
+    return *rc != CUDA_SUCCESS;
 }
 
 int event_query(uint64_t event, uint64_t context) {
@@ -387,10 +390,7 @@ int event_synchronize(uint64_t event, uint64_t context, std::string* err) {
             }
             q.flushed.wait_until(lock, due);
         }
-        auto it = q.failed.find(ev);
-        if (it != q.failed.end()) {
-            CUresult rc = it->second;
-            q.failed.erase(it);
+        if (CUresult rc = take_failure(q, ev); rc != CUDA_SUCCESS) {
             describe(d, rc, "deferred capture copy", err);
             return rc;
         }
