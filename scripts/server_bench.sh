@@ -8,7 +8,7 @@
 # 1B shape (make_llama.py --shape 1b: hidden 2048, 16 layers), aux layers 1 7 12, 2,048-token
 # chunks, --mem-fraction-static 0.5; then the tiny Llama of .sgl/bin/make_tiny.py (hidden 512,
 # 4 layers), aux layers 0 1 2, 256-token chunks. Both: capture-only EAGLE-3 mode, radix cache
-# off, CUDA graphs and the overlap scheduler at SGLang's defaults, a 4 GiB ring, the short and
+# off, CUDA graphs and the overlap scheduler at SGLang's defaults, a 4 GiB ring (HSCAPTURE_RING_BYTES), the short and
 # long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
 # modes EXPERIMENTS (default noop: the plugin-absent proxy; also e.g. grace=0.05, a 50 ms
 # commit grace, or nocapture: everything but Producer.capture) as candidates. Environment:
@@ -32,7 +32,9 @@ set -u
 OUT=${1:?usage: server_bench.sh OUT [EXPERIMENTS]}
 EXPERIMENTS=${2:-noop}
 SHAPES=${SHAPES:-1b,tiny}
-export HSC_SRC=. HSCAPTURE_RING_BYTES=4G
+# the ring: 4 GiB unless HSCAPTURE_RING_BYTES says otherwise (the pass log and the stage hold
+# at most 1/16 of it each)
+export HSC_SRC=. HSCAPTURE_RING_BYTES=${HSCAPTURE_RING_BYTES:-4G}
 export HSCAPTURE_ENDPOINT='ipc:///tmp/hscap-{dp_rank}.sock'
 export HSCAPTURE_STATS_FILE=/tmp/hsc-bench-hook.json HSCAPTURE_EXPERIMENT_FILE=/tmp/hsc-bench-mode
 # every forward pass in every mode (hscapture.sglang.timing.ForwardLog): bench_server's
