@@ -62,6 +62,8 @@ class EntrySettings(Protocol):
     timed: bool
     full_policy: str
     inline_publish: bool
+    commit_grace_s: float
+    heartbeat_interval_s: float
 
 
 class EntryWriter:
@@ -308,5 +310,10 @@ class EntryWriter:
 
     def enqueue(self, item: Pending | None) -> None:
         """Queue ``item`` for publishing (None: the close marker)."""
-        # with inline publishing off, every entry is the publisher thread's: wake it for each
-        self._pubq.put(item, wake=not self._settings.inline_publish)
+        s = self._settings
+        # with inline publishing off, every entry is the publisher thread's: wake it for each.
+        # With it on, the publisher thread sleeps at most a heartbeat interval on an empty
+        # queue, so with a commit grace at least that long it finds a new entry before its
+        # grace ends without being woken for it (PublishQueue.put)
+        self._pubq.put(item, wake=not s.inline_publish,
+                       wake_first=s.commit_grace_s < s.heartbeat_interval_s)

@@ -90,20 +90,23 @@ class PublishQueue:
         """Whether anything is queued (a racy peek, for a cheap "nothing to do")."""
         return bool(self._items)
 
-    def put(self, item: Pending | None, wake: bool = False) -> None:
+    def put(self, item: Pending | None, wake: bool = False, wake_first: bool = True) -> None:
         """Queue ``item`` (None: the close marker, after which nothing is put). The publisher
-        thread is woken for the close marker, for ``wake``, and for a first entry whose copy
-        is still running (a complete one is published by the thread that put it, right
-        after); otherwise it keeps sleeping, so a busy engine thread does not hand it the GIL
-        once per capture. (If that thread cannot take the send lock, the publisher holds it
-        and looks at the queue again before it sleeps.)"""
+        thread is woken for the close marker, for ``wake``, and, with ``wake_first``, for a
+        first entry whose copy is still running (a complete one is published by the thread
+        that put it, right after); otherwise it keeps sleeping, so a busy engine thread does
+        not hand it the GIL once per capture. (If that thread cannot take the send lock, the
+        publisher holds it and looks at the queue again before it sleeps.) ``wake_first``
+        false: the caller knows the publisher looks at the queue in time anyway (its sleep on
+        an empty queue, a heartbeat interval, is no longer than its commit grace)."""
         with self._cond:
             self._items.append(item)
             self.last_enqueue = time.monotonic()
             if item is not None:
                 self._queued += 1
                 self.held_bytes += item.length
-            if item is None or wake or (item.done is not None and len(self._items) == 1):
+            if item is None or wake or (wake_first and item.done is not None
+                                        and len(self._items) == 1):
                 self._cond.notify_all()
 
     def in_flight(self) -> list[Pending | None]:

@@ -737,6 +737,34 @@ def test_the_publisher_thread_publishes_only_once_captures_stopped_for_the_grace
                                          f"capture, inside the {grace} s grace"
 
 
+def test_the_publisher_thread_is_woken_per_entry_only_when_its_grace_is_shorter_than_its_sleep(
+        endpoint):
+    """The producer asks the publish queue to wake its publisher thread for a first entry
+    whose copy is still running only while ``commit_grace_s`` is shorter than
+    ``heartbeat_interval_s`` (the thread's sleep on an empty queue): with a grace at least
+    that long (the SGLang hook's), the thread finds the entry before its grace ends anyway,
+    and a busy engine thread does not hand it the GIL once per entry. Both settings are read
+    at each entry; every sample arrives exact either way."""
+    p, sub = _inproc_pair(endpoint, commit_grace_s=0.5, heartbeat_interval_s=0.1)
+    asked: list[bool] = []
+    real = p._pubq.put
+
+    def put(item, wake=False, wake_first=True):
+        if item is not None:
+            asked.append(wake_first)
+        return real(item, wake, wake_first)
+    p._pubq.put = put
+    with p, sub:
+        _capture(p, "long-grace", 8)
+        p.commit_grace_s = 0.005
+        _capture(p, "short-grace", 8)
+        p.heartbeat_interval_s = 0.001
+        _capture(p, "short-sleep", 8)
+        for rid in ("long-grace", "short-grace", "short-sleep"):
+            assert_sample_exact(sub.get(rid, timeout=10), rid, 8, HIDDEN, LAYERS)
+    assert asked == [False, True, False], asked
+
+
 def test_a_publish_interval_coalesces_inline_publishing_by_time_and_by_queued_bytes(endpoint):
     """``publish_interval_s`` (the SGLang hook's default, so that the scheduler's thread wakes
     ZeroMQ's I/O thread once per interval instead of once per forward): the capturing thread

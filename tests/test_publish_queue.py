@@ -152,3 +152,47 @@ def test_wait_published_is_woken_by_a_publish_on_another_thread_every_time():
     finally:
         stop.set()
         t.join(10)
+
+
+def _notifies(*puts) -> int:
+    """How many times ``put`` notified the publisher thread's condition over ``puts``
+    (``(item, put's keyword arguments)`` pairs, on a fresh queue)."""
+    q = PublishQueue()
+    n = [0]
+    real = q._cond.notify_all
+
+    def spy() -> None:
+        n[0] += 1
+        real()
+    q._cond.notify_all = spy
+    for item, kw in puts:
+        q.put(item, **kw)
+    return n[0]
+
+
+def test_a_first_pending_entry_wakes_the_sleeping_publisher_only_with_wake_first():
+    """``put`` wakes the publisher thread for the close marker, for ``wake``, and for a first
+    entry whose copy is still running unless ``wake_first`` is false. The producer passes
+    false when its commit grace is no shorter than the publisher's sleep on an empty queue (a
+    heartbeat interval): the publisher then finds the entry before its grace ends without the
+    capturing thread handing it the GIL for each entry (the SGLang hook's default since
+    2026-12-04)."""
+    assert _notifies((_entry(0, Copy(False)), {})) == 1
+    assert _notifies((_entry(0, Copy(False)), {"wake_first": False})) == 0
+    assert _notifies((_entry(0, Copy(False)), {}), (_entry(1, Copy(False)), {})) == 1
+    assert _notifies((_entry(0, None), {})) == 0          # complete: its putter publishes it
+    assert _notifies((_entry(0, Copy(False)), {"wake": True, "wake_first": False})) == 1
+    assert _notifies((None, {"wake_first": False})) == 1  # the close marker, always
+
+
+def test_an_entry_put_without_a_wake_is_taken_once_the_grace_after_it_passed():
+    """What makes ``wake_first=False`` safe: the publisher's next look at the queue (its
+    sleep on an empty queue ends within ``wait_s``) finds the entry inside the grace and
+    leaves it, and takes it once the grace after the last entry passed, its copy done."""
+    q = PublishQueue()
+    assert q.next_for_publisher(0.5, 0.01) is None            # asleep on the empty queue
+    head = _entry(0, Copy(False))
+    q.put(head, wake_first=False)
+    assert q.next_for_publisher(0.5, 0.01) is None            # inside the grace: left alone
+    q.last_enqueue = time.monotonic() - 0.6                   # (as if 0.6 s passed)
+    assert q.next_for_publisher(0.5, 0.01) is head

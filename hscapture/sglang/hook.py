@@ -105,7 +105,7 @@ from .config import (
 
 log = logging.getLogger("hscapture.sglang")
 
-__all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "make_producer"]
+__all__ = ["Ranks", "read_ranks", "SGLangCaptureHook", "commit_grace_for", "make_producer"]
 
 #: Forward modes whose rows are prefill chunks (by ``ForwardMode`` member name).
 CAPTURE_MODES = ("EXTEND", "MIXED")
@@ -124,7 +124,8 @@ _SWEEP_INTERVAL_S = 0.05
 #: prompts, capture on/off 1.014 [CI 0.999-1.035] with 50 ms against 0.845 [0.634-0.969] with 5 ms,
 #: in the same run. (The earlier A/B of ...-01f, which favoured 5 ms on the hook's own time, had the
 #: benchmark's position effect in its throughput ratios, and the hook's own time leaves out what the
-#: woken publisher thread costs the scheduler.)
+#: woken publisher thread costs the scheduler.) The floor of the grace: the hook's producer gets
+#: :func:`commit_grace_for` (twice the pass log's interval with the defaults).
 COMMIT_GRACE_S = 0.05
 #: the producer's ``publish_interval_s``: the scheduler's thread publishes (commits and
 #: announces completed copies) at most once per this long while captures keep coming, so it
@@ -160,6 +161,26 @@ STAGE_INTERVAL_S = DEFAULT_STAGE_INTERVAL_MS / 1e3   # HSCAPTURE_STAGE_INTERVAL_
 #: arena and a drain's rows captured in one producer call (log_batch), 0.5-1.1 points higher
 #: (runs 5-7 of the same folder).
 PASS_LOG_INTERVAL_S = DEFAULT_PASS_LOG_MS / 1e3
+
+
+def commit_grace_for(config: CaptureConfig) -> float:
+    """The producer's commit grace for ``config``: :data:`COMMIT_GRACE_S`, or twice the
+    longest of the pass log's, the stage's and the publish intervals where that is longer.
+
+    Why: through steady traffic the scheduler's thread publishes at least once per such
+    interval (a drain of the pass log writes the stage and publishes; a forward that captures
+    nothing publishes once the publish interval passed), so the publisher thread, whose grace
+    counts from the last entry queued, must wait longer than that gap or it wins the race and
+    publishes nearly every entry itself, taking the GIL from the scheduler in the middle of a
+    turn. With the defaults (pass log and stage 50 ms, COMMIT_GRACE_S 50 ms) it did: on the
+    CPU proxy (bench_hook's driver, 4.5 ms turns) the publisher thread published 28-30 of
+    ~66 drains' entries (benchmarks/results/h200-2026-12-04e). Twice the interval covers a
+    turn as long as the interval itself. An entry is announced at most this long after its
+    copy completed once the server stops stepping (100 ms with the defaults)."""
+    return max(COMMIT_GRACE_S, 2.0 * max(config.pass_log_interval_s, config.stage_interval_s,
+                                         config.publish_interval_s))
+
+
 _MAX_LOGGED = 64          # passes held at most (bounds besides its interval: this, and the
 #                           memory they keep referenced, 1/16 of the ring, as the stage's)
 #: benchmark modes whose passes may be logged ("": production, and alt=N); the others
@@ -254,7 +275,7 @@ def make_producer(config: CaptureConfig, ranks: Ranks, model: str | None) -> Any
         model=model,
         convention=config.convention,
         dp_rank=ranks.dp_rank,
-        commit_grace_s=COMMIT_GRACE_S,
+        commit_grace_s=commit_grace_for(config),
         publish_interval_s=config.publish_interval_s,
         stage_interval_s=config.stage_interval_s,
     )
@@ -301,7 +322,7 @@ class SGLangCaptureHook:
         # benchmark only (benchmarks/bench_server.py): the file naming the hook's mode
         # (hscapture.sglang.modes), or None
         mode_file = os.environ.get("HSCAPTURE_EXPERIMENT_FILE", "")
-        self._bench = BenchModes(mode_file, COMMIT_GRACE_S) if mode_file else None
+        self._bench = BenchModes(mode_file, commit_grace_for(config)) if mode_file else None
         # per-phase timing (several us a capturing forward: two thread-CPU clock reads, a
         # syscall each, and the producer's own timers) only where someone asks for it
         # (HSCAPTURE_HOOK_PHASES=1, with a stats file to read it from): a benchmark of the
@@ -321,6 +342,9 @@ class SGLangCaptureHook:
             "HSCAPTURE_TURN_COSTS", "") not in ("", "0") else None
         self._mode = ""          # the benchmark mode of this pass ("" outside benchmarks)
         self._swept = 0.0
+        #: time.monotonic() of the last forward the hook looked at (_upstream: whether the
+        #: scheduler stopped stepping)
+        self._last_forward = 0.0
         #: the pass log (PASS_LOG_INTERVAL_S): recorded passes not processed yet, oldest first,
         #: and when the oldest was recorded
         self._log: list[Pass] = []
@@ -615,7 +639,7 @@ class SGLangCaptureHook:
         skip = self._bench is not None and self._bench.side(prefill)
         if self._costs is not None:
             self._costs.key = (self._mode, self._bench.phase if self._bench is not None else 0)
-        now = time.monotonic()
+        now = self._last_forward = time.monotonic()
         if self._log and not skip and now - self._log_since >= self.pass_log_interval_s:
             self._drain_and_sweep()     # the pass log is due (also when no prefill comes)
         if self._samples.inflight and not skip and now - self._swept > _SWEEP_INTERVAL_S:
@@ -924,12 +948,17 @@ class SGLangCaptureHook:
 
     def _upstream(self, idle: bool) -> None:
         """The producer's hand-over (``Producer.upstream``): the logged passes, at once from
-        its ``flush`` / ``close``, and from its publisher thread while captures have stopped
-        (``idle``) once the log's interval passed."""
+        its ``flush`` / ``close``, and from its publisher thread (``idle``) once the scheduler
+        stopped stepping: no forward for the log's interval (and the log that old). While
+        forwards come, the next one processes a due log itself (``_on_forward``); the
+        publisher thread doing it instead, as it did at any wake-up once the log was due until
+        2026-12-04, took the GIL and this hook's lock in the middle of a turn."""
         if not self._log:
             return
-        if idle and time.monotonic() - self._log_since < self.pass_log_interval_s:
-            return
+        if idle:
+            now, interval = time.monotonic(), self.pass_log_interval_s
+            if now - self._log_since < interval or now - self._last_forward < interval:
+                return
         with self._lock:
             self._drain_and_sweep()
 

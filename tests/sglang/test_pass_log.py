@@ -316,6 +316,31 @@ def test_with_no_step_or_forward_after_it_the_publisher_reports_a_stop_left_to_t
     assert hook.stats()["logged_passes"] == 0 and hook.stats()["chunks"] == 2
 
 
+def test_the_publisher_thread_leaves_a_due_log_to_the_forwards_while_they_come(rig):
+    """While forwards keep coming, a due log is processed by the next one (the forward hook),
+    never by the producer's publisher thread (``_upstream(idle=True)``), which would take the
+    GIL and the hook's lock in the middle of a turn; once no forward came for the log's
+    interval, the publisher thread processes it. Time is moved by the hook's clocks, not by
+    sleeping."""
+    import time
+
+    hook, sub, srv = rig(env=LOG)
+    hook.pass_log_interval_s = 3600.0            # (no drain by the forwards below)
+    r = srv.new_req("hscap-busy", 8)
+    srv.extend([(r, 0, 8)])                      # logged
+    assert hook.stats()["logged_passes"] == 1
+    hook.pass_log_interval_s = 30.0
+    now = time.monotonic()
+    hook._log_since = now - 60.0                 # the log is due
+    hook._last_forward = now                     # a forward just came
+    hook._upstream(idle=True)
+    assert hook.stats()["logged_passes"] == 1    # left to the next forward
+    hook._last_forward = now - 60.0              # no forward for a minute: stopped
+    hook._upstream(idle=True)
+    assert hook.stats()["logged_passes"] == 0
+    check(sub.get(r.rid, timeout=10), srv, r)
+
+
 def _wipe(srv):
     """What the next CUDA-graph replay does to the outputs a pass handed out."""
     lo = srv._result.logits_output

@@ -445,13 +445,15 @@ def test_the_benchmarks_grace_mode_sets_the_producers_commit_grace_and_nothing_e
         rig, tmp_path, monkeypatch):
     """``grace=S`` (bench_server's ``on:grace=S``) captures exactly with the producer's commit
     grace at S seconds; a malformed or negative S, and leaving the mode, restore the hook's
-    default (longer than a forward step)."""
-    from hscapture.sglang.hook import COMMIT_GRACE_S
+    default (longer than a forward step, and than the pass log's interval: commit_grace_for)."""
+    from hscapture.sglang.hook import COMMIT_GRACE_S, commit_grace_for
 
     mode = tmp_path / "mode"
     monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
     hook, sub, srv = rig()
-    assert hook.producer.commit_grace_s == COMMIT_GRACE_S
+    default = commit_grace_for(hook.config)
+    assert default >= max(COMMIT_GRACE_S, 2 * hook.config.pass_log_interval_s)
+    assert hook.producer.commit_grace_s == default
 
     def run(name: str, rid: str) -> float:
         set_mode(hook, mode, name)
@@ -461,10 +463,10 @@ def test_the_benchmarks_grace_mode_sets_the_producers_commit_grace_and_nothing_e
         return hook.producer.commit_grace_s
 
     assert run("grace=0.005", "hscap-g1") == 0.005
-    assert run("grace=oops", "hscap-g2") == COMMIT_GRACE_S
-    assert run("grace=-1", "hscap-g3") == COMMIT_GRACE_S
+    assert run("grace=oops", "hscap-g2") == default
+    assert run("grace=-1", "hscap-g3") == default
     assert run("grace=0.2", "hscap-g4") == 0.2
-    assert run("", "hscap-g5") == COMMIT_GRACE_S
+    assert run("", "hscap-g5") == default
 
 
 def test_the_hook_publishes_at_most_once_per_interval_and_its_interval_mode_sets_it(
@@ -660,7 +662,7 @@ def test_alt_mode_captures_n_prefill_passes_then_skips_n_like_off_and_logs_each_
     delivered nor reported, and the captured ones arrive exact. Meanwhile the producer's
     commit grace and heartbeat are ALT_QUIET_S (the publisher thread stays out of the
     skipped blocks); another mode restores both."""
-    from hscapture.sglang.hook import COMMIT_GRACE_S
+    from hscapture.sglang.hook import commit_grace_for
     from hscapture.sglang.modes import ALT_QUIET_S
     from hscapture.sglang.timing import read_forward_log
 
@@ -683,7 +685,7 @@ def test_alt_mode_captures_n_prefill_passes_then_skips_n_like_off_and_logs_each_
     srv.extend([(reqs[5], 0, 10)])                      # captured
     set_mode(hook, mode, "")
     srv.extend([(srv.new_req("plain-after", 4), 0, 4)])
-    assert hook.producer.commit_grace_s == COMMIT_GRACE_S
+    assert hook.producer.commit_grace_s == commit_grace_for(hook.config)
     assert hook.producer.heartbeat_interval_s == heartbeat
     hook._write_stats()
     got = read_forward_log(str(log))
