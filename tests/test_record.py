@@ -3,6 +3,7 @@ every block rule, and a parser that raises nothing but RecordFormatError for any
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -646,8 +647,11 @@ def test_meta_value_swaps_raise_only_record_format_errors(kind, data, extra_swap
     for _ in range(1 + extra_swaps):
         paths = list(_paths(meta))
         path = data.draw(st.sampled_from(paths))
-        value = data.draw(_nasty | st.sampled_from([
-            ["x", 1], {"rid": "r"}, [[-64, 1]], [[1000, 1]], [[0, 2**62]]]))
+        # a copy: sampled_from hands out its own list and dict objects, and a later swap may
+        # write into one (a path into a value swapped in before): mutated, they would change
+        # what later examples draw (hypothesis: FlakyStrategyDefinition)
+        value = copy.deepcopy(data.draw(_nasty | st.sampled_from([
+            ["x", 1], {"rid": "r"}, [[-64, 1]], [[1000, 1]], [[0, 2**62]]])))
         if not path:
             meta = value
             break
