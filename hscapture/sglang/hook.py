@@ -170,8 +170,8 @@ def commit_grace_for(config: CaptureConfig) -> float:
     Why: through steady traffic the scheduler's thread publishes at least once per such
     interval (a drain of the pass log writes the stage and publishes; a forward that captures
     nothing publishes once the publish interval passed), so the publisher thread, whose grace
-    counts from the last entry queued, must wait longer than that gap or it wins the race and
-    publishes nearly every entry itself, taking the GIL from the scheduler in the middle of a
+    counts from the last entry queued, must wait longer than that gap or it often wins the
+    race and publishes the entry itself, taking the GIL from the scheduler in the middle of a
     turn. With the defaults (pass log and stage 50 ms, COMMIT_GRACE_S 50 ms) it did: on the
     CPU proxy (bench_hook's driver, 4.5 ms turns) the publisher thread published 28-30 of
     ~66 drains' entries (benchmarks/results/h200-2026-12-04e). Twice the interval covers a
