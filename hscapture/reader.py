@@ -41,7 +41,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 
 from .codec import CODECS, decode
@@ -135,14 +134,22 @@ class _Handle:
     """One shard file opened with safe_open, plus what its header says.
 
     ``tensor(name)`` serves a tensor straight from one private (copy-on-write), lazily paged
-    memory map of the file, as a view made by one ``set_`` call: ~2 us a tensor against ~11 us
-    for ``get_tensor``'s slicing and casting (safe_open maps the file the same way). The spans come from the header safe_open has
-    already validated, read again from the same file (same inode and size before and after
-    the map, else no span is used). A tensor whose span is not usable that way (an unknown
-    dtype, an offset not a multiple of its item size) is read by ``get_tensor``, as is a name
-    the header does not have (which raises there)."""
+    memory map of the file, by one ``torch.frombuffer`` of its bytes (and a ``view`` to its
+    shape): ~2.3 us a tensor against ~11 us for ``get_tensor``'s slicing and casting
+    (safe_open maps the file the same way). Each tensor has a storage of its own, of its own
+    bytes, which keeps the map alive: sending one to another process (a DataLoader worker's
+    queue moves it to shared memory, in the queue's feeder thread) copies that tensor alone
+    and touches no other. (Until 2026-12-04 every tensor of a shard was a ``set_`` view of ONE
+    storage over the whole map: the first send copied the whole file into shared memory and
+    swapped that storage's memory while the worker's main thread made views of it for the
+    next sample; a DataLoader worker died of a segmentation fault in
+    ``tests/test_compact.py``.) The spans come from the header safe_open has already
+    validated, read again from the same file (same inode and size before and after the map,
+    else no span is used). A tensor whose span is not usable that way (an unknown dtype, an
+    offset not a multiple of its item size) is read by ``get_tensor``, as is a name the header
+    does not have (which raises there)."""
 
-    __slots__ = ("path", "f", "meta", "_field_map", "_stat", "_storage", "_spans")
+    __slots__ = ("path", "f", "meta", "_field_map", "_stat", "_mapped", "_spans")
 
     def codecs(self, rid: str) -> dict[str, dict]:
         """The per-tensor codec records of ``rid`` (``{}``: stored uncompressed)."""
@@ -166,8 +173,8 @@ class _Handle:
             raise ShardError(f"shard {path} does not open with safetensors: {e}") from e
         self.meta: dict[str, str] = self.f.metadata() or {}
         self._field_map: dict[str, list[str]] | None = None
-        self._storage: torch.UntypedStorage | None = None
-        self._spans: dict[str, tuple[torch.dtype, tuple[int, ...], int]] | None = None
+        self._mapped: mmap.mmap | None = None
+        self._spans: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] | None = None
 
     def tensor(self, name: str) -> torch.Tensor:
         """Tensor ``name`` of this shard, memory-mapped (see the class docstring)."""
@@ -177,12 +184,15 @@ class _Handle:
         span = spans.get(name)
         if span is None:
             return self.f.get_tensor(name)
-        dtype, shape, offset = span
-        return torch.empty(0, dtype=dtype).set_(self._storage, offset, shape)
+        dtype, shape, offset, numel = span
+        if not numel:
+            return torch.empty(shape, dtype=dtype)
+        t = torch.frombuffer(self._mapped, dtype=dtype, count=numel, offset=offset)
+        return t if len(shape) == 1 else t.view(shape)
 
-    def _map(self) -> dict[str, tuple[torch.dtype, tuple[int, ...], int]]:
-        """name -> (dtype, shape, storage offset in items) of every tensor served from the map;
-        ``{}`` when the file is no longer the one safe_open opened."""
+    def _map(self) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+        """name -> (dtype, shape, byte offset in the file, element count) of every tensor
+        served from the map; ``{}`` when the file is no longer the one safe_open opened."""
         try:
             with open(self.path, "rb") as fh:
                 st = os.fstat(fh.fileno())
@@ -190,15 +200,13 @@ class _Handle:
                     return {}
                 n = int.from_bytes(fh.read(8), "little")
                 header = json.loads(fh.read(n))
-                # a private, writable, lazily paged map; its tensors' storage is process memory
-                # to torch (moved to shared memory like any other when sent to another process:
-                # a torch.UntypedStorage.from_file storage is not, and a DataLoader worker
-                # sending such a tensor hung in tests/test_compact.py)
+                # a private, writable, lazily paged map; its tensors' storages are process
+                # memory to torch (moved to shared memory like any other when sent to another
+                # process: a torch.UntypedStorage.from_file storage is not, and a DataLoader
+                # worker sending such a tensor hung in tests/test_compact.py)
                 mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if st.st_size else None
             if _identity(os.stat(self.path)) != self._stat:
                 return {}
-            storage = (torch.from_numpy(np.frombuffer(mapped, dtype=np.uint8)).untyped_storage()
-                       if mapped is not None else torch.UntypedStorage(0))
         except (OSError, ValueError, RuntimeError):
             return {}
         base, size = 8 + n, st.st_size
@@ -219,8 +227,10 @@ class _Handle:
             if (base + begin) % item or not 0 <= begin <= end or base + end > size or \
                     end - begin != numel * item or min(shape, default=0) < 0:
                 continue
-            spans[name] = (dtype, shape, (base + begin) // item)
-        self._storage = storage
+            if numel and mapped is None:
+                continue
+            spans[name] = (dtype, shape, base + begin, numel)
+        self._mapped = mapped
         return spans
 
     def field_names(self, rid: str) -> list[str]:

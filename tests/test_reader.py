@@ -230,3 +230,42 @@ def test_samples_of_different_layer_sets_read_back_each_with_its_own_and_never_s
     a.layer_kinds.clear()
     assert_same(ss[5], mixed[5])
     assert_same(ss[1], mixed[1])
+
+
+def test_each_served_tensor_has_a_storage_of_its_own_bytes_that_outlives_the_reader(
+        shard_dir, samples):
+    """The reader serves tensors from a memory map of the shard, each with a storage of its
+    own bytes: sending one to another process (a DataLoader worker's queue moves it to shared
+    memory, in the queue's feeder thread) copies that tensor alone and changes no other
+    tensor's memory. (One storage over the whole map, shared by every tensor of the shard,
+    was copied whole and swapped while the worker made the next sample's tensors from it: a
+    worker died of a segmentation fault.) The tensors stay valid after the reader closed."""
+    ss = open_shards(shard_dir)
+    got = [ss.load(i) for i in range(len(ss))]
+    storages = set()
+    for s in got:
+        for t in [s.token_ids, *s.tensors.values(), *s.fields.values()]:
+            st = t.untyped_storage()
+            assert st.nbytes() == t.numel() * t.element_size(), "a storage beyond its tensor"
+            assert st.data_ptr() not in storages, "two tensors share a storage"
+            storages.add(st.data_ptr())
+    ss.close()
+    del ss
+    for s, want in zip(got, samples):
+        assert_same(s, want)
+
+
+def test_dataloader_workers_send_every_sample_exact_through_several_epochs(shard_dir, samples):
+    """Two DataLoader workers reading and sending whole samples (every layer, the token ids,
+    the fields), three epochs: every sample arrives each epoch, bit for bit."""
+    ds = ShardDataset(shard_dir)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         collate_fn=lambda s: s)
+    want = {s.rid: s for s in samples}
+    for _ in range(3):
+        seen = set()
+        for s in loader:
+            assert s.rid not in seen
+            seen.add(s.rid)
+            assert_same(s, want[s.rid])
+        assert seen == set(want)
