@@ -249,6 +249,19 @@ def test_each_served_tensor_has_a_storage_of_its_own_bytes_that_outlives_the_rea
             assert st.nbytes() == t.numel() * t.element_size(), "a storage beyond its tensor"
             assert st.data_ptr() not in storages, "two tensors share a storage"
             storages.add(st.data_ptr())
+    # what a DataLoader worker's queue does to a sample it sends: the tensor's storage moves
+    # to shared memory; another tensor of the same shard is not touched
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    reductions.init_reductions()          # (what importing torch.multiprocessing does)
+
+    a, b = got[0].token_ids, got[1].token_ids
+    b_ptr = b.untyped_storage().data_ptr()
+    ForkingPickler.dumps(a)
+    assert a.untyped_storage().is_shared()
+    assert b.untyped_storage().data_ptr() == b_ptr and not b.untyped_storage().is_shared()
     ss.close()
     del ss
     for s, want in zip(got, samples):
