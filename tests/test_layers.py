@@ -102,10 +102,12 @@ def test_the_layer_reader_sees_relative_absolute_and_lazy_imports(tmp_path):
 
 
 #: the SGLang plugin (hscapture/sglang), top first: the entry point, the hook, what the hook
-#: uses (a pass read and held; the per-sample bookkeeping), then what those stand on
+#: uses (a recorded pass captured), what that uses (a pass read and held; the per-sample
+#: bookkeeping), then what those stand on
 SGLANG_LAYERS: list[list[str]] = [
     ["plugin"],
     ["hook"],
+    ["pass_capture"],
     ["passes", "samples"],
     ["log_batch", "timing", "modes"],
     ["config"],

@@ -416,7 +416,7 @@ def test_hscapture_hook_profile_writes_a_cprofile_of_the_hook_calls_only(rig, mo
     hook.close()
     text = out.read_text()
     assert text.startswith("hook calls profiled: 3\n"), text[:200]
-    assert "_process" in text and "capture_rows" in text
+    assert "(process)" in text and "capture_rows" in text
     assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
 
 
