@@ -20,9 +20,10 @@ the samples while a thread pool sends, concurrently:
 - requests with ``n > 1`` (opted in through ``custom_params``: SGLang gives each copy a new
   rid, so their samples are matched by their token ids);
 - requests aborted through ``/abort_request`` while still queued (nothing computed, nothing
-  to deliver) and, one at a time next to long plain requests, long ones aborted as soon as
-  their first chunk reached the subscriber (mid-prefill: reported, or delivered whole if the
-  abort came too late; never a partial or wrong sample).
+  to deliver) and, one at a time behind long plain requests, prompts as long as the context
+  allows (~30 chunks at the tiny shape) aborted as soon as their first chunk reached the
+  subscriber (mid-prefill: reported, or delivered whole if the abort came too late; never a
+  partial or wrong sample).
 
 The oracle is the same weights in ``transformers`` on the GPU (float32). Which of its
 ``hidden_states`` indices an SGLang aux layer id corresponds to is ESTABLISHED here from the
@@ -172,6 +173,8 @@ def run() -> Run:
     info = _get("/server_info")
     rng = random.Random(SEED)
     chunk = int(info.get("chunked_prefill_size") or 256)
+    # the longest prompt that leaves room for 64 new tokens (benchmarks/make_llama.py: 8192)
+    longest = min(int(info.get("context_length") or 8192), 8192) - 72
 
     def prompt(lo: int, hi: int) -> list[int]:
         return [rng.randrange(3, VOCAB) for _ in range(rng.randint(lo, hi))]
@@ -199,7 +202,11 @@ def run() -> Run:
         r.multi[f"multi-{i}"] = (ids, 2)
     for i in range(4):
         r.queued[f"hscap-queued{i}"] = prompt(2 * chunk + 10, 12 * chunk)
-        r.aborted[f"hscap-abort{i}"] = prompt(10 * chunk, 12 * chunk)
+        # as long as the context allows: the abort is sent once a chunk's notice arrived,
+        # which (pass log, stage) comes ~50-100 ms after its pass; a 10-12 chunk prompt was
+        # often prefilled by then, or still queued behind the noise at a fixed 20-200 ms
+        # (benchmarks/results/h200-2026-12-04e: 2 of 3 runs had no mid-prefill abort)
+        r.aborted[f"hscap-abort{i}"] = prompt(longest - 3 * chunk, longest)
 
     sub = Subscriber(_endpoint())
     sub.wait_ready(timeout=120)
@@ -241,9 +248,9 @@ def run() -> Run:
         answer(rid, box)
 
     def abort_mid_prefill(rid: str, latest_s: float) -> None:
-        """Send a long prompt next to long plain ones (so its prefill takes many forwards) and
-        abort it as soon as its first chunk reached this subscriber, or after ``latest_s``
-        at the latest (whichever comes first; the abort lands mid-prefill, or later)."""
+        """Send a prompt of ~30 chunks behind long plain ones and abort it as soon as its
+        first chunk reached this subscriber, or after ``latest_s`` at the latest (whichever
+        comes first; the abort lands mid-prefill, or later)."""
         box: dict[str, Any] = {}
         noise = [generate_into({}, prompt(6 * chunk, 8 * chunk), None, 1) for _ in range(3)]
         t = generate_into(box, r.aborted[rid], rid, 64)
@@ -285,7 +292,7 @@ def run() -> Run:
         stop.set()
         collector.join()
     # the collector has stopped: this thread owns the Subscriber again
-    for rid, latest in zip(r.aborted, (0.02, 0.05, 0.1, 0.2)):
+    for rid, latest in zip(r.aborted, (1.0, 2.0, 3.0, 4.0)):
         abort_mid_prefill(rid, latest)
     deadline = time.monotonic() + 60
     while not _settled(sub, r) and time.monotonic() < deadline:
