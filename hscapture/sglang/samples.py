@@ -10,9 +10,10 @@ next chunk:
 - a sample of several chunks is followed (:class:`Inflight`) until its last one; a chunk that
   does not start where the previous one ended is reported, a new request with the same rid
   (or a retraction) restarts the sample and reports the partial one (``restart=True``);
-- a completed or failed sample's rid is remembered (the newest :data:`MAX_DONE`), keyed by the
-  request object too, so a re-prefill of the same request publishes no duplicate while a new
-  request reusing the rid is a new sample;
+- a completed or failed sample is remembered on its request object (an attribute of this
+  tracker's, holding the attempt: as long as the request lives, however many samples came
+  after it) and by rid (the newest :data:`MAX_DONE`), so a re-prefill of the same request
+  publishes no duplicate while a new request reusing the rid is a new sample;
 - a request that stopped between chunks is reported once (:meth:`SampleTracker.sweep`).
 
 Guarantees: a rid is reported at most once per sample (``counted_done`` aside: a batch whose
@@ -25,6 +26,7 @@ decide.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -36,8 +38,11 @@ from .config import CaptureConfig, custom_params
 
 __all__ = ["Inflight", "SampleTracker", "MAX_DONE"]
 
-#: completed/failed rids remembered (suppresses re-prefill duplicates)
+#: completed/failed rids remembered by rid (a report by rid alone, without its request, is
+#: not repeated); the request objects themselves carry the mark that suppresses a re-prefill
 MAX_DONE = 1 << 16
+
+_trackers = itertools.count()
 
 
 @dataclass
@@ -51,10 +56,6 @@ class Inflight:
     pending_end: int = 0      # end of the chunk handed to the producer in this forward
     #: the sample's row ``extra`` (attempt, meta), built at its first chunk, reused by the rest
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _dead() -> None:
-    return None
 
 
 def _ref(obj: Any) -> Callable[[], Any]:
@@ -81,14 +82,23 @@ class SampleTracker:
         self._flush = flush
         self._abort = abort
         self.inflight: dict[str, Inflight] = {}
-        # rid -> (attempt, ref to the Req) of samples that completed or failed. Keyed by the
-        # Req object too: a later request that reuses the rid is a new sample.
-        # In insertion order, the oldest entry evicted first: an OrderedDict, whose oldest
-        # entry is found and removed in O(1). (A plain dict's ``next(iter(d))`` skips every
-        # slot deleted before it: once full, evicting 8 rids a pass cost ~180 us of this
-        # thread.)
-        self.done: collections.OrderedDict[str, tuple[int, Callable[[], Any]]] = \
-            collections.OrderedDict()
+        #: rid -> the attempt of samples that completed or failed; for a request that cannot
+        #: carry the mark below (no ``__dict__``), ``(attempt, ref to it)`` instead.
+        #: In insertion order, the oldest entry evicted first: an OrderedDict, whose oldest
+        #: entry is found and removed in O(1). (A plain dict's ``next(iter(d))`` skips every
+        #: slot deleted before it: once full, evicting 8 rids a pass cost ~180 us of this
+        #: thread.)
+        self.done: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        #: the attribute a request of a completed or failed sample carries: that sample's
+        #: attempt. Whether a request's sample is done is a question about the request object
+        #: (a later request reusing the rid is a new sample), answered by the object itself:
+        #: no eviction can make a re-prefill of it a duplicate, and remembering it allocates
+        #: nothing the cyclic garbage collector tracks (an int in the request's own dict,
+        #: where a ``(attempt, weakref)`` per sample kept two tracked objects alive until
+        #: MAX_DONE later samples: in a real server, the hook's only net survivors, and ~40 %
+        #: of the extra young collections of its captured turns, benchmarks/results/
+        #: h200-2026-12-04e). One name per tracker: another hook's mark is not this one's.
+        self._mark = f"_hscapture_done_{next(_trackers)}"
 
     def row(self, req: Any, prefix: int, ext: int, seen: set[str], attempt: int,
             stopping: Any, total: int
@@ -124,12 +134,12 @@ class SampleTracker:
                            "%r in one batch; the second is not captured", rid)
             return None
         seen.add(rid)
-        done = self.done.get(rid)
+        done = self._done_attempt(rid, req)
         if done is not None:
-            if done[1]() is req:
-                self.counters["reprefill_skipped" if attempt > done[0]
-                              else "post_complete_rows_skipped"] += 1
-                return None
+            self.counters["reprefill_skipped" if attempt > done
+                          else "post_complete_rows_skipped"] += 1
+            return None
+        if rid in self.done:
             del self.done[rid]  # a new request reusing the rid: a new sample
         end = prefix + ext
         if end > total:
@@ -202,7 +212,7 @@ class SampleTracker:
         else dropped and reported by the producer): a sample's last chunk, or any dropped
         one, moves its rid to the done ones; another chunk advances its sample. Returns the
         samples completed."""
-        inflight, done, completed = self.inflight, self.done, 0
+        inflight, completed = self.inflight, 0
         for rid, attempt, req, is_last in accepted:
             if not ok or is_last:
                 # complete, or dropped (the producer recorded the drop; nothing more of it
@@ -210,15 +220,11 @@ class SampleTracker:
                 completed += ok
                 if inflight:
                     inflight.pop(rid, None)
-                if rid in done:
-                    del done[rid]
-                done[rid] = (attempt, _ref(req))   # newest last: evicted oldest first
+                self.remember_done(rid, attempt, req)
             else:
                 st = inflight.get(rid)
                 if st is not None:
                     st.next_start = st.pending_end
-        while len(done) > MAX_DONE:
-            done.popitem(last=False)    # the oldest
         return completed
 
     def sweep(self, logged: Callable[[], set[int]] | None = None) -> None:
@@ -263,8 +269,17 @@ class SampleTracker:
 
     def _reported(self, rid: str, req: Any) -> bool:
         """Whether ``rid``'s sample (``req``'s, where given) is among the done ones."""
-        done = self.done.get(rid)
-        return done is not None and (req is None or done[1]() is req)
+        if req is None:
+            return rid in self.done
+        return self._done_attempt(rid, req) is not None
+
+    def _done_attempt(self, rid: str, req: Any) -> int | None:
+        """The attempt of ``req``'s completed or failed sample, or None (``rid``: its rid)."""
+        d = getattr(req, "__dict__", None)
+        if d is not None:
+            return d.get(self._mark)
+        got = self.done.get(rid)        # a request that cannot carry the mark
+        return got[0] if type(got) is tuple and got[1]() is req else None
 
     def fail_requests(self, wanted: Iterable[tuple[int, Any]], reason: str) -> None:
         """Report every request of ``wanted`` (``(batch row, Req)`` pairs) with ``reason``."""
@@ -272,10 +287,19 @@ class SampleTracker:
             self.fail(str(req.rid), int(getattr(req, "retraction_count", 0) or 0), reason, req)
 
     def remember_done(self, rid: str, attempt: int, req: Any) -> None:
+        """``req``'s sample (``rid``, ``attempt``) completed or failed: marked on the request
+        (None: released; a later request reusing the rid is a new sample) and by rid."""
         done = self.done
         if rid in done:
             del done[rid]        # re-inserted: newest last
-        done[rid] = (attempt, _ref(req) if req is not None else _dead)
+        value: Any = attempt
+        if req is not None:
+            d = getattr(req, "__dict__", None)
+            if d is not None:
+                d[self._mark] = attempt
+            else:
+                value = (attempt, _ref(req))
+        done[rid] = value
         while len(done) > MAX_DONE:
             done.popitem(last=False)    # the oldest
 

@@ -62,6 +62,55 @@ def test_the_finished_rid_memory_keeps_the_newest_and_evicts_the_oldest_first(ri
     assert list(hook._samples.done)[-1] == newest.rid and len(hook._samples.done) == 4
 
 
+def test_a_request_whose_rid_was_evicted_from_the_memory_still_publishes_no_duplicate(
+        rig, monkeypatch):
+    """Whether a request's sample is done is marked on the request itself: after MAX_DONE
+    newer samples evicted its rid, a retraction's re-prefill of it (a long generation
+    retracted long after its prompt was captured) is still skipped, while a new request
+    reusing an evicted or remembered rid is a new sample."""
+    import hscapture.sglang.samples as samples_module
+
+    monkeypatch.setattr(samples_module, "MAX_DONE", 2)
+    hook, sub, srv = rig()
+    reqs = [srv.new_req(f"hscap-old-{i}", 5, max_new_tokens=8) for i in range(5)]
+    for r in reqs:
+        srv.extend([(r, 0, 5)])
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
+    oldest = reqs[0]
+    assert oldest.rid not in hook._samples.done          # evicted by rid
+    oldest.output_ids.extend([5, 6])
+    oldest.reset_for_retract()
+    oldest.init_next_round_input(None)
+    srv.extend([(oldest, 0, len(oldest.full_untruncated_fill_ids))])
+    assert hook.stats()["reprefill_skipped"] == 1
+    assert sub.poll(timeout=0.5) is None
+    # new requests with an evicted rid and with a remembered one: both new samples
+    again = [srv.new_req(reqs[1].rid, 6), srv.new_req(reqs[-1].rid, 7)]
+    for r in again:
+        srv.extend([(r, 0, len(r.origin_input_ids))])
+    for r in again:
+        check(sub.get(r.rid, timeout=10), srv, r)
+
+
+def test_remembering_done_samples_keeps_nothing_the_garbage_collector_tracks(rig):
+    """A completed sample leaves an int in its request's dict and one in the rid memory: no
+    container object survives it (each one the cyclic collector tracks brings its next
+    young collection closer, in the scheduler's process)."""
+    import gc
+
+    hook, sub, srv = rig()
+    reqs = [srv.new_req(f"hscap-gc-{i}", 5) for i in range(4)]
+    for r in reqs:
+        srv.extend([(r, 0, 5)])
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
+    done = hook._samples.done
+    assert list(done) == [r.rid for r in reqs]
+    assert not any(gc.is_tracked(v) for v in done.values()), list(done.values())
+    assert not hook._samples.inflight
+
+
 def test_batch_of_several_requests_chunked_and_mixed(rig):
     hook, sub, srv = rig()
     a = srv.new_req("hscap-a", 23)
