@@ -38,6 +38,22 @@ def set_mode(hook, mode_file, name: str) -> None:
     hook._bench.checked = 0
 
 
+def reprefill_publishes_nothing(hook, sub, srv, req) -> None:
+    """Retract ``req`` (its prompt captured), re-prefill it, and check that nothing was
+    published for it: the next sample is a marker request's, sent after it (one producer's
+    samples arrive in the order of their passes), and the hook counts a skipped re-prefill."""
+    skipped = hook.stats().get("reprefill_skipped", 0)
+    req.output_ids.extend([5, 6])
+    req.reset_for_retract()
+    req.init_next_round_input(None)
+    srv.extend([(req, 0, len(req.full_untruncated_fill_ids))])
+    marker = srv.new_req(f"hscap-marker-{req.rid}", 3)
+    srv.extend([(marker, 0, 3)])
+    got = sub.poll(timeout=10)
+    assert got is not None and got.rid == marker.rid, got
+    assert hook.stats()["reprefill_skipped"] == skipped + 1
+
+
 def test_the_finished_rid_memory_keeps_the_newest_and_evicts_the_oldest_first(rig, monkeypatch):
     """The hook remembers the last MAX_DONE finished samples (a retraction's re-prefill of
     one of them publishes no duplicate): past the bound the OLDEST is forgotten first, and
@@ -53,13 +69,8 @@ def test_the_finished_rid_memory_keeps_the_newest_and_evicts_the_oldest_first(ri
     for r in reqs:
         check(sub.get(r.rid, timeout=10), srv, r)
     newest = reqs[-1]
-    newest.output_ids.extend([5, 6])
-    newest.reset_for_retract()
-    newest.init_next_round_input(None)
-    srv.extend([(newest, 0, len(newest.full_untruncated_fill_ids))])
-    assert hook.stats()["reprefill_skipped"] == 1
-    assert sub.poll(timeout=0.5) is None
-    assert list(hook._samples.done)[-1] == newest.rid and len(hook._samples.done) == 4
+    reprefill_publishes_nothing(hook, sub, srv, newest)
+    assert list(hook._samples.done)[-2] == newest.rid and len(hook._samples.done) == 4
 
 
 def test_a_request_whose_rid_was_evicted_from_the_memory_still_publishes_no_duplicate(
@@ -79,12 +90,7 @@ def test_a_request_whose_rid_was_evicted_from_the_memory_still_publishes_no_dupl
         check(sub.get(r.rid, timeout=10), srv, r)
     oldest = reqs[0]
     assert oldest.rid not in hook._samples.done          # evicted by rid
-    oldest.output_ids.extend([5, 6])
-    oldest.reset_for_retract()
-    oldest.init_next_round_input(None)
-    srv.extend([(oldest, 0, len(oldest.full_untruncated_fill_ids))])
-    assert hook.stats()["reprefill_skipped"] == 1
-    assert sub.poll(timeout=0.5) is None
+    reprefill_publishes_nothing(hook, sub, srv, oldest)
     # new requests with an evicted rid and with a remembered one: both new samples
     again = [srv.new_req(reqs[1].rid, 6), srv.new_req(reqs[-1].rid, 7)]
     for r in again:
