@@ -38,6 +38,17 @@ def set_mode(hook, mode_file, name: str) -> None:
     hook._bench.checked = 0
 
 
+def capture_whole(sub, srv, prefix: str, count: int, tokens: int, **kw) -> list:
+    """``count`` requests of ``tokens`` tokens (rids ``prefix0``...), each prefilled whole in
+    its own pass, and each one's sample checked; returns the requests."""
+    reqs = [srv.new_req(f"{prefix}{i}", tokens, **kw) for i in range(count)]
+    for r in reqs:
+        srv.extend([(r, 0, tokens)])
+    for r in reqs:
+        check(sub.get(r.rid, timeout=10), srv, r)
+    return reqs
+
+
 def reprefill_publishes_nothing(hook, sub, srv, req) -> None:
     """Retract ``req`` (its prompt captured), re-prefill it, and check that nothing was
     published for it: the next sample is a marker request's, sent after it (one producer's
@@ -83,11 +94,7 @@ def test_a_request_whose_rid_was_evicted_from_the_memory_still_publishes_no_dupl
 
     monkeypatch.setattr(samples_module, "MAX_DONE", 2)
     hook, sub, srv = rig()
-    reqs = [srv.new_req(f"hscap-old-{i}", 5, max_new_tokens=8) for i in range(5)]
-    for r in reqs:
-        srv.extend([(r, 0, 5)])
-    for r in reqs:
-        check(sub.get(r.rid, timeout=10), srv, r)
+    reqs = capture_whole(sub, srv, "hscap-old-", 5, 5, max_new_tokens=8)
     oldest = reqs[0]
     assert oldest.rid not in hook._samples.done          # evicted by rid
     reprefill_publishes_nothing(hook, sub, srv, oldest)
@@ -106,11 +113,7 @@ def test_remembering_done_samples_keeps_nothing_the_garbage_collector_tracks(rig
     import gc
 
     hook, sub, srv = rig()
-    reqs = [srv.new_req(f"hscap-gc-{i}", 5) for i in range(4)]
-    for r in reqs:
-        srv.extend([(r, 0, 5)])
-    for r in reqs:
-        check(sub.get(r.rid, timeout=10), srv, r)
+    reqs = capture_whole(sub, srv, "hscap-gc-", 4, 5)
     done = hook._samples.done
     assert list(done) == [r.rid for r in reqs]
     assert not any(gc.is_tracked(v) for v in done.values()), list(done.values())
@@ -463,11 +466,7 @@ def test_hscapture_hook_profile_writes_a_cprofile_of_the_hook_calls_only(rig, mo
     monkeypatch.setenv("HSCAPTURE_HOOK_PROFILE", str(out))
     monkeypatch.delenv("HSCAPTURE_STATS_FILE", raising=False)
     hook, sub, srv = rig()
-    reqs = [srv.new_req(f"hscap-prof-{i}", 9) for i in range(3)]
-    for r in reqs:
-        srv.extend([(r, 0, 9)])
-    for r in reqs:
-        check(sub.get(r.rid, timeout=10), srv, r)
+    capture_whole(sub, srv, "hscap-prof-", 3, 9)
     hook.close()
     text = out.read_text()
     assert text.startswith("hook calls profiled: 3\n"), text[:200]
