@@ -19,9 +19,10 @@ each request instance must come to, and the subscriber's view is checked against
   captured (its first positions were never computed), never delivered;
 - nothing arrives for anything else, and nothing is rejected.
 
-The end of each schedule is found without waiting on a clock: a marker request is prefilled
-last, and one producer's entries reach a subscriber in order, so once the marker's sample
-arrived every sample and report before it did. Each schedule runs with the pass log off and
+The end of each schedule is found without waiting on a clock: once its passes were processed
+(the producer's flush, which processes the pass log and then reports the requests stopped with
+a chunk in it), a marker request is prefilled, and one producer's entries reach a subscriber
+in order, so once the marker's sample arrived every sample and report before it did. Each schedule runs with the pass log off and
 on (its default), and with CUDA-graph outputs (rows copied into the log's arena) and without.
 
 ``HSCAPTURE_SCHEDULES=N`` draws N schedules per configuration (30 by default, ~3 s each
@@ -71,8 +72,8 @@ class Model:
     may_report: set[str] = field(default_factory=set)
 
 
-def _schedule(data: Any, srv: FakeModelServer, hook: Any, tag: str) -> tuple[Model, Any]:
-    """Play one drawn schedule; returns the model and the marker request (prefilled last)."""
+def _schedule(data: Any, srv: FakeModelServer, hook: Any, tag: str) -> Model:
+    """Play one drawn schedule; returns its model."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     model = Model()
@@ -166,9 +167,7 @@ def _schedule(data: Any, srv: FakeModelServer, hook: Any, tag: str) -> tuple[Mod
                 srv.decode(running)
     while prefilling():                         # every prefill runs to its end
         run_pass(prefilling()[:3], whole=data.draw(st.booleans(), label="whole"))
-    marker = srv.new_req(f"hscap-{tag}-marker", 3)
-    srv.extend([(marker, 0, 3)])
-    return model, marker
+    return model
 
 
 def _aborted(model: Model, inst: Inst) -> None:
@@ -196,8 +195,13 @@ def test_every_drawn_schedule_delivers_each_prefilled_request_once_or_reports_it
     @given(st.data())
     def one(data: Any) -> None:
         tag = f"{log_ms}-{int(graph)}-{next(schedules)}"
-        model, marker = _schedule(data, srv, hook, tag)
-        hook.producer.flush(timeout_s=10)     # a pass log's passes: captured and published
+        model = _schedule(data, srv, hook, tag)
+        # a pass log's passes captured, and then the requests stopped with a chunk in it
+        # reported (the hook's sweep after processing the log); then the marker, after all
+        hook.producer.flush(timeout_s=10)
+        marker = srv.new_req(f"hscap-{tag}-marker", 3)
+        srv.extend([(marker, 0, 3)])
+        hook.producer.flush(timeout_s=10)
         got: dict[str, list[Any]] = {}
         while True:
             s = sub.poll(timeout=10)
