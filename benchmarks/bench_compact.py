@@ -141,7 +141,8 @@ def main() -> int:
         print(f"note: --reps {a.reps} < 5: the figures are a code-path check only", flush=True)
 
     from hscapture.reader import open_shards
-    from hscapture.shards import ShardWriter, verify_dir
+    from hscapture.shard_check import verify_dir
+    from hscapture.shards import ShardWriter
 
     t0 = time.perf_counter()
     model, model_info = build_model(a)

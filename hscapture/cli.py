@@ -339,7 +339,7 @@ def _say_what_we_wait_for(endpoints: tuple[str, ...], timeout: float, level: int
 def inspect(out_dir: str, as_json: bool) -> None:
     """Show the schema of a shard directory and verify it (exit 1 if anything is wrong)."""
     from .progress import format_size
-    from .shards import verify_dir
+    from .shard_check import verify_dir
 
     report = verify_dir(out_dir)
     if as_json:

@@ -25,7 +25,8 @@ from .errors import HSCaptureError, SampleTimeoutError, ShardError
 from .producer import Producer
 from .progress import format_size
 from .sample import layer_name
-from .shards import load_sample, read_index, verify_dir
+from .shard_check import verify_dir
+from .shards import load_sample, read_index
 
 __all__ = ["DemoResult", "run_demo", "tiny_llama", "MARKER", "is_demo_output",
            "clear_demo_output"]
@@ -150,7 +151,7 @@ def run_demo(out_dir: str | os.PathLike, *, requests: int = 48, batch: int = 8,
             say(f"captured {requests} requests; producer stats: "
                 f"captured={producer.stats().get('captured_rows', 0)} chunks "
                 f"dropped={producer.stats().get('dropped', 0)}")
-            rc = drain.wait(timeout=300)
+            drain.wait(timeout=300)
         finally:
             if drain.poll() is None:
                 drain.terminate()

@@ -132,7 +132,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import torch
 
@@ -144,7 +144,6 @@ __all__ = [
     "DuplicateRidError",
     "read_index",
     "load_sample",
-    "verify_dir",
     "FORMAT",
     "FORMAT_VERSION",
     "INDEX_NAME",
@@ -1068,7 +1067,7 @@ def _read_index_lines(out_dir: str) -> list[dict]:
 
 
 def read_index(out_dir: str | os.PathLike) -> dict[str, dict]:
-    """rid → index entry of a shard directory (first occurrence wins; see :func:`verify_dir`)."""
+    """rid → index entry of a shard directory (first occurrence wins; see :func:`hscapture.shard_check.verify_dir`)."""
     idx: dict[str, dict] = {}
     for d in _read_index_lines(os.fspath(out_dir)):
         idx.setdefault(d["rid"], d)
@@ -1133,32 +1132,6 @@ def _dir_locked(d: str) -> bool:
         os.close(fd)
 
 
-def _schema_of(meta: dict[str, str]) -> dict[str, Any]:
-    """The schema a shard's ``__metadata__`` declares (what :func:`verify_dir` reports)."""
-    def lst(key: str) -> list:
-        try:
-            v = json.loads(meta.get(key, "[]"))
-            return v if isinstance(v, list) else []
-        except ValueError:
-            return []
-    try:
-        hidden: int | None = int(meta["hidden"])
-    except (KeyError, ValueError):
-        hidden = None
-    from .codec import describe
-
-    layers, kinds = lst("layers"), lst("layer_kinds")
-    after = _final_norm_after(meta, layers, kinds)
-    # old shards recorded the final norm with the id of the layer it follows: show it as null
-    layers = [None if k == "final_norm" else l for l, k in zip(layers, kinds)] + layers[len(kinds):]
-    return {"layers": layers, "layer_kinds": kinds,
-            "layer_names": lst("layer_names"), "dtype": meta.get("dtype", ""),
-            "hidden": hidden, "model": meta.get("model", ""),
-            "convention": meta.get("convention", ""),
-            "final_norm_after_layer": after, "num_layers": None if after is None else after + 1,
-            "codec": describe(meta)}
-
-
 def _final_norm_after(meta: dict[str, str], layers: list, kinds: list) -> int | None:
     """The decoder layer a shard's final norm follows: its ``final_norm_after_layer`` key, or
     (shards written before that key existed) the id the final norm was recorded with."""
@@ -1188,17 +1161,6 @@ def shard_num_layers(meta: dict[str, str]) -> int | None:
     return None if after is None else after + 1
 
 
-_ST_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4,
-            "I64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def _nbytes(st: str, shape: Any) -> int:
-    n = _ST_SIZE.get(st, 0)
-    for x in shape:
-        n *= int(x)
-    return n
-
-
 def _codec_records(meta: dict[str, str], rid: str) -> tuple[dict[str, Any], str | None]:
     """A sample's per-tensor codec records from its shard's ``__metadata__`` (``{}`` when it
     is stored uncompressed), and a problem description if they do not parse."""
@@ -1212,201 +1174,3 @@ def _codec_records(meta: dict[str, str], rid: str) -> tuple[dict[str, Any], str 
     except ValueError as e:
         return {}, f"rid {rid!r}: codec record {CODEC_KEY_PREFIX}{rid} is malformed ({e})"
     return rec, None
-
-
-def verify_dir(out_dir: str | os.PathLike) -> dict:
-    """Check a shard directory; never raises for what it finds (it reports it).
-
-    Returns ``{"ok", "dir", "shards", "samples", "tokens", "bytes", "stored_bytes",
-    "logical_bytes", "schemas", "per_sample", "problems", "in_progress", "unrelated"}``:
-    ``per_sample`` counts the samples carrying each per-token field (``fields``: name →
-    samples) and each key of the client's metadata (``meta_keys``: key → samples, from
-    ``meta["extra"]["meta"]``; ``meta_errors``: samples whose metadata was refused). ``bytes`` is the
-    total size of the finished shard files; ``stored_bytes`` the tensor data they hold as
-    stored, ``logical_bytes`` the same tensors decoded (equal unless compressed; fp8 scales
-    count as stored only); ``schemas`` lists each distinct schema (``layers`` (the final
-    norm's entry null), ``layer_kinds``, ``layer_names``, ``dtype``, ``hidden``, ``model``,
-    ``convention``, ``final_norm_after_layer``, ``num_layers``, ``codec``) with the ``shards``
-    and ``samples`` that use it; ``unrelated`` names ``*.safetensors`` files that are not
-    hscapture shards. ``ok`` is False when there is any problem, including a directory holding
-    no hscapture shard at all (empty, or only unrelated files) and no live writer. Compressed
-    tensors are checked against their codec records (stored dtype and shape, logical dtype and
-    shape, fp8 scales present), not decompressed.
-    """
-    from safetensors import safe_open
-
-    from .codec import CODECS
-
-    d = os.fspath(out_dir)
-    problems: list[str] = []
-    in_progress: list[str] = []
-    unrelated: list[str] = []
-    report: dict[str, Any] = {"ok": False, "dir": d, "shards": 0, "samples": 0, "tokens": 0,
-                              "bytes": 0, "stored_bytes": 0, "logical_bytes": 0, "schemas": [],
-                              "problems": problems, "in_progress": in_progress,
-                              "unrelated": unrelated}
-    try:
-        files = sorted(os.listdir(d))
-    except OSError as e:
-        problems.append(f"cannot list {d}: {e.strerror}")
-        return report
-    live = _dir_locked(d)
-    shards: dict[str, dict[str, dict[str, tuple]]] = {}  # shard → rid → name → (dtype, shape)
-    metas: dict[str, dict[str, str]] = {}
-    schemas: dict[str, dict[str, Any]] = {}              # schema JSON → schema + counts
-    total_bytes = stored_bytes = logical_bytes = 0
-    for f in files:
-        if f.endswith(TMP_SUFFIX) or f.endswith(JOURNAL_SUFFIX):
-            (in_progress if live else problems).append(
-                f if live else f"{f}: left by a writer that did not close (a new ShardWriter "
-                               f"on the directory recovers it)")
-            continue
-        if not _SHARD_RE.match(f):
-            if f.endswith(SHARD_SUFFIX):
-                unrelated.append(f)
-            continue
-        path = os.path.join(d, f)
-        total_bytes += os.path.getsize(path)
-        try:
-            with safe_open(path, "pt") as sf:
-                meta = sf.metadata() or {}
-                rids: dict[str, dict[str, tuple]] = {}
-                for k in sf.keys():
-                    rid, _, name = k.rpartition("/")
-                    sl = sf.get_slice(k)
-                    rids.setdefault(rid, {})[name] = (sl.get_dtype(), tuple(sl.get_shape()))
-        except Exception as e:
-            problems.append(f"{f}: does not open with safetensors: {e}")
-            continue
-        if meta.get("format") != FORMAT:
-            problems.append(f"{f}: __metadata__ format is {meta.get('format')!r}, expected {FORMAT!r}")
-        if meta.get("num_samples") not in (None, str(len(rids))):
-            problems.append(f"{f}: metadata says {meta.get('num_samples')} samples, found {len(rids)}")
-        if meta.get("codec") and meta["codec"] not in CODECS:
-            problems.append(f"{f}: codec {meta['codec']!r} is not supported by this version of "
-                            f"hscapture (known: {', '.join(CODECS)})")
-        for rid, tens in rids.items():
-            recs, _ = _codec_records(meta, rid)
-            for name, (dt, shape) in tens.items():
-                nb = _nbytes(dt, shape)
-                stored_bytes += nb
-                rec = recs.get(name)
-                if rec is not None:
-                    logical_bytes += _nbytes(str(rec.get("dtype")), rec.get("shape") or ())
-                elif not name.startswith(SCALE_PREFIX) or not any(
-                        r.get("scale") == name for r in recs.values()):
-                    logical_bytes += nb
-        shards[f] = rids
-        metas[f] = meta
-        schema = _schema_of(meta)
-        entry = schemas.setdefault(_jdump(schema), {**schema, "shards": 0, "samples": 0})
-        entry["shards"] += 1
-        entry["samples"] += len(rids)
-    if not shards and not in_progress and not problems:
-        found = (f"only unrelated safetensors files ({', '.join(unrelated)})" if unrelated
-                 else "no files" if not files else f"{len(files)} other file(s)")
-        problems.append(f"{d}: no hscapture shards: expected shard-NNNNN.safetensors files "
-                        f"and {INDEX_NAME}, found {found}")
-    try:
-        lines = _read_index_lines(d)
-    except ShardError as e:
-        problems.append(str(e))
-        lines = []
-    seen: dict[str, str] = {}
-    tokens = 0
-    per_sample: dict[str, Any] = {"fields": {}, "meta_keys": {}, "meta_errors": 0}
-    for ent in lines:
-        rid, shard = ent["rid"], ent.get("shard")
-        _count_per_sample(per_sample, ent)
-        if rid in seen:
-            problems.append(f"rid {rid!r}: duplicated in {INDEX_NAME} ({seen[rid]} and {shard})")
-            continue
-        seen[rid] = shard
-        if shard not in shards:
-            problems.append(f"rid {rid!r}: shard {shard!r} missing or unreadable")
-            continue
-        tens = shards[shard].get(rid)
-        if tens is None:
-            problems.append(f"rid {rid!r}: no tensors in {shard}")
-            continue
-        T = ent.get("num_tokens")
-        tokens += int(T or 0)
-        tid = tens.get("token_ids")
-        if tid is None or tid[1] != (T,):
-            problems.append(f"rid {rid!r}: token_ids shape {tid and list(tid[1])} != [{T}]")
-        hidden = ent.get("hidden")
-        want_fields = ent.get("fields")
-        if want_fields is not None:
-            have = sorted(n[len(FIELD_PREFIX):] for n in tens if n.startswith(FIELD_PREFIX))
-            if have != sorted(want_fields):
-                problems.append(f"rid {rid!r}: fields {have} in {shard} != index {want_fields}")
-        recs, bad = _codec_records(metas[shard], rid)
-        if bad:
-            problems.append(bad)
-        scales = {str(r.get("scale")) for r in recs.values() if r.get("codec") == "fp8"}
-        want_dt = ent.get("dtype")
-        for name, (dt, shape) in tens.items():
-            if name == "token_ids":
-                continue
-            if name.startswith(FIELD_PREFIX):
-                if shape != (T,) or dt != "U8":
-                    problems.append(f"rid {rid!r}: {name} is {dt} {list(shape)}, expected "
-                                    f"U8 [{T}]")
-                continue
-            if name in scales:
-                if shape != (T,) or dt != "F32":
-                    problems.append(f"rid {rid!r}: fp8 scales {name} are {dt} {list(shape)}, "
-                                    f"expected F32 [{T}]")
-                continue
-            rec = recs.get(name)
-            if rec is not None:
-                codec = rec.get("codec")
-                stored_ok = {"zstd": dt == "U8" and len(shape) == 1,
-                             "fp8": dt == "F8_E4M3" and shape == (T, hidden)}.get(codec)
-                if stored_ok is None:
-                    problems.append(f"rid {rid!r}: {name} has codec {codec!r}, which this "
-                                    f"version of hscapture cannot read (known: {', '.join(CODECS)})")
-                    continue
-                if not stored_ok:
-                    problems.append(f"rid {rid!r}: {name} is stored as {dt} {list(shape)}, "
-                                    f"which codec {codec} does not write")
-                if codec == "fp8" and rec.get("scale") not in tens:
-                    problems.append(f"rid {rid!r}: {name}'s fp8 scales {rec.get('scale')!r} "
-                                    f"are missing")
-                dt, shape = str(rec.get("dtype")), tuple(rec.get("shape") or ())
-            if shape != (T, hidden):
-                problems.append(f"rid {rid!r}: {name} shape {list(shape)} != [{T}, {hidden}]")
-            if want_dt and _ST_TO_TORCH_NAME.get(dt, dt) != want_dt and dt != want_dt:
-                problems.append(f"rid {rid!r}: {name} dtype {dt} != index dtype {want_dt}")
-        for name in recs:
-            if name not in tens:
-                problems.append(f"rid {rid!r}: codec record names {name!r}, which is not in "
-                                f"{shard}")
-    where: dict[str, str] = {}
-    for f, rids in shards.items():
-        for rid in rids:
-            if rid in where:
-                problems.append(f"rid {rid!r}: in two shards ({where[rid]} and {f})")
-            where[rid] = f
-            if seen.get(rid) != f and rid not in seen:
-                problems.append(f"rid {rid!r}: in {f} but not in {INDEX_NAME}")
-    report.update(ok=not problems, shards=len(shards), samples=len(seen), tokens=tokens,
-                  bytes=total_bytes, stored_bytes=stored_bytes, logical_bytes=logical_bytes,
-                  schemas=list(schemas.values()), per_sample=per_sample)
-    return report
-
-
-def _count_per_sample(acc: dict[str, Any], ent: Mapping[str, Any]) -> None:
-    """Add one index entry's per-token fields and client-metadata keys to ``acc``."""
-    for name in ent.get("fields") or ():
-        acc["fields"][name] = acc["fields"].get(name, 0) + 1
-    meta = ent.get("meta")
-    extra = meta.get("extra") if isinstance(meta, Mapping) else None
-    if not isinstance(extra, Mapping):
-        return
-    client = extra.get("meta")
-    if isinstance(client, Mapping):
-        for key in client:
-            acc["meta_keys"][key] = acc["meta_keys"].get(key, 0) + 1
-    if extra.get("meta_error"):
-        acc["meta_errors"] += 1

@@ -34,7 +34,8 @@ from hscapture.errors import (  # noqa: E402
     SampleMismatchError,
     SampleTimeoutError,
 )
-from hscapture.shards import read_index, verify_dir  # noqa: E402
+from hscapture.shard_check import verify_dir  # noqa: E402
+from hscapture.shards import read_index  # noqa: E402
 
 HIDDEN = 64
 LAYERS = [3, 7, 11]

@@ -33,7 +33,8 @@ from hscapture.errors import ShardError
 from hscapture.export import MANIFEST_NAME, export
 from hscapture.reader import ShardDataset, open_shards
 from hscapture.sample import Sample
-from hscapture.shards import ShardWriter, load_sample, read_index, verify_dir
+from hscapture.shard_check import verify_dir
+from hscapture.shards import ShardWriter, load_sample, read_index
 from capture_support import source, start_producer
 from shard_support import NUM_LAYERS, make_sample, write_shards
 

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from hscapture.demo import tiny_llama
-from hscapture.shards import ShardWriter, load_sample, read_index, verify_dir
+from hscapture.shard_check import verify_dir
+from hscapture.shards import ShardWriter, load_sample, read_index
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent

@@ -395,7 +395,7 @@ def test_inspect_counts_the_samples_carrying_each_field_and_metadata_key(drained
     import subprocess
     import sys
 
-    from hscapture.shards import verify_dir
+    from hscapture.shard_check import verify_dir
 
     out, reqs, tmp = drained
     per = verify_dir(out)["per_sample"]

@@ -13,7 +13,8 @@ import torch
 import hscapture.shards as shards
 from hscapture.errors import ShardError
 from hscapture.reader import ShardDataset, StoredSample, open_shards
-from hscapture.shards import ShardWriter, load_sample, verify_dir
+from hscapture.shard_check import verify_dir
+from hscapture.shards import ShardWriter, load_sample
 from shard_support import make_sample, write_shards
 
 

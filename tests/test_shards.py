@@ -20,13 +20,13 @@ from safetensors.torch import load_file
 
 from hscapture.errors import ShardError
 from hscapture.sample import Sample
+from hscapture.shard_check import verify_dir
 from hscapture.shards import (
     INDEX_NAME,
     DuplicateRidError,
     ShardWriter,
     load_sample,
     read_index,
-    verify_dir,
 )
 
 import hscapture
