@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field

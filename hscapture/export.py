@@ -70,14 +70,13 @@ import os
 import shutil
 import struct
 import time
-import zlib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from ._tensor_files import _join, _Joined, _materialized, _own, _Sink, _torch_save, _write_tensor
+from ._tensor_files import _join, _Joined, _materialized, _Sink, _torch_save, _write_tensor
 from .errors import ExportError, ExportWriteError, HSCaptureError
 from .reader import ShardSet, StoredSample
 from .sample import layer_name

@@ -33,11 +33,7 @@ from ._publish_queue import PublishQueue
 from ._staging import Stage
 from ._producer_resources import ProducerResources
 from .endpoint import check_endpoint, default_endpoint
-from .errors import (
-    CaptureConfigError,
-    HSCaptureError,
-    InvalidRidError,
-)
+from .errors import CaptureConfigError, HSCaptureError
 
 log = logging.getLogger("hscapture")
 
