@@ -57,7 +57,11 @@ skipped, and never inside the hook's own time. What it does not change (measured
 benchmarks/results/h200-2026-12-04c): at the 1B shape, short prompts, as many collections
 ran in the turns with captures (138 per 1,193 turns, against 66 in the skipped ones) as
 before: the count they come from is what the hook's objects keep alive across turns (the
-pass log's, the stage's), not its short-lived ones.
+pass log's, the stage's), not its short-lived ones. Of those, the done samples' memory kept
+two tracked objects per sample until 65,536 later samples; a done sample is now marked on its
+request object instead (samples.py), and a captured pass leaves none behind
+(``benchmarks/gc_survivors.py``: +16.2 tracked objects a pass before, +0.2 after,
+benchmarks/results/cpu-2core-2026-12-04).
 
 Ranks: hidden states are replicated across attention-TP (and attention-CP) ranks after the
 all-reduce, so only ``attn_tp_rank == 0 and attn_cp_rank == 0`` publish. Every DP rank owns

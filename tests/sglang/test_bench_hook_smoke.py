@@ -28,3 +28,16 @@ def test_bench_hook_runs_steady_snapshot_cold_and_profiled_and_drops_nothing(tmp
                for r in rows)
     text = prof.read_text()
     assert text.count("==== tiny") == 2 and "_forward_hook" in text
+
+
+def test_gc_survivors_counts_what_the_hooks_passes_leave_alive_and_nothing_per_sample(tmp_path):
+    """``benchmarks/gc_survivors.py`` runs on SGLang's classes; the hook leaves no tracked
+    object per sample behind (a done sample is marked on its request: samples.py)."""
+    out = tmp_path / "gcs.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gc_survivors.py"), "--passes", "60",
+         "--warmup", "10", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads(out.read_text())
+    assert got["passes"] == 60 and got["done_memory"] == 70 * 8, got
+    assert got["net_tracked"] < 60 * 8, got          # fewer than one per sample
