@@ -9,7 +9,6 @@ it never raises for what it finds. Compressed tensors are checked against their 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -29,6 +28,7 @@ from .shards import (
     _dir_locked,
     _final_norm_after,
     _jdump,
+    _meta_list,
     _read_index_lines,
 )
 
@@ -267,11 +267,7 @@ def _check_shards_listed(shards: dict[str, Tensors], seen: dict[str, str],
 def _schema_of(meta: dict[str, str]) -> dict[str, Any]:
     """The schema a shard's ``__metadata__`` declares (what :func:`verify_dir` reports)."""
     def lst(key: str) -> list:
-        try:
-            v = json.loads(meta.get(key, "[]"))
-            return v if isinstance(v, list) else []
-        except ValueError:
-            return []
+        return _meta_list(meta, key)
     try:
         hidden: int | None = int(meta["hidden"])
     except (KeyError, ValueError):

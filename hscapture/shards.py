@@ -1151,14 +1151,17 @@ def shard_num_layers(meta: dict[str, str]) -> int | None:
         return int(meta["num_layers"])
     except (KeyError, ValueError):
         pass
-    def lst(key: str) -> list:
-        try:
-            v = json.loads(meta.get(key, "[]"))
-            return v if isinstance(v, list) else []
-        except ValueError:
-            return []
-    after = _final_norm_after(meta, lst("layers"), lst("layer_kinds"))
+    after = _final_norm_after(meta, _meta_list(meta, "layers"), _meta_list(meta, "layer_kinds"))
     return None if after is None else after + 1
+
+
+def _meta_list(meta: dict[str, str], key: str) -> list:
+    """A JSON list of a shard's ``__metadata__`` (``[]`` when absent or not a list)."""
+    try:
+        v = json.loads(meta.get(key, "[]"))
+        return v if isinstance(v, list) else []
+    except ValueError:
+        return []
 
 
 def _codec_records(meta: dict[str, str], rid: str) -> tuple[dict[str, Any], str | None]:

@@ -302,7 +302,7 @@ def test_reader_sees_what_export_read(shard_dir, samples):
 def test_a_specforge_tensor_is_saved_alone_never_with_the_buffer_it_is_a_view_of():
     """torch.save writes a tensor's whole storage: a view into a larger buffer is copied
     first, a tensor that is all of its storage is saved as it is (no needless copy)."""
-    from hscapture.export import _own
+    from hscapture._tensor_files import _own
 
     whole = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     assert _own(whole) is whole
