@@ -230,6 +230,21 @@ def test_close_with_a_timeout_gives_up_in_time_and_still_removes_the_names(endpo
     p._release_resources(unlink=True)
 
 
+def _connected(fake, sub, timeout: float = 10.0) -> None:
+    """Return once ``sub`` receives frames from ``fake``, a PUB socket it is connected to (a
+    PUB drops what it sends before the connection is complete): a probe is sent until one
+    arrives. The probe is a ``bye`` of an incarnation nobody attached to, which the subscriber
+    counts as ``before_attach`` and nothing else (later probes still in flight add to that
+    count only)."""
+    probe = nt.encode({"v": 2, "kind": "bye", "producer": "probe", "epoch": 99,
+                       "next_seq": 0, "time_ns": 0})
+    deadline = time.monotonic() + timeout
+    while sub.stats().get("before_attach", 0) == 0:
+        assert time.monotonic() < deadline, "the fake PUB socket never reached the subscriber"
+        fake.send(probe)
+        sub.pump(0.01)
+
+
 def _inproc_pair(endpoint, **producer_kw):
     sub_kw = producer_kw.pop("sub_kw", {})
     p = Producer(endpoint, producer_id="local", capacity=producer_kw.pop("capacity", 8 << 20),
@@ -304,7 +319,9 @@ def test_notices_lost_on_the_wire_are_recovered_from_the_ring(endpoint, tmp_path
         read_events(proc, "ready")
         with Subscriber(endpoint) as sub:
             sub.wait_ready(timeout=20)
-            time.sleep(1.0)  # let the producer race ahead: its PUB queue (HWM 1) overflows
+            # the producer races ahead while nobody reads: its PUB queue (HWM 1) overflows;
+            # it says when every capture is committed and announced (or lost on the wire)
+            read_events(proc, "dropped")
             got = {s.rid for s in sub.samples(limit=len(requests), timeout=30)}
             assert got == {r for r, _, _ in requests}
             assert sub.stats().get("recovered_from_ring", 0) > 0
@@ -337,7 +354,7 @@ def test_a_restarted_producer_gets_a_new_epoch_and_old_notices_are_rejected(endp
                                "head": 0, "committed": 0, "dropped": 0, "unrecorded": 0,
                                "backlog": 0, "recorded_through": 0, "errors": 0,
                                "time_ns": 0})
-            time.sleep(0.2)
+            _connected(fake, sub)
             fake.send(stale)
             deadline = time.monotonic() + 5
             while sub.stats().get("stale_notices", 0) == 0 and time.monotonic() < deadline:
@@ -358,7 +375,7 @@ def test_malformed_truncated_and_wrong_version_notices_never_crash_either_side(
         p, sub = _inproc_pair(endpoint)
         with p, sub:
             sub._sock.connect(fake_ep)
-            time.sleep(0.3)
+            _connected(fake, sub)
             good = nt.encode({"v": 2, "kind": "bye", "producer": "x", "epoch": 5,
                               "next_seq": 0, "time_ns": 0})
             bad = [b"", b"\xc1", good[: len(good) // 2], msgpack.packb([1, 2, 3]),
