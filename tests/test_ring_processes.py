@@ -152,7 +152,7 @@ def test_reader_never_sees_a_record_part_way_through_writing(ring_name):
     p.close()
 
 
-def _slow_writer_main(name, size, rounds, ready, go, out):
+def _slow_writer_main(name, size, rounds, ready, go, out, read):
     p = _ring.Producer(name, 64 << 20)
     ready.set()
     go.wait(30)
@@ -165,14 +165,15 @@ def _slow_writer_main(name, size, rounds, ready, go, out):
             arr[k:k + 65536] = fill
         p.commit(pos)
     out.put("done")
-    time.sleep(3)
+    read.wait(60)           # the segment stays up until the reader has read every record
     p.close()
 
 
 def test_reader_in_another_process_never_sees_a_partly_written_record(ring_name):
-    out, ready, go = CTX.Queue(), CTX.Event(), CTX.Event()
+    out, ready, go, read = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Event()
     size, rounds = 4 << 20, 100
-    w = CTX.Process(target=_slow_writer_main, args=(ring_name, size, rounds, ready, go, out))
+    w = CTX.Process(target=_slow_writer_main, args=(ring_name, size, rounds, ready, go, out,
+                                                    read))
     w.start()
     assert ready.wait(30)
     c = _ring.Consumer(ring_name)
@@ -188,6 +189,7 @@ def test_reader_in_another_process_never_sees_a_partly_written_record(ring_name)
         assert fill != 0 and (arr == fill).all(), f"record {rec.seq} seen part-way through writing"
         c.release(rec.end)
         got += 1
+    read.set()
     assert got == rounds
     c.close()
     w.join(30)
