@@ -41,10 +41,14 @@ class PositionHolds:
             heapq.heappush(self._heap, position)
         self._live[position] += 1
 
-    def discard(self, position: int) -> None:
+    def discard(self, position: int) -> bool:
+        """One reference to ``position`` fewer; True when that was its last (it may be given
+        back now)."""
         self._live[position] -= 1
         if self._live[position] <= 0:
             del self._live[position]
+            return True
+        return False
 
     def oldest(self) -> int | None:
         while self._heap and self._heap[0] not in self._live:
