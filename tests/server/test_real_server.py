@@ -206,7 +206,7 @@ def run() -> Run:
         # which (pass log, stage) comes ~50-100 ms after its pass; a 10-12 chunk prompt was
         # often prefilled by then, or still queued behind the noise at a fixed 20-200 ms
         # (benchmarks/results/h200-2026-12-04e: 2 of 3 runs had no mid-prefill abort)
-        r.aborted[f"hscap-abort{i}"] = prompt(longest - 3 * chunk, longest)
+        r.aborted[f"hscap-abort{i}"] = prompt(max(chunk + 1, longest - 3 * chunk), longest)
 
     sub = Subscriber(_endpoint())
     sub.wait_ready(timeout=120)
