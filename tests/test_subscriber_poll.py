@@ -92,3 +92,35 @@ def test_a_borrowed_sample_view_raises_no_warning(endpoint):
                 s = sub.poll(timeout=10)
                 assert s is not None and s.borrowed
                 s.release()
+
+
+def test_zero_copy_samples_of_one_entry_give_the_ring_back_when_the_last_is_released(endpoint):
+    """A ring entry's zero-copy samples hold its record together: released in any order, the
+    ring is given back only once the last of them is, and their views are emptied each at
+    its own release (the ring memory behind the others stays theirs)."""
+    import random
+
+    with Producer(endpoint, producer_id="zcrel", capacity=8 << 20) as p, \
+            Subscriber(endpoint, zero_copy=True) as sub:
+        sub.wait_ready(10)
+        p.wait_for_consumers(1, 10)
+        block = _burst(p, "z")
+        samples = []
+        while len(samples) < ROWS:
+            s = sub.poll(timeout=10)
+            assert s is not None
+            samples.append(s)
+        src = next(iter(sub._sources.values()))
+        held = src.consumer.released
+        assert held < src.consumer.position              # the entry's record is held
+        random.Random(7).shuffle(samples)
+        for s in samples[:-1]:
+            want = block[int(s.rid[1:])]
+            assert torch.equal(s.tensors["layer_0"][0], want)
+            s.release()
+            assert s.tensors["layer_0"].numel() == 0      # its own view emptied
+            assert src.consumer.released == held, "the ring was given back under a live sample"
+        last = samples[-1]
+        assert torch.equal(last.tensors["layer_0"][0], block[int(last.rid[1:])])
+        last.release()
+        assert src.consumer.released == src.consumer.position   # all of it given back
