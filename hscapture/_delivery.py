@@ -119,8 +119,14 @@ class Delivery:
             counts["already_written"] += 1
             return
         if self.ledger.has_failed(key):
-            counts["discarded_chunks"] += 1
-            return
+            if rv.token_start != rv.cached_prefix and rv.token_start != 0:
+                counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
+                return
+            # a row that starts a sample (at token 0, or where its cached prefix ends): a new
+            # sample with the rid (the SGLang hook publishes nothing more of a sample it
+            # reported; a client retrying an aborted request reuses its rid), which
+            # discarding lost without a word until 2026-12-04
+            self.ledger.new_attempt(key)
         p = self.asm.get(key)
         if p is None and rv.token_start == 0 and rv.last:
             self._whole(src, record, meta, schema, names, rv)

@@ -46,7 +46,8 @@ class Ledger:
       ``incomplete`` / ``rejected``) with its reason, and stays there; :meth:`raise_if_failed`
       raises the matching typed error for it.
     - The failed ``(epoch, rid)`` keys are remembered (the newest :data:`MAX_FAILED`), so
-      chunks of a failed sample arriving later are recognised (:meth:`has_failed`).
+      chunks of a failed sample arriving later are recognised (:meth:`has_failed`), until a
+      new sample of the rid begins (:meth:`new_attempt`: the report stays).
     - Memory is bounded where input could grow it without limit: at most :data:`MAX_ERRORS`
       messages (counters keep counting); lost ranges are merged per report, never per number.
     """
@@ -83,6 +84,13 @@ class Ledger:
 
     def has_failed(self, key: tuple[int, str]) -> bool:
         return key in self._failed
+
+    def new_attempt(self, key: tuple[int, str]) -> None:
+        """A new sample of ``key``'s rid begins after its failed one (a client retrying with
+        the same rid): its chunks are no longer the failed sample's. The failure's report
+        stays where :meth:`record_failure` put it."""
+        self._failed.pop(key, None)
+        self.counts["new_attempts_after_failure"] += 1
 
     def retract_lost(self, epoch: int, first: int, count: int) -> None:
         """Take ``[first, first + count)`` of ``epoch`` out of :attr:`lost` (the list object

@@ -428,6 +428,31 @@ def test_abort_reports_incomplete_and_a_restart_abort_lets_the_new_attempt_compl
         assert sub.stats()["restarted"] == 1
 
 
+def test_a_failed_rid_starts_a_new_sample_from_its_first_row_and_drops_the_old_ones_rest(
+        endpoint):
+    """After a sample failed (aborted, reported incomplete), a row of the same rid from token
+    0 starts a new sample (a client retrying with the same rid), delivered whole; a later
+    chunk of the failed sample (not from its start) is discarded, never joined to it. The
+    failure stays reported."""
+    p, sub = _inproc_pair(endpoint)
+    with p, sub:
+        _capture(p, "retry", 64, chunk=16, last=False)           # [0, 64) of a longer prompt
+        p.abort("retry", "client went away")
+        _capture(p, "retry", 80, chunk=16, start=64)             # a straggler: [64, 80), last
+        _capture(p, "retry", 40, chunk=16)                        # the retry: [0, 40), whole
+        _capture(p, "after", 8)                                   # a marker
+        got = {}
+        while "after" not in got:
+            s = sub.poll(timeout=10)
+            assert s is not None, "the marker never arrived"
+            got.setdefault(s.rid, []).append(s)
+        assert [x.num_tokens for x in got["retry"]] == [40]
+        assert_sample_exact(got["retry"][0], "retry", 40, HIDDEN, LAYERS)
+        st = sub.stats()
+        assert "client went away" in st["incomplete"]["retry"]
+        assert st["discarded_chunks"] == 1 and st["new_attempts_after_failure"] == 1
+
+
 def test_with_inline_publishing_off_only_the_publisher_thread_commits_and_announces(endpoint):
     """``inline_publish=False`` (the bench's ``publisher`` mode): the capturing thread never
     commits or sends a notice, the publisher thread publishes every entry (captures and an

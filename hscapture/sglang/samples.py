@@ -190,12 +190,17 @@ class SampleTracker:
     def _continues(self, st: Inflight, rid: str, attempt: int, req: Any) -> Inflight | None:
         """``st`` if this chunk continues its sample, else None after reporting why not."""
         if st.ref() is not req:
-            # The earlier request with this rid vanished mid-sample; this is a new one.
-            self.counters["restarts"] += 1
+            # The earlier request with this rid stopped mid-sample (aborted or released
+            # before a sweep saw it) and a new one reuses the rid (a client's retry): the
+            # earlier sample can never complete, so it is reported (not a restart, which a
+            # subscriber discards quietly: that lost it without a word until 2026-12-04);
+            # the new request's chunks are a new sample, which a subscriber takes from its
+            # first row on. (Not remembered as done: that is the new sample's rid now.)
+            self.counters["superseded"] += 1
             del self.inflight[rid]
             self._flush(rid)        # (its chunks captured before the report)
-            self._abort(rid, "superseded by a new request with the same rid", True,
-                        st.attempt)
+            self._abort(rid, "request stopped before its last chunk; a new request reuses "
+                             "its rid", False, st.attempt)
             return None
         if st.attempt != attempt:
             # Retracted mid-sample: the partial attempt is discarded, the re-prefill restarts.

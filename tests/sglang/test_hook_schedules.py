@@ -3,12 +3,12 @@
 Hypothesis draws schedules of what SGLang 0.5.23 does to requests between and during prefill
 passes, on its real ``Req`` / ``ScheduleBatch`` objects (``sglang_support.FakeModelServer``):
 new requests, chunked passes of up to three requests with chunks of any size (MIXED with the
-running requests' decode rows, padded as DP attention pads), requests whose first chunk
-starts past a radix-cache hit, retractions
-mid-prefill and after a complete prefill (a re-prefill of prompt + outputs), aborts by the
-1-token stub forward and between chunks (the scheduler's sweep), decode passes, requests that
-finish, and new requests reusing a finished request's rid. A model of the schedule says what
-each request instance must come to, and the subscriber's view is checked against it:
+running requests' decode rows, padded as DP attention pads), requests whose first chunk starts
+past a radix-cache hit, retractions mid-prefill and after a complete prefill (a re-prefill of
+prompt + outputs), aborts by the 1-token stub forward and between chunks (the scheduler's
+sweep), decode passes, requests that finish, and new requests reusing a finished or aborted
+request's rid (a client's retry). A model of the schedule says what each request instance must
+come to, and the subscriber's view is checked against it:
 
 - every request whose prompt was prefilled whole (in its last attempt, never aborted first)
   arrives exactly once, its token ids and every layer bit-exact, in the order of its rid's
@@ -148,19 +148,20 @@ def _schedule(data: Any, srv: FakeModelServer, hook: Any, tag: str) -> Model:
             inst.req.init_next_round_input(None)
             srv.extend([(inst.req, 0, 1)])
             _aborted(model, inst)
+            reusable.append(inst.rid)           # a client may retry with the same rid
         elif action == "abort_between" and prefilling():
             # process_pending_chunked_abort between chunks, then the scheduler's step
             inst = data.draw(st.sampled_from(prefilling()), label="aborted")
             inst.req.finished_reason = FINISH_ABORT("aborted between chunks")
             hook.sweep()
             _aborted(model, inst)
+            reusable.append(inst.rid)
         elif action == "finish":
             done = [i for i in live if i.state == "done"]
             if done:
                 inst = data.draw(st.sampled_from(done), label="finished")
                 live.remove(inst)               # SGLang lets go of it
-                if inst.rid not in model.must_report | model.may_report:
-                    reusable.append(inst.rid)
+                reusable.append(inst.rid)
         elif action == "decode":
             running = [i.req for i in live if i.state == "done"]
             if running:

@@ -328,6 +328,34 @@ def test_same_rid_reused_by_a_new_request_is_a_new_sample(rig):
     check(sub.get(r2.rid, timeout=10), srv, r2)
 
 
+def test_a_request_stopped_mid_sample_and_a_retry_with_its_rid_before_any_sweep(rig):
+    """A request aborted between chunks that no sweep saw yet, then a new request with the
+    same rid (a client's retry): the earlier sample is reported incomplete, by rid (it can
+    never complete; a quiet restart lost it), and the retry arrives whole."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    hook, sub, srv = rig()
+    hook._swept = time.monotonic() + 3600        # (the forward's own sweep: not due)
+    r = srv.new_req("hscap-retried", 30)
+    srv.extend([(r, 0, 10)])
+    r.finished_reason = FINISH_ABORT("client went away")
+    r2 = srv.new_req("hscap-retried", 12)           # the retry, before any scheduling step
+    srv.extend([(r2, 0, 12)])
+    marker = srv.new_req("hscap-retried-marker", 3)
+    srv.extend([(marker, 0, 3)])
+    got = []
+    while True:
+        s = sub.poll(timeout=10)
+        assert s is not None, "the marker never arrived"
+        if s.rid == marker.rid:
+            break
+        got.append(s)
+    assert [s.rid for s in got] == [r2.rid]
+    check(got[0], srv, r2)
+    assert "new request reuses its rid" in sub.stats()["incomplete"][r.rid]
+    assert hook.stats()["superseded"] == 1
+
+
 def test_an_invalid_rid_is_counted_and_skipped_and_its_batch_mates_are_captured(rig):
     hook, sub, srv = rig()
     bad = srv.new_req("hscap-bad\nrid", 6)          # a control character: not a valid rid
