@@ -41,6 +41,8 @@ Request life cycle, per rid (the opt-in is decided by :meth:`CaptureConfig.wants
 - aborted request (``req.to_finish`` / ``req.finished_reason`` set; an abort replaces the
   prompt by a 1-token stub before its last forward) or one that disappears between chunks:
   ``abort(rid, reason)``: reported incomplete.
+- a new request reusing the rid (a client's retry): a new sample; an earlier request with the
+  rid still in flight (stopped before a sweep saw it) is reported incomplete first.
 - the ring is full: the producer drops the chunk and announces the drop; the rest of that
   sample is not published.
 - any exception inside the hook: caught, counted, logged once per kind with context; the

@@ -8,8 +8,10 @@ sees into a wire row, or into nothing, or into a report, and remembers what it n
 next chunk:
 
 - a sample of several chunks is followed (:class:`Inflight`) until its last one; a chunk that
-  does not start where the previous one ended is reported, a new request with the same rid
-  (or a retraction) restarts the sample and reports the partial one (``restart=True``);
+  does not start where the previous one ended is reported; a retraction restarts the sample
+  (the partial one reported with ``restart=True``, which a subscriber discards quietly); a new
+  request with the same rid while the earlier one is in flight reports the earlier sample
+  incomplete and starts a new one;
 - a completed or failed sample is remembered on its request object (an attribute of this
   tracker's, holding the attempt: as long as the request lives, however many samples came
   after it) and by rid (the newest :data:`MAX_DONE`), so a re-prefill of the same request
