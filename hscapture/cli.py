@@ -187,9 +187,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 def _parse_meta(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]
                 ) -> dict[str, str]:
-    from .shards import _DEFAULTABLE, _META_KEYS   # the shard format's own reserved keys
+    from .shard_format import DEFAULTABLE_KEYS, META_KEYS   # the format's reserved keys
 
-    reserved = _META_KEYS - _DEFAULTABLE
+    reserved = META_KEYS - DEFAULTABLE_KEYS
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -26,7 +26,8 @@ from .producer import Producer
 from .progress import format_size
 from .sample import layer_name
 from .shard_check import verify_dir
-from .shards import load_sample, read_index
+from .reader import load_sample
+from .shard_index import read_index
 
 __all__ = ["DemoResult", "run_demo", "tiny_llama", "MARKER", "is_demo_output",
            "clear_demo_output"]

@@ -34,6 +34,8 @@ __all__ = [
     "IncompleteSampleError",
     "SampleDroppedError",
     "ShardError",
+    "SampleRefusedError",
+    "DuplicateRidError",
     "EndpointError",
     "CaptureConfigError",
     "InvalidMetaError",
@@ -149,6 +151,19 @@ class SampleDroppedError(HSCaptureError):
 
 class ShardError(HSCaptureError):
     """Writing or reading a shard directory failed (unwritable, full disk, corrupt index)."""
+
+
+class SampleRefusedError(ShardError):
+    """This one sample cannot be written (bad rid, inconsistent tensors, duplicate); nothing
+    of it was written and the writer is still usable. ``rid`` names it."""
+
+    def __init__(self, message: str, rid: object = None) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+
+class DuplicateRidError(SampleRefusedError):
+    """The rid is already in this shard directory (written before, or added twice)."""
 
 
 class EndpointError(HSCaptureError):

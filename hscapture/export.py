@@ -161,7 +161,7 @@ def _num_layers(ss: ShardSet, given: int | None) -> int | None:
     """The model's decoder layer count: ``given``, else what the shards record (their
     ``num_layers`` metadata; shards written before that key: one more than the final norm's
     recorded id), else a sample's ``meta.extra.num_hidden_layers``."""
-    from .shards import shard_num_layers
+    from .shard_format import shard_num_layers
 
     if given is not None:
         return int(given)

@@ -45,9 +45,11 @@ import torch
 
 from .codec import CODECS, decode
 from .errors import ShardError
+from . import shard_index as _index
 from .sample import layer_name
+from .shard_format import DTYPE_CODES, INDEX_NAME, codec_records
 
-__all__ = ["open_shards", "ShardSet", "StoredSample", "ShardDataset"]
+__all__ = ["open_shards", "ShardSet", "StoredSample", "ShardDataset", "load_sample"]
 
 
 @dataclass
@@ -120,8 +122,7 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 
 
 def _torch_dtypes() -> dict[str, torch.dtype]:
-    from .shards import _DTYPES
-    return {name: dt for dt, name in _DTYPES.items()}
+    return {name: dt for dt, name in DTYPE_CODES.items()}
 
 
 _TORCH_OF = _torch_dtypes()   # safetensors dtype name -> torch dtype
@@ -153,9 +154,7 @@ class _Handle:
 
     def codecs(self, rid: str) -> dict[str, dict]:
         """The per-tensor codec records of ``rid`` (``{}``: stored uncompressed)."""
-        from .shards import _codec_records
-
-        recs, bad = _codec_records(self.meta, rid)
+        recs, bad = codec_records(self.meta, rid)
         if bad:
             raise ShardError(f"{self.path}: {bad}")
         return recs
@@ -267,14 +266,12 @@ class ShardSet(Sequence):
 
     def reload(self) -> None:
         """Read ``index.jsonl`` again (sees samples finalized since); keeps open handles."""
-        from .shards import _read_index_lines, INDEX_NAME
-
         if not os.path.exists(os.path.join(self.directory, INDEX_NAME)):
             raise ShardError(f"{self.directory} has no {INDEX_NAME}: not a shard directory "
                              f"(or nothing was ever finalized in it)")
         entries: list[dict] = []
         pos: dict[str, int] = {}
-        for d in _read_index_lines(self.directory):
+        for d in _index.read_index_lines(self.directory):
             rid = d["rid"]
             if rid in pos:
                 continue
@@ -450,6 +447,48 @@ class ShardSet(Sequence):
 def open_shards(directory: str | os.PathLike) -> ShardSet:
     """Open a shard directory for random access (reads ``index.jsonl`` once)."""
     return ShardSet(directory)
+
+
+_SET_CACHE: dict[str, tuple[tuple, ShardSet]] = {}
+_SET_CACHE_MAX = 8
+
+
+def _cached_set(out_dir: str) -> ShardSet:
+    """The :class:`ShardSet` of ``out_dir``, reopened only when its index file changed (inode,
+    size or mtime), so repeated :func:`load_sample` calls are O(1)."""
+    key = os.path.realpath(out_dir)
+    try:
+        st = os.stat(os.path.join(key, INDEX_NAME))
+        stamp: tuple = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        raise ShardError(f"{out_dir} has no {INDEX_NAME}: not a shard directory") from None
+    hit = _SET_CACHE.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    ss = ShardSet(key)
+    if len(_SET_CACHE) >= _SET_CACHE_MAX:
+        _SET_CACHE.pop(next(iter(_SET_CACHE)))
+    _SET_CACHE[key] = (stamp, ss)
+    return ss
+
+
+def load_sample(out_dir: str | os.PathLike, rid: str) -> dict[str, torch.Tensor]:
+    """Tensors of one sample: ``{"layer_3": ..., "final_norm": ..., "token_ids": ...,
+    "field.loss_mask": ...}`` (names as stored, without the ``rid/`` prefix).
+
+    Kept for compatibility; prefer :func:`open_shards`, which also returns the sample's
+    layers, meta and fields. The directory's index is read once and cached (it is reread
+    only when ``index.jsonl`` changes), and the sample's tensors are read by name from its
+    shard, so each call costs O(1) index work, not a reread of the index and a scan of every
+    tensor name.
+    """
+    d = os.fspath(out_dir)
+    ss = _cached_set(d)
+    if rid not in ss:
+        raise ShardError(f"rid {rid!r} is not in the index of {d}")
+    out = ss.load(rid).to_dict()
+    del out["rid"]
+    return out
 
 
 class ShardDataset(torch.utils.data.Dataset):

@@ -15,22 +15,21 @@ from typing import Any, Mapping
 
 from .codec import CODECS, SCALE_PREFIX, describe
 from .errors import ShardError
-from .shards import (
+from .shard_format import (
     FIELD_PREFIX,
     FORMAT,
     INDEX_NAME,
     JOURNAL_SUFFIX,
+    SHARD_RE,
     SHARD_SUFFIX,
+    ST_TO_TORCH_NAME,
     TMP_SUFFIX,
-    _SHARD_RE,
-    _ST_TO_TORCH_NAME,
-    _codec_records,
-    _dir_locked,
-    _final_norm_after,
-    _jdump,
-    _meta_list,
-    _read_index_lines,
+    codec_records,
+    final_norm_after,
+    jdump,
+    meta_list,
 )
+from .shard_index import dir_locked, read_index_lines
 
 __all__ = ["verify_dir"]
 
@@ -74,7 +73,7 @@ def verify_dir(out_dir: str | os.PathLike) -> dict:
     scan.files(files)
     problems = scan.problems
     try:
-        lines = _read_index_lines(d)
+        lines = read_index_lines(d)
     except ShardError as e:
         problems.append(str(e))
         lines = []
@@ -123,13 +122,13 @@ class _Scan:
 
     def files(self, files: list[str]) -> None:
         """Look at each of ``files`` (the directory's listing)."""
-        live = _dir_locked(self.dir)
+        live = dir_locked(self.dir)
         for f in files:
             if f.endswith(TMP_SUFFIX) or f.endswith(JOURNAL_SUFFIX):
                 (self.in_progress if live else self.problems).append(
                     f if live else f"{f}: left by a writer that did not close (a new "
                                    f"ShardWriter on the directory recovers it)")
-            elif _SHARD_RE.match(f):
+            elif SHARD_RE.match(f):
                 self._shard(f)
             elif f.endswith(SHARD_SUFFIX):
                 self.unrelated.append(f)
@@ -167,7 +166,7 @@ class _Scan:
             problems.append(f"{f}: codec {meta['codec']!r} is not supported by this version of "
                             f"hscapture (known: {', '.join(CODECS)})")
         for rid, tens in rids.items():
-            recs, _ = _codec_records(meta, rid)
+            recs, _ = codec_records(meta, rid)
             for name, (dt, shape) in tens.items():
                 nb = _nbytes(dt, shape)
                 self.stored_bytes += nb
@@ -180,7 +179,7 @@ class _Scan:
         self.shards[f] = rids
         self.metas[f] = meta
         schema = _schema_of(meta)
-        entry = self.schemas.setdefault(_jdump(schema), {**schema, "shards": 0, "samples": 0})
+        entry = self.schemas.setdefault(jdump(schema), {**schema, "shards": 0, "samples": 0})
         entry["shards"] += 1
         entry["samples"] += len(rids)
 
@@ -199,7 +198,7 @@ def _check_sample(ent: Mapping[str, Any], shard: str, tens: dict[str, tuple],
         have = sorted(n[len(FIELD_PREFIX):] for n in tens if n.startswith(FIELD_PREFIX))
         if have != sorted(want_fields):
             problems.append(f"rid {rid!r}: fields {have} in {shard} != index {want_fields}")
-    recs, bad = _codec_records(meta, rid)
+    recs, bad = codec_records(meta, rid)
     if bad:
         problems.append(bad)
     scales = {str(r.get("scale")) for r in recs.values() if r.get("codec") == "fp8"}
@@ -224,7 +223,7 @@ def _check_sample(ent: Mapping[str, Any], shard: str, tens: dict[str, tuple],
             dt, shape = logical
         if shape != (T, hidden):
             problems.append(f"rid {rid!r}: {name} shape {list(shape)} != [{T}, {hidden}]")
-        if want_dt and _ST_TO_TORCH_NAME.get(dt, dt) != want_dt and dt != want_dt:
+        if want_dt and ST_TO_TORCH_NAME.get(dt, dt) != want_dt and dt != want_dt:
             problems.append(f"rid {rid!r}: {name} dtype {dt} != index dtype {want_dt}")
     for name in recs:
         if name not in tens:
@@ -267,13 +266,13 @@ def _check_shards_listed(shards: dict[str, Tensors], seen: dict[str, str],
 def _schema_of(meta: dict[str, str]) -> dict[str, Any]:
     """The schema a shard's ``__metadata__`` declares (what :func:`verify_dir` reports)."""
     def lst(key: str) -> list:
-        return _meta_list(meta, key)
+        return meta_list(meta, key)
     try:
         hidden: int | None = int(meta["hidden"])
     except (KeyError, ValueError):
         hidden = None
     layers, kinds = lst("layers"), lst("layer_kinds")
-    after = _final_norm_after(meta, layers, kinds)
+    after = final_norm_after(meta, layers, kinds)
     # old shards recorded the final norm with the id of the layer it follows: show it as null
     layers = [None if k == "final_norm" else l for l, k in zip(layers, kinds)] + layers[len(kinds):]
     return {"layers": layers, "layer_kinds": kinds,

@@ -85,6 +85,22 @@ def test_every_producer_module_imports_only_modules_below_it():
     assert not wrong, wrong
 
 
+#: the shard directory stack, top first: the writer and the checker, the reader, the index and
+#: journals, the format they all follow
+SHARD_LAYERS: list[list[str]] = [
+    ["shards", "shard_check"],
+    ["reader"],
+    ["shard_index"],
+    ["shard_format"],
+]
+SHARD_FOUNDATIONS = {"errors", "sample", "codec", "notice"}
+
+
+def test_the_shard_modules_import_only_downward():
+    wrong = _wrong_imports(SHARD_LAYERS, SHARD_FOUNDATIONS)
+    assert not wrong, wrong
+
+
 def test_no_foundation_module_imports_the_subscriber_stack():
     rank = _rank()
     wrong = [f"{name} imports {dep}" for name in sorted(FOUNDATIONS)

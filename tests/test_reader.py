@@ -10,7 +10,8 @@ import pickle
 import pytest
 import torch
 
-import hscapture.shards as shards
+import hscapture.reader as reader
+import hscapture.shard_index as shard_index
 from hscapture.errors import ShardError
 from hscapture.reader import ShardDataset, StoredSample, open_shards
 from hscapture.shard_check import verify_dir
@@ -97,10 +98,10 @@ def test_load_only_named_layers_reads_only_those(shard_dir, samples):
 def test_load_sample_reads_the_index_once_for_many_calls_and_sees_new_samples(
         shard_dir, samples, monkeypatch):
     calls = []
-    real = shards._read_index_lines
-    monkeypatch.setattr(shards, "_read_index_lines",
+    real = shard_index.read_index_lines
+    monkeypatch.setattr(shard_index, "read_index_lines",
                         lambda d: calls.append(d) or real(d))
-    shards._SET_CACHE.clear()
+    reader._SET_CACHE.clear()
     for s in samples * 3:
         loaded = load_sample(shard_dir, s.rid)
         assert set(loaded) == set(s.tensors) | {"token_ids", "field.loss_mask"}

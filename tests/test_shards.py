@@ -352,7 +352,7 @@ def test_sigkill_between_flush_and_close_recovers_flushed_samples(tmp_path):
 
 _CRASH_IN_INDEX_APPEND = """
 import os, signal, json
-import hscapture.shards as shards
+import hscapture.shard_index as shard_index
 from hscapture.shards import ShardWriter
 def crash(d, shard, entries, index, fsync):
     lines = [json.dumps({{**e.index, "shard": shard}}) + "\\n" for e in entries]
@@ -362,7 +362,7 @@ def crash(d, shard, entries, index, fsync):
 w = ShardWriter({d!r})
 w.add(make_sample("before"))
 w.close()
-shards._append_index = crash
+shard_index.append_index = crash
 w = ShardWriter({d!r})
 for i in range(4):
     w.add(make_sample(f"c{{i}}"))
