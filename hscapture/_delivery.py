@@ -10,6 +10,7 @@ keeps referenced, and gives them back when the sample is released.
 from __future__ import annotations
 
 import collections
+import time
 import warnings
 from typing import Any, Callable
 
@@ -39,8 +40,13 @@ class Delivery:
       present exactly once, every chunk agrees on layers, kinds, dtype and hidden size, and
       the token count matches :meth:`Subscriber.expect <hscapture.Subscriber.expect>` when
       declared; otherwise the rid is rejected, never delivered.
-    - A failed ``(epoch, rid)`` is failed once: its partial is dropped (its ring records
-      released) and later chunks of it are discarded, counted.
+    - A failed ``(epoch, rid)`` is failed once: its partial is dropped and later chunks of
+      it are discarded, counted. Its ring records are released at once, except with
+      ``durable``: the records that name a failure (a drop or abort entry, the failed
+      partial's chunks) stay referenced until the failure is acknowledged
+      (:meth:`acknowledge_failures`, after the consumer recorded it), for at most
+      ``partial_hold_s`` and a quarter of the ring, so a resumer of a consumer that died
+      first reads them again and reports the failure.
     - Samples own their tensors unless ``zero_copy``; a borrowed sample keeps its record
       referenced until released. Non-final chunks are always copied out on arrival; with
       ``durable`` their records stay referenced until the sample is acknowledged
@@ -68,6 +74,10 @@ class Delivery:
         self.on_released: Callable[[Source], None] = lambda src: None
         #: durable: the settlement of every partial tracked as unsettled, by key
         self._unsettled: dict[tuple[int, str], Settlement] = {}
+        #: durable: records naming failures not yet acknowledged: ``(failures recorded by
+        #: then, source, position, since)`` in the order held
+        self._failure_holds: collections.deque[tuple[int, Source, int, float]] = \
+            collections.deque()
 
     # -- entries -------------------------------------------------------------------------
 
@@ -89,6 +99,7 @@ class Delivery:
                 counts["dropped_rows"] += 1
                 self.fail((src.epoch, row["rid"]), f"dropped by producer: "
                           f"{entry.meta['reason']}", "dropped")
+            self._hold_failure(src, record.position)
         elif kind == "abort":
             key = (src.epoch, entry.meta["rid"])
             if entry.meta["restart"]:
@@ -96,12 +107,16 @@ class Delivery:
                 self.pop_partial(key)
             else:
                 self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete")
+                self._hold_failure(src, record.position)
         elif kind == "unheard":
+            failed = len(self.ledger.failure_log)
             for row in entry.rows:
                 if not src.seqs.seen(row["seq"]):
                     self.fail((src.epoch, row["rid"]), "committed before any subscriber "
                               "attached (start the subscriber first, or use "
                               "Producer(wait_for_subscribers=1))", "dropped")
+            if len(self.ledger.failure_log) > failed:
+                self._hold_failure(src, record.position)
             if entry.meta["overflow"]:
                 self.ledger.lost.append(LostRange(
                     src.producer or "?", src.epoch, -1, entry.meta["overflow"],
@@ -161,12 +176,12 @@ class Delivery:
         tensors = [_copy(rv.layer(i)) for i in range(len(schema[0]))]
         self.asm.add(p, Chunk(start, rv.token_count, tensors, rv.token_ids.copy(),
                               dict(rv.fields), rv.seq))
-        if self.durable and (not p.holds or p.holds[-1][1] != record.position):
+        held = self.durable and (not p.holds or p.holds[-1][1] != record.position)
+        if held:
             # durable: keep the chunk's record until the sample is acknowledged, so a crash
             # mid-sample loses nothing (bounded by partial_hold_s and by a quarter of the ring)
             src.borrowed.add(record.position)
             p.holds.append((src, record.position))
-            self._bound_partial_holds(src)
         if rv.last:
             p.total = end
         if p.total is not None:
@@ -179,6 +194,14 @@ class Delivery:
                 p.holds.clear()          # handed to the sample (durable) or released below
                 self.pop_partial(key)
                 self._assemble(src, p, holds)
+        if held:
+            # only partials still open: a sample this row completed keeps every record it
+            # holds until it is acknowledged, at least this row's. Bounded before the check,
+            # a completing row over a quarter of the ring was given back with the rest, and
+            # a drain killed before the sample was durable left a resumer no row of it: lost
+            # without a word (until 2026-12-05). Now a resumer finds that row and reports
+            # the sample (its earlier rows may be gone: known gap 1 of docs/GUARANTEES.md).
+            self._bound_partial_holds(src)
         for victim in self.asm.over_budget():
             self.fail(victim.key, f"partial samples exceeded max_partial_bytes="
                                   f"{self.asm.max_bytes}; missing {victim.describe_gaps()}",
@@ -361,12 +384,60 @@ class Delivery:
 
     def fail(self, key: tuple[int, str], reason: str, kind: str) -> None:
         """Sample ``key`` = (epoch, rid) cannot be delivered: report it as ``kind``."""
-        p = self.pop_partial(key)
+        p = self.asm.pop(key)
         settled = self._unsettled.pop(key, None)
         if settled is not None:
             settled.finish(key, max((c.seq for c in p.chunks), default=0) if p else 0)
         self.ledger.record_failure(key, reason, kind)
         self.expected.pop(key[1], None)
+        if p is not None:
+            if self.durable:   # its chunks name it to a resumer until acknowledged
+                for src, position in p.holds:
+                    self._hold_failure(src, position, borrowed=True)
+                p.holds.clear()
+            else:
+                self._unhold(p)
+
+    # -- failures a durable consumer has not recorded yet -----------------------------------
+
+    def _hold_failure(self, src: Source, position: int, borrowed: bool = False) -> None:
+        """Durable: keep the record at ``position`` (already referenced when ``borrowed``)
+        until the failures recorded so far are acknowledged."""
+        if not self.durable or self.closed:
+            if borrowed:
+                self._give_back((0, src, position, 0.0))
+            return
+        if not borrowed:
+            src.borrowed.add(position)
+        self._failure_holds.append((len(self.ledger.failure_log), src, position,
+                                    time.monotonic()))
+
+    def acknowledge_failures(self, through: int) -> None:
+        """The first ``through`` failures of the ledger's ``failure_log`` are recorded by the
+        consumer: give back the records that named only those."""
+        holds = self._failure_holds
+        while holds and holds[0][0] <= through:
+            self._give_back(holds.popleft())
+
+    def _give_back(self, hold: tuple[int, Source, int, float]) -> None:
+        _, src, position, _ = hold
+        if src.borrowed.discard(position) and not self.closed:
+            src.release()
+            self.on_released(src)
+
+    def _bound_failure_holds(self, now: float) -> None:
+        """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
+        quarter of it (past that a resumer may not learn of them: only a crash could cost
+        that, as for a partial that stopped pinning)."""
+        holds = self._failure_holds
+        while holds:
+            _, src, position, since = holds[0]
+            consumer = src.consumer
+            if now - since <= self.partial_hold_s and (
+                    consumer is None or consumer.position - position <= consumer.capacity // 4):
+                break
+            self.ledger.counts["failures_unpinned"] += 1
+            self._give_back(holds.popleft())
 
     def reject(self, key: tuple[int, str], why: str) -> None:
         message = str(SampleMismatchError(f"sample {key[1]!r} rejected: {why}"))
@@ -378,7 +449,8 @@ class Delivery:
 
     def housekeeping(self, now: float) -> None:
         """Stop holding the ring for partials idle past ``partial_hold_s``; fail those idle
-        past ``incomplete_timeout_s``."""
+        past ``incomplete_timeout_s``; bound the failures not acknowledged."""
+        self._bound_failure_holds(now)
         for p in self.asm.stale(now - self.partial_hold_s):
             if p.holds:   # its chunks are copies: stop holding the ring for it
                 self._unpin(p)

@@ -62,6 +62,10 @@ class Ledger:
         self.conflicts: dict[str, str] = {}
         self._failed: collections.OrderedDict[tuple[int, str], None] = \
             collections.OrderedDict()
+        #: every failure in the order it was recorded: ``(kind, rid, reason)``, kind one of
+        #: ``dropped`` / ``incomplete`` / ``rejected`` (what a durable consumer persists
+        #: before it acknowledges failures: :meth:`Subscriber.failures`)
+        self.failure_log: list[tuple[str, str, str]] = []
 
     def error(self, message: str, counter: str) -> None:
         """Count ``counter``, keep ``message``; the first of each counter is logged."""
@@ -78,8 +82,10 @@ class Ledger:
         while len(self._failed) > MAX_FAILED:
             self._failed.popitem(last=False)
         rid = key[1]
+        kind = kind if kind in ("dropped", "rejected") else "incomplete"
         target = {"dropped": self.dropped, "rejected": self.rejected}.get(kind, self.incomplete)
         target[rid] = reason
+        self.failure_log.append((kind, rid, reason))
         self.counts[f"{kind}_samples"] += 1
 
     def has_failed(self, key: tuple[int, str]) -> bool:

@@ -1,12 +1,16 @@
 """The drain: subscribe and write every complete sample into safetensors shards.
 
 Ring space is released only for samples the shard writer reports durable, so a drain killed at
-any point loses nothing it acknowledged; a restarted drain skips rids already in the index.
+any point loses nothing it acknowledged; a restarted drain skips rids already in the index. The
+same holds for failures: the records that name one are given back only once it is in the
+directory's ``reports.jsonl`` (:mod:`hscapture._report_log`), and a drain reports the failures
+a killed predecessor recorded there but never named.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import signal
 import threading
@@ -14,10 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ._report_log import ReportLog
 from .errors import SampleTimeoutError, ShardError
 from .sample import Sample
 from .shards import SampleRefusedError, ShardWriter
 from .subscriber import Subscriber
+
+log = logging.getLogger("hscapture")
 
 __all__ = ["DrainResult", "drain", "resume_name", "unsubscribe"]
 
@@ -114,6 +121,20 @@ def drain(
     sub = Subscriber(endpoints, name=resume_name(out_dir), zero_copy=True,
                      skip_rid=lambda rid: writer.seen(rid) or rid in pending)
     start = time.monotonic()
+    reports = ReportLog(out_dir)
+    earlier = reports.unreported()   # a killed predecessor's failures: named in this report
+    recorded = 0                     # sub.failures()[:recorded] are in reports.jsonl
+
+    def record_failures() -> None:
+        """Append the failures read since the last call to reports.jsonl, then let the ring
+        go of the records that named them."""
+        nonlocal recorded
+        new = sub.failures(recorded)
+        if new:
+            _check_dir(out_dir, dir_id)
+            reports.append(new)
+            recorded += len(new)
+            sub.acknowledge_failures(recorded)
 
     def settle(rids: list[str]) -> None:
         nonlocal pending_bytes
@@ -123,6 +144,7 @@ def drain(
             for s in pending.pop(rid, ()):
                 pending_bytes -= s.nbytes
                 s.release()          # durable now: give the ring space back
+        record_failures()
 
     primary: BaseException | None = None   # the error that stopped the drain, if any
     try:
@@ -159,6 +181,9 @@ def drain(
                             or sub.held_fraction() > 0.5):   # the ring needs the space back
                 settle(writer.flush())
                 last_flush = now
+            elif now - last_flush >= flush_interval_s:
+                record_failures()    # failures hold the ring too: recorded as often
+                last_flush = now
             bar.update(res, sub, start)
         if not res.stopped_by:
             res.stopped_by = "signal" if stop.is_set() else "count"
@@ -177,6 +202,8 @@ def drain(
     finally:
         try:
             _close_writer(writer, settle, primary)
+            if primary is None:
+                record_failures()
         finally:
             res.seconds = time.monotonic() - start
             bar.update(res, sub, start, force=True)
@@ -188,6 +215,18 @@ def drain(
             res.in_flight = dict(st["in_flight"])
             res.conflicts = dict(st["conflicts"])
             res.stats = st
+            for kind, rid, reason in earlier:
+                getattr(res, kind).setdefault(rid, f"{reason} (read by an earlier drain into "
+                                                   f"this directory that was stopped before "
+                                                   f"its report)")
+            if earlier:
+                res.stats["reported_from_earlier_drain"] = len(earlier)
+            if primary is None:   # the report is returned whole (a failing drain's next run
+                try:             # names the failures again: rather twice than never)
+                    reports.mark_reported()
+                except OSError as exc:
+                    log.warning("hscapture drain: cannot mark %s reported: %s", reports.path,
+                                exc)
             not_written = [s.rid for samples in pending.values() for s in samples]
             if not_written:   # never durable: left unreleased in the ring for the next run
                 res.stats["not_written"] = not_written

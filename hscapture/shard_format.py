@@ -13,6 +13,7 @@ Files in a shard directory::
     shard-00000.safetensors      finished shards (plain safetensors files)
     shard-00001.safetensors
     index.jsonl                  one JSON line per sample, append-only
+    reports.jsonl                the failures a drain reported (hscapture drain only)
     shard-00002.safetensors.tmp  the shard being written (absent when no writer is live)
     shard-00002.journal          its journal (absent when no writer is live)
     .lock                        advisory lock held by the live writer (flock, exclusive)
@@ -93,6 +94,16 @@ index.jsonl
 * A final line without a terminating newline is a torn write: readers MUST ignore it, and a
   writer truncates it away (and re-appends it from the journal) before appending.
 
+reports.jsonl
+-------------
+* Written by ``hscapture drain`` (:mod:`hscapture._report_log`), absent otherwise; readers
+  and exports ignore it. One JSON object per line: ``{"kind", "rid", "reason"}`` for each
+  sample the drain's subscriber reported (``kind``: ``dropped``, ``incomplete`` or
+  ``rejected``), appended and fsync'd before the ring records that name the failure are given
+  back; ``{"reported": true, "at"}`` once a drain's final report named every failure above
+  it. A drain that finds failures after the last ``reported`` line (its predecessor was
+  killed) reports them. A torn last line MUST be ignored.
+
 Journals and recovery
 ---------------------
 * ``shard-{n}.journal`` is an append-only JSON-lines file: a first ``{"kind": "shard", ...}``
@@ -128,6 +139,8 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "INDEX_NAME", "shard_num_layers"]
 FORMAT = "hscapture.shard"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.jsonl"
+#: the drain's record of the failures it read (:mod:`hscapture._report_log`)
+REPORTS_NAME = "reports.jsonl"
 LOCK_NAME = ".lock"
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".safetensors"

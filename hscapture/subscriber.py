@@ -230,6 +230,22 @@ class Subscriber:
             "producers": self._registry.describe(),
         }
 
+    def failures(self, since: int = 0) -> list[tuple[str, str, str]]:
+        """Every failure reported so far from the ``since``-th on, in the order recorded:
+        ``(kind, rid, reason)`` with kind ``dropped``, ``incomplete`` or ``rejected`` (the
+        same reports as :meth:`stats`; a rid failing twice appears twice)."""
+        return self._ledger.failure_log[since:]
+
+    def acknowledge_failures(self, through: int) -> None:
+        """A durable subscriber (``name=...``): the first ``through`` :meth:`failures` are
+        recorded where a restart finds them (the drain appends them to its output
+        directory's ``reports.jsonl``). Until then the ring records that name a failure (a
+        drop or abort entry, a failed sample's chunks) stay in the ring, for at most
+        ``partial_hold_s`` and a quarter of it, so that if this process dies first, the
+        subscriber resumed under the same name reads them again and reports the failure.
+        A no-op for an anonymous subscriber (nothing resumes it)."""
+        self._delivery.acknowledge_failures(through)
+
     def pump(self, timeout: float = 0.0) -> None:
         """Process whatever arrived (notices, ring entries) for up to ``timeout`` seconds."""
         self._pump(timeout)

@@ -11,6 +11,7 @@ files, ring state) with deadlines, never on sleeps.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -314,6 +315,133 @@ def test_a_dropped_middle_or_last_chunk_fails_its_sample_promptly_and_holds_no_r
                 c["released"] == _ring.segment_info(p.segment)["head"]
                 for c in _slots(p.segment) if c["active"]))[1], 5, "the ring to be released")
             assert not sub.stats()["in_flight"]
+
+
+def test_a_chunk_that_completes_a_sample_past_a_quarter_of_the_ring_keeps_it_for_a_resumer(
+        endpoint):
+    # Partials stop pinning the ring past a quarter of it (their chunks are copies). A chunk
+    # that both takes a partial past that bound and completes it must not be given back with
+    # the rest: the sample's records stay held until it is acknowledged, so a durable
+    # subscriber that dies first leaves its resumer the whole sample. Until 2026-12-05 the
+    # bound ran before the completion check: the ring moved past the whole sample, and a
+    # drain killed before writing it lost it without a word (the resumer saw no row of it).
+    cap = 1 << 20
+    per_token = HIDDEN * 2 * len(LAYERS)
+    cut = cap // 8 // per_token                  # 128 KiB, then the last chunk: 256 KiB,
+    tokens = 3 * cap // 8 // per_token           # which takes the partial past a quarter
+    with Producer(endpoint, producer_id="g4u", capacity=cap, heartbeat_interval_s=0.02) as p:
+        name = "g4u-durable"
+        with Subscriber(endpoint, name=name) as sub:
+            sub.wait_ready(10)
+            tensors, ids = source("big", tokens)
+            first_at = _ring.segment_info(p.segment)["head"]
+            for s, e in ((0, cut), (cut, tokens)):
+                assert p.capture("big", [t[s:e] for t in tensors], layers=LAYERS, token_start=s,
+                                 is_last_chunk=e == tokens, token_ids=ids[s:e])
+            p.flush()
+            got = sub.get("big", timeout=10)            # assembled, never acknowledged
+            check_exact(got.tensors, got.token_ids, "big", tokens)
+            sub.pump(0.05)
+            (slot,) = [c for c in _slots(p.segment) if c["active"]]
+            assert slot["released"] <= first_at, \
+                "the ring was given back past an unacknowledged sample"
+        # the place resumed (as after a crash: nothing was acknowledged): the sample again
+        with Subscriber(endpoint, name=name) as again:
+            check_exact(*(lambda x: (x.tensors, x.token_ids))(again.get("big", timeout=10)),
+                        "big", tokens)
+
+
+def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
+        endpoint):
+    # A durable subscriber that read a failure (an abort after a committed chunk, a chunk
+    # dropped as too large) and died before recording it: its resumer reads the records that
+    # name the failure again and reports it. Until 2026-12-05 they were given back as soon as
+    # read, and the failure was known only to the dead process: reported to no one.
+    cap = 1 << 20
+    with Producer(endpoint, producer_id="g4f", capacity=cap, heartbeat_interval_s=0.02) as p:
+        name = "g4f-durable"
+
+        with Subscriber(endpoint, name=name) as sub:
+            sub.wait_ready(10)
+            tensors, ids = source("ab", 8)
+            assert p.capture("ab", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                             token_start=0, is_last_chunk=False)
+            p.abort("ab", "client cancelled")
+            huge = cap // (HIDDEN * 2 * len(LAYERS)) + 64
+            tensors, ids = source("dr", 4 + huge)
+            assert p.capture("dr", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                             token_start=0, is_last_chunk=False)
+            assert not p.capture("dr", [t[4:] for t in tensors], layers=LAYERS,
+                                 token_ids=ids[4:], token_start=4, is_last_chunk=True)
+            _capture(p, "marker", 2)
+            p.flush()
+            sub.get("marker", timeout=10).release()
+            assert {k for k, _, _ in sub.failures()} == {"incomplete", "dropped"}
+            assert set(sub.incomplete) == {"ab"} and set(sub.dropped) == {"dr"}
+            sub.pump(0.05)
+            (slot,) = [c for c in _slots(p.segment) if c["active"]]
+            assert slot["released"] < _ring.segment_info(p.segment)["head"], \
+                "the records naming the failures were given back before they were acknowledged"
+        # resumed as after a crash (nothing acknowledged): both failures are reported again
+        with Subscriber(endpoint, name=name) as again:
+            wait_until(lambda: (again.pump(0.02), "ab" in again.incomplete
+                                and "dr" in again.dropped)[1], 10,
+                       "the resumer to report both failures")
+            n = len(again.failures())
+            again.acknowledge_failures(n)
+            again.pump(0.05)
+            wait_until(lambda: (again.pump(0.02), all(
+                c["released"] == _ring.segment_info(p.segment)["head"]
+                for c in _slots(p.segment) if c["active"]))[1], 5,
+                "acknowledged failures to give the ring back")
+        # acknowledged: the next resumer has nothing to report
+        with Subscriber(endpoint, name=name) as third:
+            third.pump(0.3)
+            assert not third.failures() and not third.in_flight()
+
+
+def test_a_drain_killed_after_reading_failures_leaves_them_to_the_next_drain(
+        endpoint, procs, tmp_path):
+    # The drain appends each failure it read to reports.jsonl before the ring lets go of the
+    # records naming it; a drain SIGKILLed before its report leaves them to the next drain
+    # into the directory, which names them (exit 3). Until 2026-12-05 the restart exited 0
+    # with an empty report: the aborted and dropped samples were reported to no one.
+    cap = 1 << 20
+    out = tmp_path / "out"
+    with Producer(endpoint, producer_id="g4k", capacity=cap, heartbeat_interval_s=0.02) as p:
+        d = _drain(procs, endpoint, out)
+        assert p.wait_for_consumers(1, 30)
+        tensors, ids = source("ab", 8)
+        assert p.capture("ab", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                         token_start=0, is_last_chunk=False)
+        p.abort("ab", "client cancelled")
+        huge = cap // (HIDDEN * 2 * len(LAYERS)) + 64
+        tensors, ids = source("dr", 4 + huge)
+        assert p.capture("dr", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                         token_start=0, is_last_chunk=False)
+        assert not p.capture("dr", [t[4:] for t in tensors], layers=LAYERS, token_ids=ids[4:],
+                             token_start=4, is_last_chunk=True)
+        _capture(p, "marker", 2)
+        p.flush()
+        reports = out / "reports.jsonl"
+
+        def read_or_released() -> bool:
+            # the failures are recorded, or (the bug) given back without a record
+            if reports.exists() and {"ab", "dr"} <= {json.loads(l)["rid"] for l in
+                                                     reports.read_text().splitlines()}:
+                return True
+            return "marker" in durable_rids(out) and all(
+                c["released"] == _ring.segment_info(p.segment)["head"]
+                for c in _slots(p.segment) if c["active"])
+        wait_until(read_or_released, 20, "the drain to read the failures")
+        d.kill()
+        d.wait(timeout=10)
+        rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1"))
+        assert rc == EXIT_INCOMPLETE, (rc, rep, err)
+        assert "ab" in rep["incomplete"] and "dr" in rep["dropped"], rep
+        # named once: the next drain has nothing more to say
+        rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1"))
+        assert rc == EXIT_OK, (rc, rep, err)
 
 
 # -- 5 ---------------------------------------------------------------------------------------

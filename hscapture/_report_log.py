@@ -1,0 +1,84 @@
+"""The drain's record of failures in its output directory: ``reports.jsonl``.
+
+A durable subscriber keeps the ring records that name a failure (a drop or abort entry, a
+failed sample's chunks) until the failure is acknowledged; the drain acknowledges only what
+it appended here and fsync'd. So a failure the drain read is, at every moment, either still
+in the ring (a restarted drain reads it again) or in this file, and a drain killed before it
+printed its report leaves its failures to the next drain into the directory, which reports
+them. Format (:mod:`hscapture.shard_format`): one JSON object per line, ``\\n``-terminated;
+``{"kind": "dropped"|"incomplete"|"rejected", "rid": ..., "reason": ...}`` per failure, and
+``{"reported": true, "at": ISO-8601}`` once a drain's report named every failure above it. A
+torn last line is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from .shard_format import REPORTS_NAME, jdump
+from .shard_index import fsync_dir
+
+log = logging.getLogger("hscapture")
+
+__all__ = ["ReportLog"]
+
+KINDS = ("dropped", "incomplete", "rejected")
+
+
+class ReportLog:
+    """``reports.jsonl`` of one output directory."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.path = os.path.join(out_dir, REPORTS_NAME)
+        self.dir = out_dir
+
+    def unreported(self) -> list[tuple[str, str, str]]:
+        """``(kind, rid, reason)`` of the failures after the last ``reported`` line: those an
+        earlier drain recorded and never named in a report (it was killed first)."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return []
+        out: list[tuple[str, str, str]] = []
+        for line in raw.split(b"\n")[:-1]:          # the part after the last newline is torn
+            try:
+                d = json.loads(line)
+            except ValueError:
+                log.warning("hscapture drain: %s: a line that is not JSON, skipped", self.path)
+                continue
+            if not isinstance(d, dict):
+                continue
+            if d.get("reported"):
+                out.clear()
+            elif d.get("kind") in KINDS and isinstance(d.get("rid"), str):
+                out.append((d["kind"], d["rid"], str(d.get("reason", ""))))
+        return out
+
+    def append(self, failures: list[tuple[str, str, str]]) -> None:
+        """Append ``failures`` and make them durable (file and, when new, directory fsync'd)."""
+        if failures:
+            self._write("".join(jdump({"kind": k, "rid": r, "reason": why}) + "\n"
+                                for k, r, why in failures))
+
+    def mark_reported(self) -> None:
+        """Every failure above was named in a report shown to the user."""
+        if os.path.exists(self.path):
+            self._write(jdump({"reported": True, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                     time.gmtime())}) + "\n")
+
+    def _write(self, text: str) -> None:
+        new = not os.path.exists(self.path)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            data = memoryview(text.encode("utf-8"))
+            while len(data):
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new:
+            fsync_dir(self.dir)
