@@ -219,6 +219,40 @@ class Source:
             self.release()
             spent += entry.n or 1
 
+    def skim(self, sink: EntrySink) -> list[str]:
+        """A consumer that nothing resumes, about to stop: read every entry committed so far
+        without copying its data, and return the rids of its data rows (samples it will
+        never deliver: named, not lost in silence). Drop, abort and unheard entries go to
+        ``sink`` as in :meth:`pump`. A durable place reads nothing here (its resumer gets
+        them)."""
+        consumer = self.consumer
+        if consumer is None or self.settlement.durable:
+            return []
+        stop_at = consumer.head       # what was committed before the stop
+        rids: list[str] = []
+        record, self.held = self.held, None
+        while True:
+            if record is None:
+                try:
+                    record = consumer.poll()
+                except RingError:
+                    break
+                if record is None or record.position >= stop_at:
+                    break
+            try:
+                entry = rec.read_entry(record.payload, payload_len=record.payload_len,
+                                       epoch=self.epoch, producer=self.producer,
+                                       tag=record.tag)
+            except NoticeError:
+                entry = None
+            if entry is not None and entry.kind == "batch":
+                rids.extend(row["rid"] for row in entry.rows)
+            elif entry is not None and (not entry.n or not self.seqs.seen(entry.seq)):
+                sink.on_entry(self, record, entry)
+            record = None
+        self.release()
+        return rids
+
     def notice_lost(self, seq: int, record: Any) -> bool:
         """True when the notice of entry ``seq`` will not come (so the entry is used as is);
         False holds ``record`` to wait for it."""

@@ -19,7 +19,9 @@ Guarantees (both):
   ``rejected`` rids, ``lost`` sequence ranges whose rids can never be known, ``unresolved``
   ranges, ``in_flight`` samples still assembling, ``conflicts`` and ``undelivered`` (samples
   received and verified but not handed out because the feed stopped: with a durable
-  ``name`` they are NOT acknowledged and the next subscriber of that name receives them).
+  ``name`` they are NOT acknowledged and the next subscriber of that name receives them;
+  without one, also the samples committed before the stop and still unread in the ring,
+  named without their data being read: :meth:`Subscriber.skim_unread`).
   With a durable ``name`` this holds across a crash of the trainer's process too. A sample
   is acknowledged as it is handed out (``device="cpu"``), or once its copy to the GPU has
   completed (``device="cuda"``: a crash before that hands it out again). An acknowledged
@@ -566,7 +568,12 @@ class SampleStream:
             if sample is None:
                 break
             held.append(sample)
-        self._report = self._snapshot(sub, [s.rid for s in held])
+        undelivered = list(dict.fromkeys(s.rid for s in held))
+        # an anonymous subscription ends here: what is still unread in the rings is named
+        # too (until 2026-12-05 a stream stopped early said nothing of it)
+        named = set(undelivered) | set(sub.in_flight())
+        undelivered += [r for r in sub.skim_unread() if r not in named]
+        self._report = self._snapshot(sub, undelivered)
         try:
             if self._copier is not None:
                 # no copy may still read a ring when it is unregistered and unmapped; the

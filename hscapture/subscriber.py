@@ -246,6 +246,18 @@ class Subscriber:
         A no-op for an anonymous subscriber (nothing resumes it)."""
         self._delivery.acknowledge_failures(through)
 
+    def skim_unread(self) -> list[str]:
+        """An anonymous subscriber about to close: the rids of the data rows committed so
+        far that it has not read (read now, their data not copied, so they are named rather
+        than gone in silence; they will not be delivered). ``[]`` for a durable subscriber:
+        what it did not read stays in the ring for the next one of its name."""
+        if self.name or self._closed:
+            return []
+        rids: list[str] = []
+        for src in list(self._registry.sources.values()):
+            rids.extend(src.skim(self._delivery))
+        return list(dict.fromkeys(rids))
+
     def pump(self, timeout: float = 0.0) -> None:
         """Process whatever arrived (notices, ring entries) for up to ``timeout`` seconds."""
         self._pump(timeout)

@@ -135,6 +135,27 @@ def test_abandoned_iterator_closes_the_subscriber_and_reports_what_it_held(endpo
         finish(proc)
 
 
+def test_a_stream_stopped_early_names_every_sample_still_unread_in_the_ring(endpoint, tmp_path):
+    # max_samples stops an anonymous stream with most of what was committed still in the
+    # ring, unread: each of those is named in the report (undelivered, or in flight), never
+    # gone in silence. Until 2026-12-05 only the samples already read were named.
+    requests = [[f"u{i}", 12, 4 if i % 3 == 0 else 64] for i in range(50)]   # some chunked
+    proc = start_producer(spec(endpoint, requests, policy="wait", hold=True), tmp_path)
+    try:
+        feed = hscapture.stream(endpoint, max_samples=5, idle_timeout_s=20, prefetch=2)
+        it = iter(feed)
+        handed = [next(it).rid]
+        assert read_events(proc, "dropped", timeout=60)["rids"] == []   # all 50 committed
+        handed += [s.rid for s in it]
+        report = feed.report()
+        assert report["stopped"] == "max_samples" and len(handed) == 5
+        named = set(report["undelivered"]) | set(report["in_flight"])
+        assert named | set(handed) == {r for r, _, _ in requests}, report
+        assert not named & set(handed)
+    finally:
+        finish(proc)
+
+
 def test_plain_stream_yields_owned_samples_exact(endpoint, tmp_path):
     requests = [[f"p{i}", 5 + i, 4] for i in range(6)]
     proc = start_producer(spec(endpoint, requests, policy="wait"), tmp_path)
