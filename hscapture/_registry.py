@@ -16,7 +16,7 @@ from typing import Any
 from ._delivery import Delivery
 from ._ledger import Ledger, LostRange
 from ._source import Source
-from .errors import RingError, SubscriptionNotFoundError
+from .errors import RingError, SubscriptionInUseError, SubscriptionNotFoundError
 
 log = logging.getLogger("hscapture")
 
@@ -48,6 +48,8 @@ class SourceRegistry:
         self.producer_timeout_s = producer_timeout_s
         self.sources: dict[int, Source] = {}          # by epoch, attached or draining
         self.current: dict[str, int] = {}             # producer id -> live epoch
+        #: why a place of this name could not be taken: another live consumer holds it
+        self.in_use: str | None = None
         self.retired: set[int] = set()
         self.refused: dict[int, str] = {}             # epoch -> why (conflicts)
         self._attach_order = itertools.count()
@@ -151,6 +153,13 @@ class SourceRegistry:
         try:
             consumer = _ring.Consumer(segment, epoch, self.name, resume_only=resume_only)
         except SubscriptionNotFoundError:
+            return None
+        except SubscriptionInUseError as exc:
+            # another live consumer holds this name's place: a second subscriber of the name
+            # would idle, reading nothing, as if no sample came (the subscriber raises it)
+            self.in_use = str(exc)
+            if producer is not None and self.current.get(producer) == epoch:
+                del self.current[producer]
             return None
         except RingError as exc:
             self.ledger.error(f"cannot attach to segment {segment!r} of producer {producer!r}: "

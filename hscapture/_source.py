@@ -219,14 +219,14 @@ class Source:
             self.release()
             spent += entry.n or 1
 
-    def skim(self, sink: EntrySink) -> list[str]:
+    def skim(self, sink: EntrySink, giving_up: bool = False) -> list[str]:
         """A consumer that nothing resumes, about to stop: read every entry committed so far
         without copying its data, and return the rids of its data rows (samples it will
         never deliver: named, not lost in silence). Drop, abort and unheard entries go to
         ``sink`` as in :meth:`pump`. A durable place reads nothing here (its resumer gets
-        them)."""
+        them) unless it is ``giving_up`` its place (unsubscribing)."""
         consumer = self.consumer
-        if consumer is None or self.settlement.durable:
+        if consumer is None or (self.settlement.durable and not giving_up):
             return []
         stop_at = consumer.head       # what was committed before the stop
         rids: list[str] = []

@@ -263,8 +263,12 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         fn = getattr(drain_mod, "unsubscribe", None)
         if fn is None:
             raise Failure("this hscapture's drain has no durable subscriptions to end")
-        fn(list(endpoints), out_dir)
+        _, given_up = fn(list(endpoints), out_dir)
         log.info("ended the subscription of %s on %s", out_dir, ", ".join(endpoints))
+        if given_up:
+            shown = ", ".join(given_up[:20]) + (", ..." if len(given_up) > 20 else "")
+            log.warning("%d sample(s) committed to it were never written and are given up "
+                        "with it: %s", len(given_up), shown)
         return
     from .errors import SampleTimeoutError
 

@@ -231,7 +231,9 @@ def drain(
             if not_written:   # never durable: left unreleased in the ring for the next run
                 res.stats["not_written"] = not_written
             if unsubscribe_at_end:
-                sub.unsubscribe()
+                for rid in not_written + sub.unsubscribe():   # given up with the place
+                    res.incomplete.setdefault(rid, "never written: the drain ended its "
+                                                   "subscription (unsubscribe_at_end)")
             else:
                 sub.close()
             restore()
@@ -250,14 +252,14 @@ def _close_writer(writer: ShardWriter, settle: Callable[[list[str]], None],
             raise
 
 
-def unsubscribe(endpoints: str | Sequence[str], out_dir: str) -> int:
+def unsubscribe(endpoints: str | Sequence[str], out_dir: str) -> tuple[int, list[str]]:
     """End the durable subscription of the drain into ``out_dir``: its places in every ring
     are given back (the producers stop keeping records for it). Returns how many rings it
-    held a place in."""
+    held a place in, and the rids of the samples committed to it that were never written
+    (given up with it: :meth:`Subscriber.unsubscribe`)."""
     sub = Subscriber(endpoints, name=resume_name(out_dir))
     n = len(sub._sources)
-    sub.unsubscribe()
-    return n
+    return n, sub.unsubscribe()
 
 
 def _dir_identity(path: str) -> tuple[int, int]:

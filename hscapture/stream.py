@@ -425,6 +425,8 @@ class SampleStream:
         self.idle_timeout_s = idle_timeout_s
         self.prefetch = int(prefetch)
         self.delivered = 0
+        #: handed out but not used (StreamDataset's transform raised on it): named undelivered
+        self._unused: list[str] = []
         #: the most samples this feed ever held taken out of the subscriber but not handed out
         self.max_buffered = 0
         #: the most samples this feed ever held out of the ring at once (<= ``prefetch``):
@@ -541,8 +543,15 @@ class SampleStream:
     def _buffered_rids(self) -> list[str]:
         return [(x if self._copier is None else x[0]).rid for x in self._buffer]
 
+    def unused(self, rid: str) -> None:
+        """The sample ``rid``, handed out (and acknowledged), never reached its user (a
+        transform raised on it): :meth:`report` names it ``undelivered``, not delivered."""
+        self._unused.append(rid)
+        self.delivered -= 1
+
     def _snapshot(self, sub: Subscriber, undelivered: list[str]) -> dict[str, Any]:
         st = sub.stats()
+        undelivered = self._unused + undelivered
         return {"delivered": self.delivered, "stopped": self.stopped,
                 **{k: st[k] for k in ("dropped", "incomplete", "rejected", "lost",
                                       "unresolved", "in_flight", "conflicts")},
@@ -651,6 +660,7 @@ class StreamDataset(IterableDataset):
         self.transform = transform
         self.subscriber_kw = subscriber_kw
         self._feed: SampleStream | None = None
+        self._finished: list[dict[str, Any]] = []   # the earlier iterations' final reports
 
     @property
     def max_buffered(self) -> int:
@@ -666,6 +676,13 @@ class StreamDataset(IterableDataset):
                 f"shared across processes; expected DataLoader(..., num_workers=0)")
         if self._feed is not None:
             self._feed.close()
+            done = self._feed.report()
+            self._finished.append(done)
+            unsaid = len(done["undelivered"]) + len(done["in_flight"])
+            if unsaid:
+                log.warning("hscapture stream: a new iteration ended the previous one with %d "
+                            "sample(s) not handed out (StreamDataset.reports() names them)",
+                            unsaid)
         feed = SampleStream(self.endpoints, name=self.name, max_samples=self.max_samples,
                             idle_timeout_s=self.idle_timeout_s, prefetch=self.prefetch,
                             device=self.device, **self.subscriber_kw)
@@ -676,7 +693,13 @@ class StreamDataset(IterableDataset):
         try:
             for sample in feed:
                 item = sample_to_dict(sample)
-                yield self.transform(item) if self.transform is not None else item
+                if self.transform is not None:
+                    try:
+                        item = self.transform(item)
+                    except BaseException:
+                        feed.unused(sample.rid)   # acknowledged, never used: named
+                        raise
+                yield item
         finally:
             feed.close()
 
@@ -685,6 +708,12 @@ class StreamDataset(IterableDataset):
         if self._feed is None:
             return _empty_report()
         return self._feed.report()
+
+    def reports(self) -> list[dict[str, Any]]:
+        """The report of every iteration so far, oldest first (the latest live while it
+        runs): what an iteration that a new ``iter()`` ended did not hand out stays named
+        here."""
+        return self._finished + ([self._feed.report()] if self._feed is not None else [])
 
     def close(self) -> None:
         """Stop the current iteration's subscription, if any."""

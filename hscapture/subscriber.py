@@ -24,7 +24,7 @@ from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
 from ._wire import NoticeSocket
-from .errors import HSCaptureError, SampleTimeoutError
+from .errors import HSCaptureError, SampleTimeoutError, SubscriptionInUseError
 from .sample import Sample
 
 __all__ = ["Subscriber", "LostRange"]
@@ -67,7 +67,10 @@ class Subscriber:
       subscriber of the name. One that was acknowledged, along with every sample queued
       before it, is not delivered again, even when an older record it could not release held
       its record back (the slot's ``delivered``, docs/ARCHITECTURE.md). ``close()`` keeps the
-      place; ``unsubscribe()`` gives it up.
+      place; ``unsubscribe()`` gives it up. One live subscriber per name: while another
+      holds the name's place in a ring, every call that reads (``wait_ready``, ``poll``,
+      ``get``, ``unsubscribe``...) raises :class:`SubscriptionInUseError` instead of
+      idling as if nothing came.
     - Records of different producer incarnations are never mixed; two live producers with one
       producer id are refused (reported in ``stats()["conflicts"]``), never merged.
     - Malformed or forged input never raises out of poll/iteration: it is counted, reported
@@ -267,9 +270,24 @@ class Subscriber:
         :meth:`unsubscribe`); borrowed samples not yet released are released."""
         self._shutdown(unsubscribe=False)
 
-    def unsubscribe(self) -> None:
-        """End a durable subscription: give its place in every ring back, then close."""
+    def unsubscribe(self) -> list[str]:
+        """End a durable subscription: give its place in every ring back, then close
+        (:class:`SubscriptionInUseError`, and nothing given back, while another subscriber
+        of the name holds a place). Returns the rids given up with it: samples committed to
+        the subscription and never handed out (ready, half assembled, or unread in a ring,
+        read without copying their data), so that they are named, not gone in silence."""
+        if self._registry.in_use is not None:
+            try:
+                self._pump(0.0)            # raises it, with the name
+            finally:
+                self._shutdown(unsubscribe=False)
+        given_up: list[str] = []
+        if not self._closed:
+            given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
+            for src in list(self._registry.sources.values()):
+                given_up.extend(src.skim(self._delivery, giving_up=bool(self.name)))
         self._shutdown(unsubscribe=True)
+        return list(dict.fromkeys(given_up))
 
     def __enter__(self) -> "Subscriber":
         return self
@@ -293,6 +311,11 @@ class Subscriber:
         if self._closed:
             raise HSCaptureError("Subscriber is closed")
         registry = self._registry
+        if registry.in_use is not None:
+            raise SubscriptionInUseError(
+                f"durable subscription {self.name!r}: {registry.in_use}. Another subscriber "
+                f"of this name (a drain into the same directory, a stream of the same name) "
+                f"is running: stop it first, or use another name")
         self._wire.receive(0.0 if registry.unread else timeout, registry.route)
         registry.pump_all(budget, budget_bytes)
         now = time.monotonic()

@@ -15,8 +15,9 @@ capturing) [0], ``hidden`` [32], ``layers`` [[0, 1]], ``dtype`` [``"bfloat16"``]
 ``requests``: ``[[rid, tokens, chunk], ...]``, ``interleave`` (requests in flight at once,
 their chunks captured in random order across them) [1], ``rate`` (requests per second, 0 =
 as fast as possible) [0], ``aborts``: rids aborted after their first chunk [[]], ``seed``
-[0], ``start_on_stdin`` [False], ``close_on_stdin`` [False], ``hard_exit`` (``os._exit``
-instead of ``close()``) [False].
+[0], ``start_on_stdin`` [False], ``close_on_stdin`` [False], ``pause_after`` (after that
+many requests: flush, print ``paused``, wait for a line on stdin) [None], ``hard_exit``
+(``os._exit`` instead of ``close()``) [False].
 """
 
 from __future__ import annotations
@@ -337,6 +338,11 @@ def produce(spec: dict[str, Any]) -> None:
             done_requests += 1
             if progress_every and done_requests % progress_every == 0:
                 _emit("progress", requests=done_requests)
+            if done_requests == spec.get("pause_after"):
+                p.flush()
+                _emit("paused", requests=done_requests)
+                sys.stdin.readline()          # the test says when to go on
+                started = time.monotonic() - done_requests / rate if rate else started
             if rate:
                 ahead = started + done_requests / rate - time.monotonic()
                 if ahead > 0:

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import msgpack
 import pytest
-import torch
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,6 +31,7 @@ from fault_support import (  # noqa: E402
     HIDDEN,
     LAYERS,
     ProducerProc,
+    _env,
     check_exact,
     drain_report,
     durable_rids,
@@ -44,6 +44,7 @@ from fault_support import (  # noqa: E402
     wait_until,
 )
 
+import hscapture  # noqa: E402
 from hscapture import Producer, Subscriber, _ring  # noqa: E402
 from hscapture import notice as nt  # noqa: E402
 from hscapture import record as rec  # noqa: E402
@@ -55,6 +56,7 @@ from hscapture.errors import (  # noqa: E402
     InvalidRidError,
     RecordFormatError,
     SampleDroppedError,
+    SubscriptionInUseError,
 )
 
 EXIT_OK, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 3, 130
@@ -351,6 +353,23 @@ def test_a_chunk_that_completes_a_sample_past_a_quarter_of_the_ring_keeps_it_for
                         "big", tokens)
 
 
+def _abort_one_and_drop_one(p: Producer, cap: int) -> None:
+    """Two failures after a committed first chunk each: "ab" aborted, "dr" whose last chunk
+    is larger than the ring (dropped); then a whole sample "marker", flushed."""
+    tensors, ids = source("ab", 8)
+    assert p.capture("ab", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                     token_start=0, is_last_chunk=False)
+    p.abort("ab", "client cancelled")
+    huge = cap // (HIDDEN * 2 * len(LAYERS)) + 64
+    tensors, ids = source("dr", 4 + huge)
+    assert p.capture("dr", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                     token_start=0, is_last_chunk=False)
+    assert not p.capture("dr", [t[4:] for t in tensors], layers=LAYERS, token_ids=ids[4:],
+                         token_start=4, is_last_chunk=True)
+    _capture(p, "marker", 2)
+    p.flush()
+
+
 def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
         endpoint):
     # A durable subscriber that read a failure (an abort after a committed chunk, a chunk
@@ -360,21 +379,9 @@ def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_ack
     cap = 1 << 20
     with Producer(endpoint, producer_id="g4f", capacity=cap, heartbeat_interval_s=0.02) as p:
         name = "g4f-durable"
-
         with Subscriber(endpoint, name=name) as sub:
             sub.wait_ready(10)
-            tensors, ids = source("ab", 8)
-            assert p.capture("ab", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
-                             token_start=0, is_last_chunk=False)
-            p.abort("ab", "client cancelled")
-            huge = cap // (HIDDEN * 2 * len(LAYERS)) + 64
-            tensors, ids = source("dr", 4 + huge)
-            assert p.capture("dr", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
-                             token_start=0, is_last_chunk=False)
-            assert not p.capture("dr", [t[4:] for t in tensors], layers=LAYERS,
-                                 token_ids=ids[4:], token_start=4, is_last_chunk=True)
-            _capture(p, "marker", 2)
-            p.flush()
+            _abort_one_and_drop_one(p, cap)
             sub.get("marker", timeout=10).release()
             assert {k for k, _, _ in sub.failures()} == {"incomplete", "dropped"}
             assert set(sub.incomplete) == {"ab"} and set(sub.dropped) == {"dr"}
@@ -411,18 +418,7 @@ def test_a_drain_killed_after_reading_failures_leaves_them_to_the_next_drain(
     with Producer(endpoint, producer_id="g4k", capacity=cap, heartbeat_interval_s=0.02) as p:
         d = _drain(procs, endpoint, out)
         assert p.wait_for_consumers(1, 30)
-        tensors, ids = source("ab", 8)
-        assert p.capture("ab", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
-                         token_start=0, is_last_chunk=False)
-        p.abort("ab", "client cancelled")
-        huge = cap // (HIDDEN * 2 * len(LAYERS)) + 64
-        tensors, ids = source("dr", 4 + huge)
-        assert p.capture("dr", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
-                         token_start=0, is_last_chunk=False)
-        assert not p.capture("dr", [t[4:] for t in tensors], layers=LAYERS, token_ids=ids[4:],
-                             token_start=4, is_last_chunk=True)
-        _capture(p, "marker", 2)
-        p.flush()
+        _abort_one_and_drop_one(p, cap)
         reports = out / "reports.jsonl"
 
         def read_or_released() -> bool:
@@ -481,6 +477,65 @@ def test_a_dead_drains_named_slot_is_never_taken_by_another_subscriber(endpoint,
     p.wait_event("done")
 
 
+def test_a_second_live_subscriber_of_a_name_is_refused_with_a_typed_error(endpoint, procs):
+    # One live subscriber per durable name. A second one (a second trainer's stream of the
+    # same name, a drain into a directory another drain of another process resumes) would
+    # read nothing and idle as if no sample came; until 2026-12-05 it did, with a warning in
+    # the log and a clean, empty report. Now reading raises SubscriptionInUseError, in a
+    # process of its own as in one, and the place is taken once the holder is gone.
+    with Producer(endpoint, producer_id="g5u", capacity=1 << 20, heartbeat_interval_s=0.02) as p:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(f"""
+                import sys
+                from hscapture import Subscriber
+                s = Subscriber({endpoint!r}, name="trainer")
+                s.wait_ready(10)
+                print("attached", flush=True)
+                sys.stdin.readline()
+                s.close()
+            """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        procs.append(holder)
+        assert holder.stdout.readline().strip() == "attached"
+        with Subscriber(endpoint, name="trainer") as second:
+            with pytest.raises(SubscriptionInUseError, match="trainer.*held by a live consumer"):
+                second.wait_ready(10)
+        feed = hscapture.stream(endpoint, name="trainer", idle_timeout_s=5)
+        with pytest.raises(SubscriptionInUseError):
+            list(feed)
+        holder.communicate("\n", timeout=30)
+        _capture(p, "after", 3)
+        with Subscriber(endpoint, name="trainer") as third:
+            sample = third.get("after", timeout=10)
+            check_exact(sample.tensors, sample.token_ids, "after", 3)
+            sample.release()
+            third.unsubscribe()
+
+
+def test_unsubscribing_a_stopped_drain_names_the_samples_it_gives_up(endpoint, procs, tmp_path):
+    # `hscapture drain --unsubscribe` ends a directory's durable subscription: what was
+    # committed to it and never written goes with it, named by rid on stderr (until
+    # 2026-12-05 it went without a word).
+    out = tmp_path / "out"
+    with Producer(endpoint, producer_id="g5x", capacity=1 << 20, heartbeat_interval_s=0.02) as p:
+        d = _drain(procs, endpoint, out)
+        assert p.wait_for_consumers(1, 30)
+        _capture(p, "written", 3)
+        p.flush()
+        wait_until(lambda: "written" in durable_rids(out), 20, "the first sample written")
+        d.send_signal(signal.SIGINT)
+        assert drain_report(d)[0] == EXIT_INTERRUPTED
+        for i in range(5):
+            _capture(p, f"later{i}", 4, chunk=2)
+        p.flush()
+        u = _drain(procs, endpoint, out, "--unsubscribe")
+        rc, _, err = drain_report(u)
+        assert rc == EXIT_OK, err
+        assert "5 sample(s) committed to it were never written" in err, err
+        for i in range(5):
+            assert f"later{i}" in err
+        assert not [c for c in _slots(p.segment) if c["active"] and c["durable"]]
+
+
 # -- 6 ---------------------------------------------------------------------------------------
 
 
@@ -491,10 +546,12 @@ def test_a_removed_output_directory_stops_the_drain_and_releases_nothing_unwritt
     sizes = {r: t for r, t, _ in reqs}
     out, moved = tmp_path / "out", tmp_path / "removed"
     p = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g6",
-                  consumers=1, rate=200, progress_every=10, close_on_stdin=True)
+                  consumers=1, rate=200, progress_every=10, close_on_stdin=True,
+                  pause_after=100)
     p.wait_event("ready")
     d = _drain(procs, endpoint, out, "--flush-every", "16K")
     wait_until(lambda: len(durable_rids(out)) >= 30, 20, "the drain to write 30 samples")
+    p.wait_event("paused")         # the other 200 are captured once the drain has stopped
     if how == "rename":
         os.rename(out, moved)   # the path is gone (its files stay readable for the check)
     else:
@@ -504,6 +561,7 @@ def test_a_removed_output_directory_stops_the_drain_and_releases_nothing_unwritt
     assert rc == EXIT_ERROR and "is gone" in err and "stay in the ring" in err, err
     assert "will be recovered" not in err
     seen = len(p.events)
+    p.send()                       # go on: captures while no drain runs
     after = wait_until(lambda: next((e["requests"] for e in p.events[seen:]
                                      if e["event"] == "progress"), None), 20,
                        "a request captured after the drain stopped")

@@ -156,6 +156,54 @@ def test_a_stream_stopped_early_names_every_sample_still_unread_in_the_ring(endp
         finish(proc)
 
 
+def test_a_new_iteration_keeps_the_report_of_the_one_it_ended(endpoint, tmp_path):
+    # A second iter() over a StreamDataset ends the first one (one subscription at a time).
+    # What the first had not handed out stays named in reports(); until 2026-12-05 report()
+    # moved on to the new iteration and those rids were reachable through no public API.
+    requests = [[f"e{i}", 6, 6] for i in range(12)]
+    proc = start_producer(spec(endpoint, requests, policy="wait", hold=True), tmp_path)
+    try:
+        ds = StreamDataset(endpoint, idle_timeout_s=20, prefetch=4)
+        first = iter(ds)
+        handed = [next(first)["rid"]]
+        assert read_events(proc, "dropped", timeout=60)["rids"] == []   # all 12 committed
+        handed.append(next(first)["rid"])
+        second = iter(ds)                      # ends the first iteration, still alive
+        earlier, latest = ds.reports()
+        assert earlier["stopped"] == "closed" and earlier["delivered"] == 2
+        named = set(earlier["undelivered"]) | set(earlier["in_flight"])
+        assert named == {r for r, _, _ in requests} - set(handed), earlier
+        assert latest is not earlier and ds.report()["delivered"] == 0
+        del first, second
+    finally:
+        finish(proc)
+
+
+def test_a_sample_its_transform_raised_on_is_named_not_counted_delivered(endpoint, tmp_path):
+    # The sample is acknowledged as it is handed out; when the transform then raises, the
+    # training loop never sees it: the report names it undelivered (until 2026-12-05 it
+    # counted as delivered, and a durable stream lost it without a word).
+    requests = [[f"t{i}", 4, 4] for i in range(6)]
+    proc = start_producer(spec(endpoint, requests, policy="wait"), tmp_path)
+
+    def transform(item):
+        if item["rid"] == "t2":
+            raise ValueError("a bad sample for this trainer")
+        return item
+
+    try:
+        ds = StreamDataset(endpoint, idle_timeout_s=20, prefetch=2, transform=transform)
+        seen = []
+        with pytest.raises(ValueError, match="bad sample"):
+            for item in ds:
+                seen.append(item["rid"])
+        assert seen == ["t0", "t1"]
+        report = ds.report()
+        assert report["delivered"] == 2 and report["undelivered"][0] == "t2", report
+    finally:
+        finish(proc)
+
+
 def test_plain_stream_yields_owned_samples_exact(endpoint, tmp_path):
     requests = [[f"p{i}", 5 + i, 4] for i in range(6)]
     proc = start_producer(spec(endpoint, requests, policy="wait"), tmp_path)
