@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import time
 import warnings
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -78,6 +79,9 @@ class Delivery:
         #: then, source, position, since)`` in the order held
         self._failure_holds: collections.deque[tuple[int, Source, int, float]] = \
             collections.deque()
+        #: borrowed (zero-copy) samples handed out and alive: emptied when the subscriber
+        #: closes, as its places in the rings go (an anonymous one's records are reused)
+        self.lent: weakref.WeakValueDictionary[int, Sample] = weakref.WeakValueDictionary()
 
     # -- entries -------------------------------------------------------------------------
 
@@ -240,6 +244,8 @@ class Delivery:
                               "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
                         fields=fields, borrowed=borrow)
         nbytes = total * schema[3] * len(layer_names) * nt.DTYPES[schema[2]]
+        if borrow:
+            self.lent[id(sample)] = sample
         if borrow or self.durable:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)

@@ -40,8 +40,10 @@ class Sample:
     ``with sample.view() as tensors:``) or call :meth:`release`; on release the ring space is
     given back and every tensor the sample handed out becomes EMPTY (``numel() == 0``), so a
     use after release sees no bytes rather than stale or overwritten ones. (Views sliced from
-    those tensors by the user are the user's to drop before release.) :meth:`detach` turns a
-    borrowed sample into an owned one.
+    those tensors by the user are the user's to drop before release.) Closing the subscriber
+    releases every borrowed sample it handed out that is still held (emptied, not
+    acknowledged: a durable subscription gets it again). :meth:`detach` turns a borrowed
+    sample into an owned one.
     """
 
     rid: str

@@ -330,7 +330,10 @@ class Subscriber:
         # closed first: the views of the samples never taken are emptied below, but neither
         # acknowledged nor given back (a durable place gets them again)
         self._delivery.closed = True
-        for sample in list(self._delivery.ready):
+        # and every borrowed sample handed out and still held: its views end with our
+        # places in the rings (an anonymous place's records are reused at once; until
+        # 2026-12-05 such a sample's bytes changed under its holder)
+        for sample in [*self._delivery.ready, *self._delivery.lent.values()]:
             if sample.borrowed:
                 sample.release()
         self._closed = True

@@ -222,6 +222,32 @@ def test_a_borrowed_sample_never_changes_while_held_under_a_full_ring(endpoint, 
     p.wait_event("done")
 
 
+@pytest.mark.parametrize("name", ["", "durable"])
+def test_a_borrowed_sample_held_when_its_subscriber_closes_is_emptied_never_changed(
+        endpoint, name):
+    # Closing gives the subscriber's places up (an anonymous one's records are reused at
+    # once): a borrowed sample still held then must not keep views whose bytes the producer
+    # overwrites. Until 2026-12-05 its tensors stayed readable and changed under the holder.
+    with Producer(endpoint, producer_id="g3c", capacity=256 << 10,
+                  heartbeat_interval_s=0.02) as p:
+        sub = Subscriber(endpoint, zero_copy=True, name=name)
+        sub.wait_ready(10)
+        _capture(p, "held", 16)
+        p.flush()
+        held = sub.get("held", timeout=10)
+        check_exact(held.tensors, held.token_ids, "held", 16)
+        sub.close()
+        assert not held.borrowed
+        assert all(t.numel() == 0 for t in (*held.tensors.values(), held.token_ids))
+        for i in range(100):                     # the ring wraps many times over
+            _capture(p, f"w{i}", 64)
+        p.flush()
+        assert all(t.numel() == 0 for t in held.tensors.values())
+        held.release()                           # a no-op now, never an error
+    if name:
+        Subscriber(endpoint, name=name).unsubscribe()
+
+
 def test_a_borrowed_sample_is_read_only_and_samples_are_owned_by_default(endpoint, tmp_path):
     with Producer(endpoint, producer_id="g3r", capacity=4 << 20) as p:
         with Subscriber(endpoint) as owned, Subscriber(endpoint, zero_copy=True) as borrowed:
