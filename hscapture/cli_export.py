@@ -42,7 +42,8 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT instead of "
                                                  "resuming it.")
 @click.option("--no-fsync", is_flag=True, help="Do not fsync each file (scratch data).")
-@click.option("--workers", type=int, default=None, help="Reader/writer threads (default 4).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Reader/writer threads (default 4).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_mask: str,

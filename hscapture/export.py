@@ -142,6 +142,10 @@ class _Plan:
     no_mask: list[int]          # positions without a stored loss_mask
     gzip: bool = False          # SpecForge data_{i}.ckpt.gz
     with_meta: int = 0          # samples carrying per-sample metadata (extra["meta"])
+    #: each sample's capture, aligned with rids: "producer:epoch:values" (values "fp8" when
+    #: its shard stores it as FP8, else "exact"): the same rid of another capture or with
+    #: other values is another sample, never "already exported"
+    origins: list[str] = field(default_factory=list)
 
     def names(self) -> list[str]:
         return self.aux_names + [self.target_name]
@@ -199,9 +203,12 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
     common: set[tuple[int, str]] | None = None
     no_mask: list[int] = []
     incomplete: list[str] = []
+    origins: list[str] = []
     with_meta = 0
     for i in range(n):
         e = ss.entry(i)
+        origins.append(f"{e.get('producer_id', '')}:{e.get('epoch', '')}:"
+                       f"{'fp8' if e.get('codec') == 'fp8' else 'exact'}")
         hiddens.add(int(e.get("hidden", 0)))
         dtypes.add(str(e.get("dtype", "")))
         have = {(int(l), str(k)) for l, k in zip(e.get("layers", []), e.get("layer_kinds", []))}
@@ -275,7 +282,7 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
             f"train on every token of those samples")
     return _Plan(fmt, aux, [layer_name(l, "residual") for l in aux], target, N,
                  hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask, bool(gzip),
-                 with_meta)
+                 with_meta, origins)
 
 
 # -- files ----------------------------------------------------------------------------------
@@ -517,9 +524,40 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
         "samples": len(plan.rids),
         "plan": plan.key(),
         "rids": plan.rids,
+        "origins": _pack_origins(plan.origins),
         "written_by": "hscapture.export/1",
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _pack_origins(origins: list[str]) -> dict[str, list]:
+    """``origins`` as a table of the distinct ones and each sample's index into it."""
+    table: dict[str, int] = {}
+    of = [table.setdefault(o, len(table)) for o in origins]
+    return {"table": list(table), "of": of}
+
+
+def _check_origins(old: dict[str, Any], plan: _Plan, out: str, src: str) -> None:
+    """The samples ``out`` holds are these captures of these rids, with these values: the
+    same rids recaptured (another producer incarnation: another model, a new run) or stored
+    otherwise (FP8 vs exact) are other samples, and resuming would keep the old files (their
+    keys, shapes and token ids match; hidden states are not compared). Manifests written
+    before origins were recorded are not checked."""
+    packed = old.get("origins")
+    if not isinstance(packed, dict):
+        return
+    try:
+        had = [packed["table"][k] for k in packed["of"]]
+    except (KeyError, IndexError, TypeError):
+        raise ExportError(f"{out}: its {MANIFEST_NAME} has malformed 'origins'; pass "
+                          f"overwrite=True (--overwrite) to replace the export") from None
+    for i, (was, now) in enumerate(zip(had, plan.origins)):
+        if was != now:
+            raise ExportError(
+                f"{out} holds an export of other captures of the same rids (rid "
+                f"{plan.rids[i]!r}: producer:epoch:values {was} there, {now} in {src}): its "
+                f"files would be kept as they are; pass overwrite=True (--overwrite) to "
+                f"replace them")
 
 
 # -- export ---------------------------------------------------------------------------------
@@ -554,6 +592,8 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     failed write: every file already in place is complete, and a rerun resumes.
     """
     t0 = time.perf_counter()
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ExportError(f"workers: expected a number of threads >= 1, found {workers!r}")
     src = os.fspath(shard_dir)
     out = os.fspath(out_dir)
     ss = ShardSet(src)
@@ -579,6 +619,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
         if plan.rids[:len(old_rids)] != old_rids:
             raise ExportError(f"{out} holds an export of {len(old_rids)} samples that is not a "
                               f"prefix of {src}'s {len(plan.rids)} samples; pass overwrite=True")
+        _check_origins(old, plan, out, src)
     counts = {"mode": loss_mask, "stored": len(plan.rids) - len(plan.no_mask),
               "all_ones": len(plan.no_mask),
               "all_ones_rids": [plan.rids[i] for i in plan.no_mask[:100]]}

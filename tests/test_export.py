@@ -266,6 +266,50 @@ def test_another_export_in_out_is_refused_unless_overwrite(shard_dir, tmp_path):
     assert manifest(out)["format"] == "speculators"
 
 
+@pytest.mark.parametrize("other", ["recaptured", "fp8"])
+def test_an_export_of_other_captures_of_the_same_rids_is_refused_not_kept(
+        samples, shard_dir, tmp_path, other):
+    # The same rids, token ids, masks and layers, but another capture (a new producer
+    # incarnation: another checkpoint, a new run) or other values (the shards stored as FP8):
+    # resuming would keep every file of the first export, whose keys, shapes and token ids
+    # match. Until 2026-12-05 it did ("0 written, N already complete") and rewrote the
+    # manifest to describe the new source over the old hidden states.
+    second = tmp_path / "second"
+    if other == "recaptured":
+        again = [make_sample(i) for i in range(N)]
+        for s_ in again:
+            s_.epoch = 2
+            for t in s_.tensors.values():
+                t.add_(1)
+        write_shards(second, again)
+    else:
+        from hscapture.shards import ShardWriter
+        with ShardWriter(second, fsync=False, compression="fp8",
+                         metadata={"convention": "test-convention"}) as w:
+            for s_ in samples:
+                w.add(s_)
+    for fmt in ("specforge", "speculators"):
+        out = tmp_path / fmt
+        export(shard_dir, out, fmt, progress=False, fsync=False)
+        with pytest.raises(ExportError, match="other captures of the same rids"):
+            export(second, out, fmt, progress=False, fsync=False)
+        r = export(second, out, fmt, overwrite=True, progress=False, fsync=False)
+        assert r.written == N and r.skipped == 0
+        export(second, out, fmt, progress=False, fsync=False)   # its own resume: accepted
+
+
+def test_a_bad_worker_count_is_refused_before_anything_is_written(shard_dir, tmp_path):
+    out = tmp_path / "sf"
+    export(shard_dir, out, "specforge", progress=False, fsync=False)
+    before = manifest(out)
+    with pytest.raises(ExportError, match="workers: expected a number of threads >= 1"):
+        export(shard_dir, out, "specforge", workers=-1, progress=False)
+    assert manifest(out) == before                # still complete, untouched
+    res = CliRunner().invoke(export_cmd, ["--format", "specforge", str(shard_dir), str(out),
+                                          "--workers", "0"])
+    assert res.exit_code == 2 and "--workers" in res.output
+
+
 def test_stray_export_files_without_manifest_are_refused(shard_dir, tmp_path):
     out = tmp_path / "sf"
     (out / "rows_0-2000").mkdir(parents=True)
