@@ -10,6 +10,7 @@ keeps referenced, and gives them back when the sample is released.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 import warnings
 import weakref
@@ -75,10 +76,8 @@ class Delivery:
         self.on_released: Callable[[Source], None] = lambda src: None
         #: durable: the settlement of every partial tracked as unsettled, by key
         self._unsettled: dict[tuple[int, str], Settlement] = {}
-        #: durable: records naming failures not yet acknowledged: ``(failures recorded by
-        #: then, source, position, since)`` in the order held
-        self._failure_holds: collections.deque[tuple[int, Source, int, float]] = \
-            collections.deque()
+        #: durable: what names failures not yet acknowledged, in the order held
+        self._failure_holds: collections.deque[_FailureHold] = collections.deque()
         #: borrowed (zero-copy) samples handed out and alive: emptied when the subscriber
         #: closes, as its places in the rings go (an anonymous one's records are reused)
         self.lent: weakref.WeakValueDictionary[int, Sample] = weakref.WeakValueDictionary()
@@ -103,7 +102,7 @@ class Delivery:
                 counts["dropped_rows"] += 1
                 self.fail((src.epoch, row["rid"]), f"dropped by producer: "
                           f"{entry.meta['reason']}", "dropped")
-            self._hold_failure(src, record.position)
+            self.hold_failure(src, record.position)
         elif kind == "abort":
             key = (src.epoch, entry.meta["rid"])
             if entry.meta["restart"]:
@@ -111,7 +110,7 @@ class Delivery:
                 self.pop_partial(key)
             else:
                 self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete")
-                self._hold_failure(src, record.position)
+                self.hold_failure(src, record.position)
         elif kind == "unheard":
             failed = len(self.ledger.failure_log)
             for row in entry.rows:
@@ -120,7 +119,7 @@ class Delivery:
                               "attached (start the subscriber first, or use "
                               "Producer(wait_for_subscribers=1))", "dropped")
             if len(self.ledger.failure_log) > failed:
-                self._hold_failure(src, record.position)
+                self.hold_failure(src, record.position)
             if entry.meta["overflow"]:
                 self.ledger.lost.append(LostRange(
                     src.producer or "?", src.epoch, -1, entry.meta["overflow"],
@@ -217,10 +216,14 @@ class Delivery:
                names: tuple, rv: Any) -> None:
         """A sample that came in one row: a borrowed view, or a copy."""
         total = rv.token_count
+        if self.expected and not self._check_expected(src, rv.rid, total):
+            # rejected, whatever an earlier owner acknowledged (a rejected sample has no
+            # place in the acknowledgements: a later acknowledged one covers it): its record
+            # names the rejection to a resumer until the failure is acknowledged
+            self.hold_failure(src, record.position)
+            return
         if rv.seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
-            return
-        if self.expected and not self._check_expected(src, rv.rid, total):
             return
         layer_names, dtype = names
         borrow = self.zero_copy
@@ -262,11 +265,12 @@ class Delivery:
         settled = self._unsettled.pop(p.key, None)
         if settled is not None:
             settled.finish(p.key, last_seq)
+        if not self._check_expected(src, rid, total):
+            for hold_src, position in holds:   # rejected: they name it (see _whole)
+                self.hold_failure(hold_src, position, borrowed=True)
+            return
         if last_seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
-            self._releaser(holds)()
-            return
-        if not self._check_expected(src, rid, total):
             self._releaser(holds)()
             return
         release: Callable[[], None] | None = self._releaser(holds, self._ack_entry(src, last_seq))
@@ -399,51 +403,56 @@ class Delivery:
         if p is not None:
             if self.durable:   # its chunks name it to a resumer until acknowledged
                 for src, position in p.holds:
-                    self._hold_failure(src, position, borrowed=True)
+                    self.hold_failure(src, position, borrowed=True)
                 p.holds.clear()
             else:
                 self._unhold(p)
 
     # -- failures a durable consumer has not recorded yet -----------------------------------
 
-    def _hold_failure(self, src: Source, position: int, borrowed: bool = False) -> None:
+    def hold_failure(self, src: Source, position: int, borrowed: bool = False) -> None:
         """Durable: keep the record at ``position`` (already referenced when ``borrowed``)
         until the failures recorded so far are acknowledged."""
         if not self.durable or self.closed:
             if borrowed:
-                self._give_back((0, src, position, 0.0))
+                self._give_back(_FailureHold(0, src, position, 0.0))
             return
         if not borrowed:
             src.borrowed.add(position)
-        self._failure_holds.append((len(self.ledger.failure_log), src, position,
-                                    time.monotonic()))
+        self._failure_holds.append(_FailureHold(len(self.ledger.failure_log), src, position,
+                                                time.monotonic()))
 
     def acknowledge_failures(self, through: int) -> None:
         """The first ``through`` failures of the ledger's ``failure_log`` are recorded by the
-        consumer: give back the records that named only those."""
+        consumer: give back what named only those."""
         holds = self._failure_holds
-        while holds and holds[0][0] <= through:
+        while holds and holds[0].serial <= through:
             self._give_back(holds.popleft())
 
-    def _give_back(self, hold: tuple[int, Source, int, float]) -> None:
-        _, src, position, _ = hold
+    def _give_back(self, hold: "_FailureHold") -> None:
+        src, position = hold.src, hold.position
         if src.borrowed.discard(position) and not self.closed:
             src.release()
             self.on_released(src)
 
     def _bound_failure_holds(self, now: float) -> None:
         """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
-        quarter of it (past that a resumer may not learn of them: only a crash could cost
-        that, as for a partial that stopped pinning)."""
+        quarter of it, each (past that a resumer may not learn of them: only a crash could
+        cost that, as for a partial that stopped pinning)."""
         holds = self._failure_holds
-        while holds:
-            _, src, position, since = holds[0]
-            consumer = src.consumer
-            if now - since <= self.partial_hold_s and (
-                    consumer is None or consumer.position - position <= consumer.capacity // 4):
-                break
-            self.ledger.counts["failures_unpinned"] += 1
-            self._give_back(holds.popleft())
+        if not holds:
+            return
+        kept: collections.deque[_FailureHold] = collections.deque()
+        for hold in holds:
+            consumer = hold.src.consumer
+            if now - hold.since <= self.partial_hold_s and (
+                    consumer is None
+                    or consumer.position - hold.position <= consumer.capacity // 4):
+                kept.append(hold)
+            else:
+                self.ledger.counts["failures_unpinned"] += 1
+                self._give_back(hold)
+        self._failure_holds = kept
 
     def reject(self, key: tuple[int, str], why: str) -> None:
         message = str(SampleMismatchError(f"sample {key[1]!r} rejected: {why}"))
@@ -457,6 +466,13 @@ class Delivery:
         """Stop holding the ring for partials idle past ``partial_hold_s``; fail those idle
         past ``incomplete_timeout_s``; bound the failures not acknowledged."""
         self._bound_failure_holds(now)
+        if self.durable:
+            # the quarter-of-the-ring bound, also when no chunk of a partial arrives (whole
+            # samples only: until 2026-12-05 one open partial then pinned the ring for
+            # partial_hold_s, and the producer dropped or waited)
+            for src in {id(p.holds[0][0]): p.holds[0][0]
+                        for p in self.asm.partials.values() if p.holds}.values():
+                self._bound_partial_holds(src)
         for p in self.asm.stale(now - self.partial_hold_s):
             if p.holds:   # its chunks are copies: stop holding the ring for it
                 self._unpin(p)
@@ -472,6 +488,16 @@ class Delivery:
         parts = [f"[{c.start}, {c.start + c.count})" for k, p in self.asm.partials.items()
                  if k[1] == rid for c in p.chunks]
         return ", ".join(parts) or "none"
+
+
+@dataclasses.dataclass
+class _FailureHold:
+    """A ring record that keeps a failure readable by a resumer until it is acknowledged."""
+
+    serial: int                    # the ledger's failure_log length when it was held
+    src: Source
+    position: int                  # the record (referenced in src.borrowed)
+    since: float
 
 
 def _copy(arr: np.ndarray) -> np.ndarray:

@@ -66,6 +66,8 @@ class EntrySink(Protocol):
 
     def reject(self, key: tuple[int, str], why: str) -> None: ...
 
+    def hold_failure(self, src: "Source", position: int) -> None: ...
+
 
 class Source:
     """One producer incarnation (epoch) and our ring consumer on its segment.
@@ -203,6 +205,8 @@ class Source:
                     for row in entry.rows:
                         sink.reject((self.epoch, row["rid"]),
                                     f"notice and ring entry disagree: {'; '.join(why)}")
+                    if entry.rows:
+                        sink.hold_failure(self, record.position)   # durable: names them
                     self.release()
                     continue
             if entry.n:

@@ -396,6 +396,36 @@ def _abort_one_and_drop_one(p: Producer, cap: int) -> None:
     p.flush()
 
 
+def test_an_open_partial_stops_pinning_past_a_quarter_of_the_ring_with_only_whole_samples_after(
+        endpoint):
+    # Partials pin a durable subscriber's ring for at most partial_hold_s AND a quarter of
+    # it. Until 2026-12-05 the quarter was checked only when a chunk of a partial arrived:
+    # one open partial followed by whole samples pinned the whole ring for partial_hold_s
+    # (10 s), and the producer dropped (or waited) although every sample was released.
+    cap = 1 << 20
+    with Producer(endpoint, producer_id="g4p", capacity=cap, heartbeat_interval_s=0.02) as p:
+        with Subscriber(endpoint, name="g4p-durable", partial_hold_s=60) as sub:
+            sub.wait_ready(10)
+            x_at = _ring.segment_info(p.segment)["head"]
+            tensors, ids = source("open", 8)
+            assert p.capture("open", [t[:4] for t in tensors], layers=LAYERS,
+                             token_ids=ids[:4], token_start=0, is_last_chunk=False)
+            per = 8 << 10
+            for i in range((cap // 2) // per):       # half the ring of whole samples
+                assert _capture(p, f"w{i}", per // (HIDDEN * 2 * len(LAYERS))) == [True]
+            p.flush()
+            for i in range((cap // 2) // per):
+                sub.get(f"w{i}", timeout=10).release()
+
+            def released_past_the_partial() -> bool:
+                sub.pump(0.02)
+                (slot,) = [c for c in _slots(p.segment) if c["active"]]
+                return slot["released"] > x_at
+            wait_until(released_past_the_partial, 5, "the open partial to stop pinning")
+            assert "open" in sub.in_flight()         # still assembling, only not pinning
+            sub.unsubscribe()
+
+
 def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
         endpoint):
     # A durable subscriber that read a failure (an abort after a committed chunk, a chunk
@@ -407,19 +437,28 @@ def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_ack
         name = "g4f-durable"
         with Subscriber(endpoint, name=name) as sub:
             sub.wait_ready(10)
+            for rid in ("long", "longc"):                 # each is rejected: 8 tokens, not 5
+                sub.expect(rid, 5)
+            _capture(p, "long", 8)
+            _capture(p, "longc", 8, chunk=3)
             _abort_one_and_drop_one(p, cap)
             sub.get("marker", timeout=10).release()
-            assert {k for k, _, _ in sub.failures()} == {"incomplete", "dropped"}
+            assert {k for k, _, _ in sub.failures()} == {"incomplete", "dropped", "rejected"}
             assert set(sub.incomplete) == {"ab"} and set(sub.dropped) == {"dr"}
+            assert set(sub.rejected) == {"long", "longc"}
             sub.pump(0.05)
             (slot,) = [c for c in _slots(p.segment) if c["active"]]
             assert slot["released"] < _ring.segment_info(p.segment)["head"], \
                 "the records naming the failures were given back before they were acknowledged"
         # resumed as after a crash (nothing acknowledged): both failures are reported again
         with Subscriber(endpoint, name=name) as again:
+            for rid in ("long", "longc"):
+                again.expect(rid, 5)
             wait_until(lambda: (again.pump(0.02), "ab" in again.incomplete
-                                and "dr" in again.dropped)[1], 10,
-                       "the resumer to report both failures")
+                                and "dr" in again.dropped
+                                and {"long", "longc"} <= set(again.rejected))[1], 10,
+                       "the resumer to report every failure")
+            assert again.poll(0.1) is None, "an acknowledged sample came again"
             n = len(again.failures())
             again.acknowledge_failures(n)
             again.pump(0.05)
