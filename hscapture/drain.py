@@ -168,7 +168,10 @@ def drain(
                 try:
                     writer.add(sample)
                 except SampleRefusedError as exc:   # this sample only; the drain goes on
-                    res.rejected[sample.rid] = f"the shard writer refused it: {exc}"
+                    why = f"the shard writer refused it: {exc}"
+                    res.rejected[sample.rid] = why
+                    _check_dir(out_dir, dir_id)
+                    reports.append([("rejected", sample.rid, why)])   # before the release
                     sample.release()
                     continue
                 if on_sample is not None:

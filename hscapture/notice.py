@@ -106,6 +106,12 @@ _KEYS = {kind: frozenset(spec) for kind, spec in SCHEMA.items()}
 _RID_FORBIDDEN = re.compile(r"[\x00-\x1f]")
 _PRODUCER_ID = re.compile(r"[A-Za-z0-9_.\-]{1,%d}" % MAX_PRODUCER_ID_CHARS)
 _SEGMENT = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
+#: the name of a per-token field (a batch row's ``fields`` key; ``{rid}/field.{name}`` in a
+#: shard): 1..128 characters of [A-Za-z0-9_.-], the first not a "." (docs/PROTOCOL.md). The
+#: one rule: the producer refuses, the ring entry's check rejects and the shard format
+#: stores by it.
+FIELD_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
+FIELD_NAME_RULE = "1..128 characters of [A-Za-z0-9_.-], not starting with '.'"
 
 
 def _show(value: str, limit: int = 40) -> str:

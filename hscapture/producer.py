@@ -791,6 +791,10 @@ def _check_rows(rows: list[Row], t_src: int) -> None:
                 f"row {r.rid!r}: token_start={r.token_start}, cached_prefix="
                 f"{r.cached_prefix}: expected 0 <= cached_prefix <= token_start + count")
         for name, value in (r.fields or {}).items():
+            if not isinstance(name, str) or nt.FIELD_NAME.fullmatch(name) is None:
+                raise CaptureConfigError(
+                    f"row {r.rid!r} field name: expected {nt.FIELD_NAME_RULE}, found "
+                    f"{name!r}")
             if not isinstance(value, (bytes, bytearray)) or len(value) != r.token_count:
                 raise CaptureConfigError(
                     f"row {r.rid!r} field {name!r}: expected {r.token_count} bytes (uint8 "
@@ -821,7 +825,19 @@ def _field_bytes(fields: Mapping[str, Any] | None, count: int) -> dict[str, byte
         return None
     out = {}
     for name, value in fields.items():
-        arr = value.detach().to("cpu").numpy() if isinstance(value, torch.Tensor) \
-            else np.asarray(value)
-        out[str(name)] = arr.reshape(-1).astype(np.uint8).tobytes()
+        if not isinstance(name, str):
+            raise CaptureConfigError(f"field names: expected str, found {type(name).__name__} "
+                                     f"{name!r}")
+        try:
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                arr = np.frombuffer(value, dtype=np.uint8)
+            elif isinstance(value, torch.Tensor):
+                arr = value.detach().to("cpu").numpy()
+            else:
+                arr = np.asarray(value)
+            out[name] = arr.reshape(-1).astype(np.uint8).tobytes()
+        except (TypeError, ValueError) as exc:
+            raise CaptureConfigError(f"field {name!r}: expected {count} uint8 values (bytes, "
+                                     f"a tensor, an array or a list), found "
+                                     f"{type(value).__name__} ({exc})") from None
     return out

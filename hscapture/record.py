@@ -23,7 +23,6 @@ raw ``uint16`` / ``uint8`` views of the same bytes; reinterpret them with
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +32,8 @@ import numpy as np
 from .errors import NoticeError, RecordFormatError
 from .notice import _RID_FORBIDDEN  # the rid rule's one regex, for the fast path
 from .notice import (
+    FIELD_NAME,
+    FIELD_NAME_RULE,
     DTYPES,
     ENTRY_KINDS,
     LAYER_KINDS,
@@ -86,7 +87,6 @@ _I63 = 1 << 63
 _U64 = 1 << 64
 _I32 = 1 << 31
 _ZEROS = bytes(ALIGN)
-_FIELD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 _COMMON_KEYS = ("v", "kind", "producer", "epoch", "seq", "dp_rank")
 #: Canonical key order of a batch meta. The last three depend on the meta's own length.
@@ -631,9 +631,8 @@ def _keys(where: str, value: Any, keys: frozenset[str]) -> dict[str, Any]:
 
 
 def _field_name(where: str, name: str) -> None:
-    if _FIELD_NAME.fullmatch(name) is None:
-        raise _fail(f"{where}: field name expected 1..128 characters of [A-Za-z0-9_.-], "
-                    f"found {_brief(name)}")
+    if FIELD_NAME.fullmatch(name) is None:
+        raise _fail(f"{where}: field name expected {FIELD_NAME_RULE}, found {_brief(name)}")
 
 
 def _check_meta(meta: Any, meta_len: int, payload_len: int, epoch: Any,

@@ -132,6 +132,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .notice import FIELD_NAME
 from .sample import layer_name
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "INDEX_NAME", "shard_num_layers"]
@@ -159,7 +160,7 @@ DEFAULTABLE_KEYS = {"convention", "model"}
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 ANY_FILE_RE = re.compile(r"^shard-(\d{5,})(\.safetensors|\.safetensors\.tmp|\.journal)$")
-FIELD_NAME_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
+FIELD_NAME_RE = FIELD_NAME   # the protocol's one rule (hscapture.notice)
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 #: torch dtype -> safetensors dtype name

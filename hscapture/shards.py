@@ -33,6 +33,7 @@ import torch
 from . import shard_index as _index
 from .codec import SCALE_PREFIX
 from .errors import DuplicateRidError, SampleRefusedError, ShardError
+from .notice import FIELD_NAME_RULE
 from .sample import Sample
 from .shard_format import (
     ANY_FILE_RE,
@@ -420,9 +421,9 @@ class ShardWriter:
             items.append((-t.element_size(), i, name, t))
         items.append((-tid.element_size(), len(items), "token_ids", tid))
         for fname, ft in (s.fields or {}).items():
-            if not isinstance(fname, str) or not FIELD_NAME_RE.match(fname):
+            if not isinstance(fname, str) or not FIELD_NAME_RE.fullmatch(fname):
                 raise ShardError(f"rid {s.rid!r}: invalid field name {fname!r} (expected "
-                                 f"letters, digits, '_', '-', '.')")
+                                 f"{FIELD_NAME_RULE})")
             if not isinstance(ft, torch.Tensor) or ft.dtype not in (torch.uint8, torch.bool) \
                     or tuple(ft.shape) != (T,):
                 raise ShardError(f"rid {s.rid!r}: field {fname!r} must be a uint8 (or bool) "

@@ -697,6 +697,18 @@ def test_an_unencodable_capture_raises_and_takes_no_sequence_number(endpoint):
             for bad in ({"x": object()}, {"x": {1, 2}}, {3: "non-str key"}):
                 with pytest.raises(CaptureConfigError):
                     p.capture("bad", tensors, layers=LAYERS, token_ids=ids, extra=bad)
+            # a field name the protocol (and so the shard format) refuses: at capture, not
+            # a sample no drain can ever write (until 2026-12-05 ".m" went into the ring)
+            for name in (".m", "a b", "x" * 129, ""):
+                with pytest.raises(CaptureConfigError, match="field name"):
+                    p.capture("bad", tensors, layers=LAYERS, token_ids=ids,
+                              fields={name: bytes(4)})
+            for value in (object(), "four", [1, 2, 3]):   # not 4 uint8 values: typed errors
+                with pytest.raises(CaptureConfigError, match="field 'm'"):
+                    p.capture("bad", tensors, layers=LAYERS, token_ids=ids,
+                              fields={"m": value})
+            with pytest.raises(CaptureConfigError, match="field names: expected str"):
+                p.capture("bad", tensors, layers=LAYERS, token_ids=ids, fields={3: bytes(4)})
             _capture(p, "b", 4, extra={"numpy": __import__("numpy").int64(3)})
             assert p.stats()["next_seq"] == 2
             t0 = time.monotonic()
