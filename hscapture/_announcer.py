@@ -139,9 +139,19 @@ class Announcer:
                 except Exception:
                     pass                     # publish reports the failed copy
             self.publish_ready(block=True)
-        self._safe(self._heartbeat)
+        self._safe(self._heartbeat)           # (writes what of the backlog fits now)
+        with self._lock:
+            # every number taken: the ring holds it, or it never will (drops still in the
+            # backlog, unrecorded ones). Subscribers report the numbers below this that
+            # they never read as lost; with only the announced ones, drops taken after the
+            # last announced entry were reported nowhere (until 2026-12-05)
+            taken = max(self.announced, entries.next_seq)
+            left = self._control.backlog_rows
+        if left:
+            log.warning("hscapture: closing with %d dropped row(s) the ring had no room to "
+                        "record by rid; subscribers report their numbers as lost", left)
         with self._pubq.send_lock:
-            self._safe(self._send, {"kind": "bye", "next_seq": self.announced,
+            self._safe(self._send, {"kind": "bye", "next_seq": taken,
                                     "time_ns": time.time_ns()})
 
     def _heartbeat(self) -> None:

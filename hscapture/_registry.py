@@ -71,6 +71,8 @@ class SourceRegistry:
             src.take_heartbeat(msg)
         elif kind == "bye":
             src.ended = True
+            # every number the producer took: those never read are reported lost on retire
+            src.bye_next_seq = max(src.bye_next_seq, int(msg["next_seq"]))
 
     def _source_for(self, msg: dict[str, Any]) -> Source | None:
         producer, epoch = msg["producer"], msg["epoch"]
@@ -200,7 +202,7 @@ class SourceRegistry:
         self.pump(src, final=True)
         src.retired = True
         producer = src.producer or "?"
-        hb_next = max((src.hb or {}).get("next_seq", 0), src.seqs.high)
+        hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high)
         for a, b in src.seqs.missing_below(hb_next):
             src.report_lost(a, b - a, f"{reason}: never recorded in the ring")
         for p in self.delivery.partials_of(src.epoch):

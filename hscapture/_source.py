@@ -105,6 +105,7 @@ class Source:
         self.max_notice_seq = -1
         self.last_seen = time.monotonic()
         self.ended = False                          # bye received
+        self.bye_next_seq = 0                       # ... and the numbers it said were taken
         self.retired = False
         self.borrowed = PositionHolds()
         self.pid = 0

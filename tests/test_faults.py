@@ -183,6 +183,38 @@ def test_a_stalled_subscriber_never_blocks_capture_and_every_drop_is_named(endpo
         p.stop()
 
 
+def test_drops_still_in_the_producers_backlog_at_close_are_reported_as_lost(endpoint, tmp_path):
+    # A subscriber that reads nothing until the producer has closed: the ring fills, then
+    # even its headroom for drop entries, so later drops wait in the producer's backlog.
+    # Closing cannot write them: the bye now names every number taken, and the subscriber
+    # reports those it never read as a lost range. Until 2026-12-05 they were reported
+    # nowhere (the bye named only the announced numbers): 2,713 of 2,845 drops in the hunt.
+    reqs = requests(3000, seed=14, tokens=(8,), chunks=(64,))
+    sizes = {r: t for r, t, _ in reqs}
+    p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "fb",
+                      "consumers": 1, "capacity": 256 << 10, "policy": "drop"}, tmp_path)
+    try:
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(20)
+            captured = p.wait_event("captured", timeout=30)
+            assert captured["stats"]["backlog"] > 0, "no drop waited in the backlog"
+            p.wait_event("done", timeout=30)          # closed: nothing more will come
+            got: set[str] = set()
+
+            def retired() -> bool:
+                while (s := sub.poll(0.05)) is not None:
+                    check_exact(s.tensors, s.token_ids, s.rid, sizes[s.rid])
+                    got.add(s.rid)
+                return not sub.stats()["producers"] or sub.lost
+            wait_until(retired, 20, "the subscriber to retire the closed producer")
+            dropped = set(captured["dropped"])
+            assert got == set(sizes) - dropped, "a committed sample is missing"
+            named = len(dropped & set(sub.dropped)) + sum(x.count for x in sub.lost)
+            assert named == len(dropped), (len(dropped), len(sub.dropped), sub.lost)
+    finally:
+        p.stop()
+
+
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(exist_ok=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
