@@ -820,24 +820,28 @@ def _row_map(r: Row) -> dict[str, Any]:
             "fields": dict(r.fields) if r.fields else {}}
 
 
+def field_values(name: Any, value: Any, count: int) -> np.ndarray:
+    """A per-token field given as bytes, a tensor, an array or a list, as a flat uint8 array
+    (its length is the caller's to check against ``count``); CaptureConfigError for a name
+    that is not a str or a value that is not uint8 values."""
+    if not isinstance(name, str):
+        raise CaptureConfigError(f"field names: expected str, found {type(name).__name__} "
+                                 f"{name!r}")
+    try:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            arr = np.frombuffer(value, dtype=np.uint8)
+        elif isinstance(value, torch.Tensor):
+            arr = value.detach().to("cpu").numpy()
+        else:
+            arr = np.asarray(value)
+        return arr.reshape(-1).astype(np.uint8)
+    except (TypeError, ValueError) as exc:
+        raise CaptureConfigError(f"field {name!r}: expected {count} uint8 values (bytes, a "
+                                 f"tensor, an array or a list), found {type(value).__name__} "
+                                 f"({exc})") from None
+
+
 def _field_bytes(fields: Mapping[str, Any] | None, count: int) -> dict[str, bytes] | None:
     if not fields:
         return None
-    out = {}
-    for name, value in fields.items():
-        if not isinstance(name, str):
-            raise CaptureConfigError(f"field names: expected str, found {type(name).__name__} "
-                                     f"{name!r}")
-        try:
-            if isinstance(value, (bytes, bytearray, memoryview)):
-                arr = np.frombuffer(value, dtype=np.uint8)
-            elif isinstance(value, torch.Tensor):
-                arr = value.detach().to("cpu").numpy()
-            else:
-                arr = np.asarray(value)
-            out[name] = arr.reshape(-1).astype(np.uint8).tobytes()
-        except (TypeError, ValueError) as exc:
-            raise CaptureConfigError(f"field {name!r}: expected {count} uint8 values (bytes, "
-                                     f"a tensor, an array or a list), found "
-                                     f"{type(value).__name__} ({exc})") from None
-    return out
+    return {name: field_values(name, value, count).tobytes() for name, value in fields.items()}

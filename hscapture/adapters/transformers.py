@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import CaptureConfigError
-from ..producer import Producer
+from ..producer import Producer, field_values
 
 __all__ = ["HiddenStateCapture", "CONVENTION", "decoder_layers"]
 
@@ -169,15 +169,9 @@ def _row_fields(rid: str | None, fields: Mapping[str, Any] | None, count: int
     """One row's per-token fields as flat uint8 arrays of ``count`` values each."""
     out: dict[str, np.ndarray] = {}
     for name, value in (fields or {}).items():
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            arr = np.frombuffer(value, dtype=np.uint8)
-        elif isinstance(value, torch.Tensor):
-            arr = value.detach().to("cpu").numpy()
-        else:
-            arr = np.asarray(value)
-        arr = arr.reshape(-1)
+        arr = field_values(name, value, count)
         if arr.shape[0] != count:
             raise CaptureConfigError(f"field {name!r} of rid {rid!r}: expected one value per "
                                      f"token ({count}), found {arr.shape[0]}")
-        out[str(name)] = arr.astype(np.uint8)
+        out[name] = arr
     return out
