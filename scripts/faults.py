@@ -2,7 +2,7 @@
 many restarts, every sample exactly once in the shards or reported by rid.
 
     .venv/bin/python scripts/faults.py --requests 5000 --restarts 20 --seeds 3 \
-        [--publish-interval-ms 20]
+        [--publish-interval-ms 20] [--abort-every 7] [--drop]
 
 Short versions: tests/test_faults.py.
 """
@@ -32,6 +32,10 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--publish-interval-ms", type=float, default=0.0,
                     help="the producer's publish_interval_s in ms (the SGLang hook: 20)")
+    ap.add_argument("--abort-every", type=int, default=0,
+                    help="abort every N-th multi-chunk request after its first chunk")
+    ap.add_argument("--drop", action="store_true",
+                    help="the producer drops (a 256 KiB ring) instead of waiting")
     a = ap.parse_args()
     failures = 0
     for seed in range(a.seeds):
@@ -40,7 +44,10 @@ def main() -> int:
         try:
             acct = restarts_under_load(ep, tmp, n_requests=a.requests, restarts=a.restarts,
                                        seed=seed, rate=a.rate,
-                                       publish_interval_s=a.publish_interval_ms / 1e3)
+                                       publish_interval_s=a.publish_interval_ms / 1e3,
+                                       abort_every=a.abort_every,
+                                       policy="drop" if a.drop else "wait",
+                                       capacity=(256 << 10) if a.drop else (4 << 20))
             print(json.dumps({"seed": seed, "ok": True, **acct}), flush=True)
         except AssertionError as exc:
             failures += 1

@@ -33,18 +33,26 @@ from hscapture import Subscriber  # noqa: E402
 
 
 def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: int,
-                        seed: int, rate: float = 60, publish_interval_s: float = 0.0) -> dict:
+                        seed: int, rate: float = 60, publish_interval_s: float = 0.0,
+                        abort_every: int = 0, policy: str = "wait",
+                        capacity: int = 4 << 20) -> dict:
     """Drain ``n_requests`` multi-chunk samples while the drain is stopped ``restarts``
     times, alternately SIGINT and SIGKILL, each at a random amount of progress. Returns the
     account (asserting it is exact). ``publish_interval_s``: the producer's (the SGLang
-    hook's coalesced publishing)."""
+    hook's coalesced publishing). ``abort_every``: every N-th multi-chunk request is
+    aborted after its first chunk; ``policy`` / ``capacity``: the producer's ("drop" with a
+    small ring: drops). Aborted and dropped samples must each be named by some drain's
+    report: a SIGKILLed one's by the next drain's (``reports.jsonl``, or the ring)."""
     rng = random.Random(seed)
     reqs = requests(n_requests, seed=seed, tokens=(1, 6, 20, 48), chunks=(4, 16, 64))
     sizes = {r: t for r, t, _ in reqs}
+    aborts = [r for i, (r, t, c) in enumerate(reqs) if abort_every and t > c
+              and i % abort_every == 0]
     out = tmp / "out"
     p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": f"fr{seed}",
-                      "consumers": 1, "rate": rate, "interleave": 6, "capacity": 4 << 20,
-                      "policy": "wait", "wait_timeout_s": 10.0, "close_on_stdin": True,
+                      "consumers": 1, "rate": rate, "interleave": 6, "capacity": capacity,
+                      "policy": policy, "wait_timeout_s": 10.0 if policy == "wait" else 0.0,
+                      "close_on_stdin": True, "aborts": aborts,
                       "publish_interval_s": publish_interval_s}, tmp)
     reported: set[str] = set()
     codes = []
@@ -90,9 +98,10 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
         missing = set(sizes) - set(rids)
         silent = missing - reported
         assert not silent, f"{len(silent)} samples silently missing: {sorted(silent)[:10]}"
+        assert not set(aborts) & set(rids), "an aborted sample was written"
         assert verify_shards(out, sizes) == len(rids)
         return {"samples": len(sizes), "written": len(rids), "reported": len(missing),
-                "codes": codes}
+                "aborted": len(aborts), "codes": codes}
     finally:
         p.send()
         p.stop()
@@ -110,6 +119,16 @@ def test_drain_killed_at_random_moments_gets_every_sample_once_or_reported(endpo
     acct = restarts_under_load(endpoint, tmp_path, n_requests=700, restarts=6, seed=11,
                                publish_interval_s=interval)
     assert acct["written"] >= acct["samples"] * 0.9, acct
+
+
+def test_drain_killed_at_random_moments_with_aborts_and_drops_reports_every_one(endpoint,
+                                                                                 tmp_path):
+    # the same with failures among the samples: aborted after their first chunk, and drops
+    # (a 256 KiB ring, drop policy); a SIGKILLed drain's failures reach the next drain's
+    # report (reports.jsonl, or the ring records it had not acknowledged)
+    acct = restarts_under_load(endpoint, tmp_path, n_requests=500, restarts=6, seed=21,
+                               abort_every=7, policy="drop", capacity=256 << 10)
+    assert acct["aborted"] > 10 and acct["reported"] >= acct["aborted"], acct
 
 
 @PUBLISHING
