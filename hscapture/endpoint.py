@@ -22,6 +22,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from ._flock import lock_held
 from .errors import EndpointError
 
 __all__ = ["socket_dir", "default_endpoint", "check_endpoint", "ipc_path", "claim_endpoint",
@@ -242,23 +243,9 @@ def live_endpoints(directory: str | os.PathLike | None = None) -> list[str]:
     except OSError:
         return out
     for name in names:
-        if name.endswith(".sock.lock") and _claim_held(d / name):
+        if name.endswith(".sock.lock") and lock_held(d / name):
             out.append(f"ipc://{d / name[:-len('.lock')]}")
     return out
-
-
-def _claim_held(lock: Path) -> bool:
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def probe_endpoint(endpoint: str, timeout_s: float = 1.0) -> str | None:
@@ -274,7 +261,7 @@ def probe_endpoint(endpoint: str, timeout_s: float = 1.0) -> str | None:
         if not path.exists():
             return f"no socket file {path}"
         lock = Path(f"{path}.lock")
-        if lock.exists() and not _claim_held(lock):
+        if lock.exists() and not lock_held(lock):
             return f"{path} is left over from a producer that exited (`hscapture cleanup` removes it)"
         if not _unix_listener(path):
             return f"nothing accepts connections on {path}"

@@ -8,11 +8,11 @@ exports read. Nothing here decides what is durable: it keeps the files in the fo
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from dataclasses import dataclass
 
+from ._flock import lock_held
 from .errors import ShardError
 from .shard_format import INDEX_NAME, LOCK_NAME, jdump
 
@@ -158,14 +158,4 @@ def read_index(out_dir: str | os.PathLike) -> dict[str, dict]:
 
 def dir_locked(d: str) -> bool:
     """True while a live :class:`~hscapture.shards.ShardWriter` holds ``d``'s ``.lock``."""
-    try:
-        fd = os.open(os.path.join(d, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    return lock_held(os.path.join(d, LOCK_NAME))
