@@ -125,14 +125,22 @@ def drain(
     earlier = reports.unreported()   # a killed predecessor's failures: named in this report
     recorded = 0                     # sub.failures()[:recorded] are in reports.jsonl
 
+    def append_reports(failures: list[tuple[str, str, str]]) -> None:
+        _check_dir(out_dir, dir_id)
+        try:
+            reports.append(failures)
+        except OSError as exc:   # a full disk: typed, and nothing acknowledged
+            raise ShardError(f"cannot record {len(failures)} failure(s) in {reports.path}: "
+                             f"{exc.strerror or exc}; they stay in the ring for the next "
+                             f"drain into {out_dir}") from exc
+
     def record_failures() -> None:
         """Append the failures read since the last call to reports.jsonl, then let the ring
         go of the records that named them."""
         nonlocal recorded
         new = sub.failures(recorded)
         if new:
-            _check_dir(out_dir, dir_id)
-            reports.append(new)
+            append_reports(new)
             recorded += len(new)
             sub.acknowledge_failures(recorded)
 
@@ -170,8 +178,7 @@ def drain(
                 except SampleRefusedError as exc:   # this sample only; the drain goes on
                     why = f"the shard writer refused it: {exc}"
                     res.rejected[sample.rid] = why
-                    _check_dir(out_dir, dir_id)
-                    reports.append([("rejected", sample.rid, why)])   # before the release
+                    append_reports([("rejected", sample.rid, why)])   # before the release
                     sample.release()
                     continue
                 if on_sample is not None:
@@ -204,9 +211,7 @@ def drain(
         raise
     finally:
         try:
-            _close_writer(writer, settle, primary)
-            if primary is None:
-                record_failures()
+            _close_writer(writer, settle, primary)   # (settle records the failures)
         finally:
             res.seconds = time.monotonic() - start
             bar.update(res, sub, start, force=True)
