@@ -19,7 +19,7 @@ import os
 import time
 
 from .shard_format import REPORTS_NAME, jdump
-from .shard_index import fsync_dir
+from .shard_index import fsync_dir, repair_tail
 
 log = logging.getLogger("hscapture")
 
@@ -71,13 +71,24 @@ class ReportLog:
                                                                      time.gmtime())}) + "\n")
 
     def _write(self, text: str) -> None:
+        """Append whole lines: a torn tail (an append a full disk or a crash cut short) is
+        cut off first, and an append that fails is cut off again, so a later line never
+        runs into a fragment (which would make both unreadable: a failure lost)."""
         new = not os.path.exists(self.path)
+        kept = repair_tail(self.path, fsync=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
-            data = memoryview(text.encode("utf-8"))
-            while len(data):
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
+            try:
+                data = memoryview(text.encode("utf-8"))
+                while len(data):
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            except OSError:
+                try:
+                    os.ftruncate(fd, kept)
+                except OSError:
+                    pass            # the next append cuts it (repair_tail)
+                raise
         finally:
             os.close(fd)
         if new:

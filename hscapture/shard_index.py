@@ -69,15 +69,19 @@ def read_journal(path: str) -> tuple[dict | None, list[JournalEntry]]:
 
 def repair_index_tail(d: str, fsync: bool) -> None:
     """Cut a torn last line (no terminating newline) off ``d``'s ``index.jsonl``."""
-    path = os.path.join(d, INDEX_NAME)
+    repair_tail(os.path.join(d, INDEX_NAME), fsync)
+
+
+def repair_tail(path: str, fsync: bool) -> int:
+    """Cut a JSON-lines file back to its last newline (a torn last line: a write cut short
+    by a crash or a full disk), so the next append starts a line of its own; returns the
+    size kept (0 when the file does not exist)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        return
+        return 0
     try:
         size = os.fstat(fd).st_size
-        if size == 0:
-            return
         pos = size
         while pos > 0:
             chunk = min(65536, pos)
@@ -91,6 +95,7 @@ def repair_index_tail(d: str, fsync: bool) -> None:
             os.ftruncate(fd, pos)
             if fsync:
                 os.fsync(fd)
+        return pos
     finally:
         os.close(fd)
 

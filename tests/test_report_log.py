@@ -1,0 +1,22 @@
+"""The drain's failure log (hscapture/_report_log.py): what a killed drain leaves to the next."""
+
+from __future__ import annotations
+
+from hscapture._report_log import ReportLog
+
+
+def test_a_failure_appended_after_a_torn_reports_line_stays_readable(tmp_path):
+    # A full disk (or a crash) can cut an append to reports.jsonl short. The next append
+    # must not run into that fragment: until 2026-12-05 both lines merged into one that
+    # does not parse, and the failure it named was reported by no later drain.
+    log = ReportLog(str(tmp_path))
+    log.append([("dropped", "a", "dropped by producer: ring_full")])
+    with open(tmp_path / "reports.jsonl", "ab") as f:
+        f.write(b'{"kind":"incomplete","rid":"torn","rea')      # a short write
+    log.append([("incomplete", "x", "aborted by producer: gone")])
+    assert log.unreported() == [("dropped", "a", "dropped by producer: ring_full"),
+                                ("incomplete", "x", "aborted by producer: gone")]
+    log.mark_reported()
+    log.append([("rejected", "y", "expected 5 tokens, found 8")])
+    assert log.unreported() == [("rejected", "y", "expected 5 tokens, found 8")]
+    assert (tmp_path / "reports.jsonl").read_bytes().endswith(b"\n")
