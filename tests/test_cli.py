@@ -496,4 +496,3 @@ def test_the_extraction_with_a_server_but_no_producer_names_the_endpoint_it_chec
     assert res.returncode == 1
     assert res.stderr.count("\n") == 1, res.stderr
     assert f"ipc://{sock_dir}/sglang-dp0.sock" in res.stderr and "HSCAPTURE_ENABLE=1" in res.stderr
-
