@@ -13,7 +13,6 @@ import collections
 import dataclasses
 import time
 import warnings
-import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -80,7 +79,9 @@ class Delivery:
         self._failure_holds: collections.deque[_FailureHold] = collections.deque()
         #: borrowed (zero-copy) samples handed out and alive: emptied when the subscriber
         #: closes, as its places in the rings go (an anonymous one's records are reused)
-        self.lent: weakref.WeakValueDictionary[int, Sample] = weakref.WeakValueDictionary()
+        #: (a plain dict, emptied by each sample's release: a borrowed sample must be
+        #: released anyway, its record stays referenced until it is)
+        self.lent: dict[int, Sample] = {}
 
     # -- entries -------------------------------------------------------------------------
 
@@ -247,14 +248,15 @@ class Delivery:
                               "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
                         fields=fields, borrowed=borrow)
         nbytes = total * schema[3] * len(layer_names) * nt.DTYPES[schema[2]]
-        if borrow:
-            self.lent[id(sample)] = sample
         if borrow or self.durable:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)
             src.borrowed.add(record.position)
             sample._release = self._releaser([(src, record.position)],
-                                             self._ack_entry(src, rv.seq))
+                                             self._ack_entry(src, rv.seq),
+                                             id(sample) if borrow else None)
+            if borrow:
+                self.lent[id(sample)] = sample
         self._deliver(sample, nbytes)
 
     def _assemble(self, src: Source, p: Partial, holds: Holds) -> None:
@@ -337,14 +339,17 @@ class Delivery:
             self._track(p.holds[0][0], p.key, min(c.seq for c in p.chunks))
         self._unhold(p)
 
-    def _releaser(self, holds: Holds, ack: tuple[Settlement, list[Any]] | None = None
-                  ) -> Callable[[], None]:
+    def _releaser(self, holds: Holds, ack: tuple[Settlement, list[Any]] | None = None,
+                  lent: int | None = None) -> Callable[[], None]:
         """The release (for a durable subscriber: the acknowledgement) of a sample holding
-        ``holds``; after :meth:`close` it gives nothing back and acknowledges nothing. A ring
-        is given back to only where the release freed one of its records: a record that
-        other samples of its entry still hold keeps the ring where it is (each of the
-        entry's samples asking the ring again cost a zero-copy sample more than its copy)."""
+        ``holds`` (``lent``: its key in :attr:`lent`); after :meth:`close` it gives nothing
+        back and acknowledges nothing. A ring is given back to only where the release freed
+        one of its records: a record that other samples of its entry still hold keeps the
+        ring where it is (each of the entry's samples asking the ring again cost a
+        zero-copy sample more than its copy)."""
         def release() -> None:
+            if lent is not None:
+                self.lent.pop(lent, None)
             freed = [src for src, position in holds if src.borrowed.discard(position)]
             if not self.closed:
                 if ack is not None:
