@@ -99,10 +99,10 @@ class Delivery:
             for rv in entry.row_views(record.payload):
                 self._on_row(src, record, meta, schema, names, rv)
         elif kind == "drop":
-            for row in entry.rows:
+            for r, row in enumerate(entry.rows):
                 counts["dropped_rows"] += 1
                 self.fail((src.epoch, row["rid"]), f"dropped by producer: "
-                          f"{entry.meta['reason']}", "dropped")
+                          f"{entry.meta['reason']}", "dropped", _event(src, entry.seq + r))
             self.hold_failure(src, record.position)
         elif kind == "abort":
             key = (src.epoch, entry.meta["rid"])
@@ -110,7 +110,8 @@ class Delivery:
                 counts["restarted"] += 1
                 self.pop_partial(key)
             else:
-                self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete")
+                self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
+                          _event(src, entry.seq))
                 self.hold_failure(src, record.position)
         elif kind == "unheard":
             failed = len(self.ledger.failure_log)
@@ -118,7 +119,8 @@ class Delivery:
                 if not src.seqs.seen(row["seq"]):
                     self.fail((src.epoch, row["rid"]), "committed before any subscriber "
                               "attached (start the subscriber first, or use "
-                              "Producer(wait_for_subscribers=1))", "dropped")
+                              "Producer(wait_for_subscribers=1))", "dropped",
+                              _event(src, row["seq"]))
             if len(self.ledger.failure_log) > failed:
                 self.hold_failure(src, record.position)
             if entry.meta["overflow"]:
@@ -160,7 +162,7 @@ class Delivery:
             if rv.cached_prefix and rv.token_start == rv.cached_prefix:
                 self.fail(key, f"prefix cache hit: positions [0, {rv.cached_prefix}) were "
                                f"not computed (disable the radix cache or bust it per "
-                               f"request)", "incomplete")
+                               f"request)", "incomplete", _event(src, rv.seq))
                 return
             p = self.asm.open(key, schema, {"producer": src.producer, "epoch": src.epoch,
                                             "convention": meta["convention"],
@@ -170,11 +172,13 @@ class Delivery:
                 # a resumer might find this partial's later rows without this one
                 self._track(src, key, rv.seq)
         if p.schema != schema:
-            self.reject(key, "chunks disagree on layers, kinds, dtype or hidden size")
+            self.reject(key, "chunks disagree on layers, kinds, dtype or hidden size",
+                        _event(src, rv.seq))
             return
         start, end = rv.token_start, rv.token_start + rv.token_count
         if any(c.start < end and start < c.start + c.count for c in p.chunks):
-            self.reject(key, f"token positions [{start}, {end}) were delivered twice")
+            self.reject(key, f"token positions [{start}, {end}) were delivered twice",
+                        _event(src, rv.seq))
             return
         # numpy copies (single-threaded memcpy), see _copy
         tensors = [_copy(rv.layer(i)) for i in range(len(schema[0]))]
@@ -192,7 +196,7 @@ class Delivery:
             covered, gaps = p.covered()
             if covered > p.total:
                 self.reject(key, f"chunks reach token {covered}, past the last chunk's end "
-                                 f"{p.total}")
+                                 f"{p.total}", _event(src, rv.seq))
             elif not gaps and covered == p.total:
                 holds = list(p.holds)
                 p.holds.clear()          # handed to the sample (durable) or released below
@@ -217,7 +221,7 @@ class Delivery:
                names: tuple, rv: Any) -> None:
         """A sample that came in one row: a borrowed view, or a copy."""
         total = rv.token_count
-        if self.expected and not self._check_expected(src, rv.rid, total):
+        if self.expected and not self._check_expected(src, rv.rid, total, rv.seq):
             # rejected, whatever an earlier owner acknowledged (a rejected sample has no
             # place in the acknowledgements: a later acknowledged one covers it): its record
             # names the rejection to a resumer until the failure is acknowledged
@@ -267,7 +271,7 @@ class Delivery:
         settled = self._unsettled.pop(p.key, None)
         if settled is not None:
             settled.finish(p.key, last_seq)
-        if not self._check_expected(src, rid, total):
+        if not self._check_expected(src, rid, total, last_seq):
             for hold_src, position in holds:   # rejected: they name it (see _whole)
                 self.hold_failure(hold_src, position, borrowed=True)
             return
@@ -301,10 +305,11 @@ class Delivery:
                         fields=fields, _release=release)
         self._deliver(sample)
 
-    def _check_expected(self, src: Source, rid: str, total: int) -> bool:
+    def _check_expected(self, src: Source, rid: str, total: int, last_seq: int) -> bool:
         expected = self.expected.pop(rid, None)
         if expected is not None and expected != total:
-            self.reject((src.epoch, rid), f"expected {expected} tokens, found {total}")
+            self.reject((src.epoch, rid), f"expected {expected} tokens, found {total}",
+                        _event(src, last_seq))
             return False
         return True
 
@@ -397,13 +402,15 @@ class Delivery:
                 src.release()
         p.holds.clear()
 
-    def fail(self, key: tuple[int, str], reason: str, kind: str) -> None:
-        """Sample ``key`` = (epoch, rid) cannot be delivered: report it as ``kind``."""
+    def fail(self, key: tuple[int, str], reason: str, kind: str,
+             event: str | None = None) -> None:
+        """Sample ``key`` = (epoch, rid) cannot be delivered: report it as ``kind``
+        (``event``: the record that says so, :attr:`Ledger.failure_log`)."""
         p = self.asm.pop(key)
         settled = self._unsettled.pop(key, None)
         if settled is not None:
             settled.finish(key, max((c.seq for c in p.chunks), default=0) if p else 0)
-        self.ledger.record_failure(key, reason, kind)
+        self.ledger.record_failure(key, reason, kind, event)
         self.expected.pop(key[1], None)
         if p is not None:
             if self.durable:   # its chunks name it to a resumer until acknowledged
@@ -459,10 +466,10 @@ class Delivery:
                 self._give_back(hold)
         self._failure_holds = kept
 
-    def reject(self, key: tuple[int, str], why: str) -> None:
+    def reject(self, key: tuple[int, str], why: str, event: str | None = None) -> None:
         message = str(SampleMismatchError(f"sample {key[1]!r} rejected: {why}"))
         self.ledger.error(message, "mismatches")
-        self.fail(key, message, "rejected")
+        self.fail(key, message, "rejected", event)
 
     def partials_of(self, epoch: int) -> list[Partial]:
         return self.asm.of_epoch(epoch)
@@ -493,6 +500,12 @@ class Delivery:
         parts = [f"[{c.start}, {c.start + c.count})" for k, p in self.asm.partials.items()
                  if k[1] == rid for c in p.chunks]
         return ", ".join(parts) or "none"
+
+
+def _event(src: Source, seq: int) -> str:
+    """The failure event a ring row or entry of ``src`` names (:attr:`Ledger.failure_log`):
+    read again by a resumer, the same event; a new attempt of the rid, another one."""
+    return f"{src.epoch}:{seq}"
 
 
 @dataclasses.dataclass

@@ -62,10 +62,15 @@ class Ledger:
         self.conflicts: dict[str, str] = {}
         self._failed: collections.OrderedDict[tuple[int, str], None] = \
             collections.OrderedDict()
-        #: every failure in the order it was recorded: ``(kind, rid, reason)``, kind one of
-        #: ``dropped`` / ``incomplete`` / ``rejected`` (what a durable consumer persists
-        #: before it acknowledges failures: :meth:`Subscriber.failures`)
-        self.failure_log: list[tuple[str, str, str]] = []
+        #: every failure in the order it was recorded: ``(kind, rid, reason, event)``, kind
+        #: one of ``dropped`` / ``incomplete`` / ``rejected``, event ``"epoch:seq"`` of the
+        #: ring row or entry that named it (None when no record did: a timeout, a producer
+        #: gone) (what a durable consumer persists before it acknowledges failures:
+        #: :meth:`Subscriber.failures`)
+        self.failure_log: list[tuple[str, str, str, str | None]] = []
+        #: events a caller already recorded (an earlier run's failures, read again from the
+        #: ring by a resumer): the sample still fails, but is not reported twice
+        self.known_events: set[str] = set()
 
     def error(self, message: str, counter: str) -> None:
         """Count ``counter``, keep ``message``; the first of each counter is logged."""
@@ -74,18 +79,23 @@ class Ledger:
         if self.counts[counter] == 1:
             log.warning("hscapture subscriber: %s (further %s are counted)", message, counter)
 
-    def record_failure(self, key: tuple[int, str], reason: str, kind: str) -> None:
+    def record_failure(self, key: tuple[int, str], reason: str, kind: str,
+                       event: str | None = None) -> None:
         """Sample ``key`` = (epoch, rid) failed: ``kind`` is ``dropped``, ``rejected`` or
-        anything else (``incomplete``)."""
+        anything else (``incomplete``); ``event`` names the record that says so (see
+        :attr:`failure_log`). A known event fails the sample without reporting it again."""
         self._failed[key] = None
         self._failed.move_to_end(key)
         while len(self._failed) > MAX_FAILED:
             self._failed.popitem(last=False)
+        if event is not None and event in self.known_events:
+            self.counts["failures_known_before"] += 1
+            return
         rid = key[1]
         kind = kind if kind in ("dropped", "rejected") else "incomplete"
         target = {"dropped": self.dropped, "rejected": self.rejected}.get(kind, self.incomplete)
         target[rid] = reason
-        self.failure_log.append((kind, rid, reason))
+        self.failure_log.append((kind, rid, reason, event))
         self.counts[f"{kind}_samples"] += 1
 
     def has_failed(self, key: tuple[int, str]) -> bool:

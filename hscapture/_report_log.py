@@ -6,9 +6,11 @@ it appended here and fsync'd. So a failure the drain read is, at every moment, e
 in the ring (a restarted drain reads it again) or in this file, and a drain killed before it
 printed its report leaves its failures to the next drain into the directory, which reports
 them. Format (:mod:`hscapture.shard_format`): one JSON object per line, ``\\n``-terminated;
-``{"kind": "dropped"|"incomplete"|"rejected", "rid": ..., "reason": ...}`` per failure, and
+``{"kind": "dropped"|"incomplete"|"rejected", "rid": ..., "reason": ..., "event": ...}`` per
+failure (``event``: the ring record that named it, ``"epoch:seq"``, or null), and
 ``{"reported": true, "at": ISO-8601}`` once a drain's report named every failure above it. A
-torn last line is ignored.
+torn last line is ignored. Every event in the file is known to the next drain: read again
+from the ring (an older record held it back), such a failure is not reported twice.
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ class ReportLog:
     def unreported(self) -> list[tuple[str, str, str]]:
         """``(kind, rid, reason)`` of the failures after the last ``reported`` line: those an
         earlier drain recorded and never named in a report (it was killed first)."""
+        return self.read()[0]
+
+    def read(self) -> tuple[list[tuple[str, str, str]], set[str]]:
+        """:meth:`unreported`, and the events of every failure in the file."""
+        events: set[str] = set()
         try:
             with open(self.path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            return []
+            return [], events
         out: list[tuple[str, str, str]] = []
         for line in raw.split(b"\n")[:-1]:          # the part after the last newline is torn
             try:
@@ -56,13 +63,16 @@ class ReportLog:
                 out.clear()
             elif d.get("kind") in KINDS and isinstance(d.get("rid"), str):
                 out.append((d["kind"], d["rid"], str(d.get("reason", ""))))
-        return out
+                if isinstance(d.get("event"), str):
+                    events.add(d["event"])
+        return out, events
 
-    def append(self, failures: list[tuple[str, str, str]]) -> None:
-        """Append ``failures`` and make them durable (file and, when new, directory fsync'd)."""
+    def append(self, failures: list[tuple[str, str, str, str | None]]) -> None:
+        """Append ``failures`` (``(kind, rid, reason, event)``) and make them durable (file
+        and, when new, directory fsync'd)."""
         if failures:
-            self._write("".join(jdump({"kind": k, "rid": r, "reason": why}) + "\n"
-                                for k, r, why in failures))
+            self._write("".join(jdump({"kind": k, "rid": r, "reason": why, "event": ev}) + "\n"
+                                for k, r, why, ev in failures))
 
     def mark_reported(self) -> None:
         """Every failure above was named in a report shown to the user."""

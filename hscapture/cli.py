@@ -302,7 +302,11 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
               "not_written": stats.get("not_written", []),
               "lost_notices": stats.get("lost_notices", 0),
               "malformed_notices": stats.get("malformed_notices", 0),
-              "stale_notices": stats.get("stale_notices", 0)}
+              "stale_notices": stats.get("stale_notices", 0),
+              # failures in reports.jsonl: named here from a killed drain, or read again and
+              # not named twice (an earlier drain's report named them)
+              "reported_from_earlier_drain": stats.get("reported_from_earlier_drain", 0),
+              "failures_known_before": stats.get("failures_known_before", 0)}
     if as_json:
         click.echo(json.dumps(report, indent=2))
     from .progress import format_size

@@ -122,10 +122,13 @@ def drain(
                      skip_rid=lambda rid: writer.seen(rid) or rid in pending)
     start = time.monotonic()
     reports = ReportLog(out_dir)
-    earlier = reports.unreported()   # a killed predecessor's failures: named in this report
+    # a killed predecessor's failures are named in this report; every recorded one, read
+    # again from the ring (an older record held it back), is not reported twice
+    earlier, known = reports.read()
+    sub.known_failures(known)
     recorded = 0                     # sub.failures()[:recorded] are in reports.jsonl
 
-    def append_reports(failures: list[tuple[str, str, str]]) -> None:
+    def append_reports(failures: list[tuple[str, str, str, str | None]]) -> None:
         _check_dir(out_dir, dir_id)
         try:
             reports.append(failures)
@@ -178,7 +181,7 @@ def drain(
                 except SampleRefusedError as exc:   # this sample only; the drain goes on
                     why = f"the shard writer refused it: {exc}"
                     res.rejected[sample.rid] = why
-                    append_reports([("rejected", sample.rid, why)])   # before the release
+                    append_reports([("rejected", sample.rid, why, None)])  # before release
                     sample.release()
                     continue
                 if on_sample is not None:

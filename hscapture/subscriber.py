@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ._delivery import Delivery
 from ._ledger import Ledger, LostRange
@@ -233,11 +233,21 @@ class Subscriber:
             "producers": self._registry.describe(),
         }
 
-    def failures(self, since: int = 0) -> list[tuple[str, str, str]]:
+    def failures(self, since: int = 0) -> list[tuple[str, str, str, str | None]]:
         """Every failure reported so far from the ``since``-th on, in the order recorded:
-        ``(kind, rid, reason)`` with kind ``dropped``, ``incomplete`` or ``rejected`` (the
-        same reports as :meth:`stats`; a rid failing twice appears twice)."""
+        ``(kind, rid, reason, event)`` with kind ``dropped``, ``incomplete`` or ``rejected``
+        (the same reports as :meth:`stats`; a rid failing twice appears twice) and event
+        the ``"epoch:seq"`` of the ring record that named it (None when none did: a
+        timeout, a producer gone). Pass the events to :meth:`known_failures` of a later
+        subscriber of the name so that it does not report them again."""
         return self._ledger.failure_log[since:]
+
+    def known_failures(self, events: Iterable[str]) -> None:
+        """Failures the caller already recorded (their :meth:`failures` events, e.g. from
+        an earlier run that crashed after recording them): read again from the ring by this
+        resumer, their samples still fail (nothing of them is delivered) but are not
+        reported a second time."""
+        self._ledger.known_events.update(e for e in events if e)
 
     def acknowledge_failures(self, through: int) -> None:
         """A durable subscriber (``name=...``): the first ``through`` :meth:`failures` are

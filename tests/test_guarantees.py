@@ -129,6 +129,41 @@ def test_drain_stopped_with_sigint_and_restarted_gets_every_rid_exactly_once(
     p.wait_event("done")
 
 
+def test_a_failure_a_stopped_drain_reported_is_not_reported_again_by_its_restart(
+        endpoint, procs, tmp_path):
+    # A sample still assembling holds the ring back behind a failure the drain read and
+    # reported (B, aborted after its first chunk). The restart replays the ring from there:
+    # B is read again, and must not be reported again (until 2026-12-05 it was: the restart
+    # exited 3 for a failure the stopped drain had already named). Each failure's event
+    # (epoch:seq of its record) is in reports.jsonl; the next drain knows them.
+    out = tmp_path / "out"
+    with Producer(endpoint, producer_id="g1r", capacity=1 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        d = _drain(procs, endpoint, out)
+        assert p.wait_for_consumers(1, 30)
+        ta, ia = source("A", 8)
+        assert p.capture("A", [t[:4] for t in ta], layers=LAYERS, token_ids=ia[:4],
+                         token_start=0, is_last_chunk=False)         # open: holds the ring
+        tb, ib = source("B", 8)
+        assert p.capture("B", [t[:4] for t in tb], layers=LAYERS, token_ids=ib[:4],
+                         token_start=0, is_last_chunk=False)
+        p.abort("B", "client cancelled")
+        _capture(p, "C", 3)
+        p.flush()
+        wait_until(lambda: "C" in durable_rids(out) and (out / "reports.jsonl").exists(), 20,
+                   "C written and B's abort recorded")
+        d.send_signal(signal.SIGINT)
+        rc, first, err = drain_report(d)
+        assert rc == EXIT_INTERRUPTED and "B" in first["incomplete"], (first, err)
+        assert p.capture("A", [t[4:] for t in ta], layers=LAYERS, token_ids=ia[4:],
+                         token_start=4, is_last_chunk=True)
+        p.flush()
+        rc, second, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1"))
+        assert rc == EXIT_OK, (second, err)
+        assert "B" not in second["incomplete"] and set(durable_rids(out)) == {"A", "C"}
+        assert second["failures_known_before"] >= 1, second
+
+
 # -- 2 ---------------------------------------------------------------------------------------
 
 
@@ -443,7 +478,7 @@ def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_ack
             _capture(p, "longc", 8, chunk=3)
             _abort_one_and_drop_one(p, cap)
             sub.get("marker", timeout=10).release()
-            assert {k for k, _, _ in sub.failures()} == {"incomplete", "dropped", "rejected"}
+            assert {f[0] for f in sub.failures()} == {"incomplete", "dropped", "rejected"}
             assert set(sub.incomplete) == {"ab"} and set(sub.dropped) == {"dr"}
             assert set(sub.rejected) == {"long", "longc"}
             sub.pump(0.05)

@@ -10,13 +10,14 @@ def test_a_failure_appended_after_a_torn_reports_line_stays_readable(tmp_path):
     # must not run into that fragment: until 2026-12-05 both lines merged into one that
     # does not parse, and the failure it named was reported by no later drain.
     log = ReportLog(str(tmp_path))
-    log.append([("dropped", "a", "dropped by producer: ring_full")])
+    log.append([("dropped", "a", "dropped by producer: ring_full", "7:1")])
     with open(tmp_path / "reports.jsonl", "ab") as f:
         f.write(b'{"kind":"incomplete","rid":"torn","rea')      # a short write
-    log.append([("incomplete", "x", "aborted by producer: gone")])
+    log.append([("incomplete", "x", "aborted by producer: gone", "7:5")])
     assert log.unreported() == [("dropped", "a", "dropped by producer: ring_full"),
                                 ("incomplete", "x", "aborted by producer: gone")]
     log.mark_reported()
-    log.append([("rejected", "y", "expected 5 tokens, found 8")])
+    log.append([("rejected", "y", "expected 5 tokens, found 8", None)])
     assert log.unreported() == [("rejected", "y", "expected 5 tokens, found 8")]
     assert (tmp_path / "reports.jsonl").read_bytes().endswith(b"\n")
+    assert log.read()[1] == {"7:1", "7:5"}      # every recorded event, reported or not
