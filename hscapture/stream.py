@@ -583,6 +583,11 @@ class SampleStream:
         named = set(undelivered) | set(sub.in_flight())
         undelivered += [r for r in sub.skim_unread() if r not in named]
         self._report = self._snapshot(sub, undelivered)
+        if sub.name and why != "garbage_collected":
+            # durable: the failures are in the report this feed keeps (report()); their
+            # records can go. A crash never gets here: the next stream of the name reads
+            # them again. (A feed collected unseen leaves them to that next stream too.)
+            sub.acknowledge_failures(len(sub.failures()))
         try:
             if self._copier is not None:
                 # no copy may still read a ring when it is unregistered and unmapped; the

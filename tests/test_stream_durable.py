@@ -149,3 +149,37 @@ def test_trainers_killed_and_closed_at_random_moments_while_the_producer_capture
     stops = [(rng.randint(5, 60), how) for how in ("kill", "close", "kill", "kill", "close")]
     got = durable_stream_restarts(endpoint, tmp_path, reqs, stops, rate=120.0, seed=3)
     assert got["handed_out"] == 360 and got["trainers"] == 6, got
+
+
+def test_a_durable_stream_stopped_cleanly_leaves_no_failure_to_report_again(endpoint):
+    # A durable stream keeps the records that name a failure until the failure is in a
+    # report: a clean stop (max_samples here) keeps that report, so the records go, and the
+    # next stream of the name does not name the failure again. A crash would leave them
+    # (tests/test_guarantees.py: the failures test).
+    import hscapture
+    from fault_support import LAYERS, source
+    from hscapture import Producer
+
+    with Producer(endpoint, producer_id="sdf", capacity=1 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        first = hscapture.stream(endpoint, name="sdf-trainer", max_samples=1, idle_timeout_s=10)
+        it = iter(first)
+        first.subscriber.wait_ready(10)
+        tensors, ids = source("cut", 8)
+        assert p.capture("cut", [t[:4] for t in tensors], layers=LAYERS, token_ids=ids[:4],
+                         token_start=0, is_last_chunk=False)
+        p.abort("cut", "client cancelled")
+        tensors, ids = source("ok", 3)
+        assert p.capture("ok", tensors, layers=LAYERS, token_ids=ids)
+        p.flush()
+        assert next(it).rid == "ok"
+        assert list(it) == []                              # max_samples: a clean stop
+        assert "cut" in first.report()["incomplete"]
+        tensors, ids = source("later", 3)
+        assert p.capture("later", tensors, layers=LAYERS, token_ids=ids)
+        p.flush()
+        second = hscapture.stream(endpoint, name="sdf-trainer", max_samples=1,
+                                  idle_timeout_s=10)
+        assert [s.rid for s in second] == ["later"]
+        assert second.report()["incomplete"] == {}, second.report()
+        hscapture.Subscriber(endpoint, name="sdf-trainer").unsubscribe()
