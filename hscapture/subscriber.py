@@ -266,10 +266,13 @@ class Subscriber:
         what it did not read stays in the ring for the next one of its name."""
         if self.name or self._closed:
             return []
-        rids: list[str] = []
-        for src in list(self._registry.sources.values()):
-            rids.extend(src.skim(self._delivery))
-        return list(dict.fromkeys(rids))
+        return list(dict.fromkeys(self._skim(giving_up=False)))
+
+    def _skim(self, giving_up: bool) -> list[str]:
+        """Every ring's unread data rows' rids (:meth:`Source.skim <hscapture._source.Source.
+        skim>`; ``giving_up``: a durable place too)."""
+        return [rid for src in list(self._registry.sources.values())
+                for rid in src.skim(self._delivery, giving_up=giving_up)]
 
     def pump(self, timeout: float = 0.0) -> None:
         """Process whatever arrived (notices, ring entries) for up to ``timeout`` seconds."""
@@ -294,8 +297,7 @@ class Subscriber:
         given_up: list[str] = []
         if not self._closed:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
-            for src in list(self._registry.sources.values()):
-                given_up.extend(src.skim(self._delivery, giving_up=bool(self.name)))
+            given_up += self._skim(giving_up=bool(self.name))
         self._shutdown(unsubscribe=True)
         return list(dict.fromkeys(given_up))
 
