@@ -128,6 +128,12 @@ class Delivery:
                     src.producer or "?", src.epoch, -1, entry.meta["overflow"],
                     "committed before any subscriber attached (not named)"))
 
+    def wants(self, rid: str) -> bool:
+        """Whether a row of ``rid`` would be assembled (neither ``rid_filter`` nor
+        ``skip_rid`` turns it away)."""
+        return (self.rid_filter is None or self.rid_filter(rid)) and \
+            (self.skip_rid is None or not self.skip_rid(rid))
+
     def _on_row(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
                 names: tuple, rv: Any) -> None:
         counts = self.ledger.counts

@@ -16,6 +16,7 @@ samples and failures) and ``_ledger`` (what was not delivered, and the counters)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -28,6 +29,8 @@ from .errors import HSCaptureError, SampleTimeoutError, SubscriptionInUseError
 from .sample import Sample
 
 __all__ = ["Subscriber", "LostRange"]
+
+log = logging.getLogger("hscapture")
 
 #: how often (seconds) the pump looks at heartbeats, liveness and stale partials
 _HOUSEKEEPING_S = 0.05
@@ -119,6 +122,8 @@ class Subscriber:
         self.errors = ledger.errors
         self._last_housekeeping = 0.0
         self._closed = False
+        #: an anonymous subscriber's samples committed and never handed out, named at close
+        self._undelivered: list[str] = []
         if name:
             self._registry.resume_durable()
 
@@ -229,6 +234,7 @@ class Subscriber:
             "unresolved": unresolved,
             "conflicts": dict(self.conflicts),
             "in_flight": self.in_flight(),
+            "undelivered": list(self._undelivered),
             "errors": list(self.errors),
             "producers": self._registry.describe(),
         }
@@ -271,8 +277,9 @@ class Subscriber:
     def _skim(self, giving_up: bool) -> list[str]:
         """Every ring's unread data rows' rids (:meth:`Source.skim <hscapture._source.Source.
         skim>`; ``giving_up``: a durable place too)."""
+        wants = self._delivery.wants
         return [rid for src in list(self._registry.sources.values())
-                for rid in src.skim(self._delivery, giving_up=giving_up)]
+                for rid in src.skim(self._delivery, giving_up=giving_up) if wants(rid)]
 
     def pump(self, timeout: float = 0.0) -> None:
         """Process whatever arrived (notices, ring entries) for up to ``timeout`` seconds."""
@@ -280,7 +287,25 @@ class Subscriber:
 
     def close(self) -> None:
         """Detach from every ring. A durable subscription keeps its place (see
-        :meth:`unsubscribe`); borrowed samples not yet released are released."""
+        :meth:`unsubscribe`); borrowed samples not yet released are released.
+
+        An anonymous subscriber names what it will never hand out: the samples committed to
+        it before the close and not taken (ready ones, and rows still unread in a ring, read
+        without copying their data: :meth:`skim_unread`) go to ``stats()["undelivered"]``
+        and a warning; half-assembled ones stay in ``stats()["in_flight"]``."""
+        if not self._closed and not self.name:
+            left = [s.rid for s in self._delivery.ready]
+            try:
+                left += self._skim(giving_up=False)
+            except HSCaptureError as exc:     # a ring gone under us: name what we have
+                log.warning("hscapture: closing, the unread rows of a ring could not be "
+                            "read (%s)", exc)
+            new = [r for r in dict.fromkeys(left) if r not in self._undelivered]
+            self._undelivered.extend(new)
+            if new:
+                log.warning("hscapture: subscriber closed with %d committed sample(s) never "
+                            "handed out (stats()['undelivered']): %s", len(new),
+                            ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""))
         self._shutdown(unsubscribe=False)
 
     def unsubscribe(self) -> list[str]:

@@ -156,6 +156,53 @@ def test_a_stream_stopped_early_names_every_sample_still_unread_in_the_ring(endp
         finish(proc)
 
 
+def test_an_anonymous_subscriber_closed_early_names_every_sample_it_never_handed_out(
+        endpoint, tmp_path, caplog):
+    # A plain Subscriber read a few samples and closed with the rest committed, some ready,
+    # most unread in the ring: close() names each in stats()["undelivered"] (in_flight keeps
+    # the half-assembled) and in a warning. Until 2026-12-05 only skim_unread(), called by
+    # hand before close(), named them: a user who just closed lost them in silence.
+    requests = [[f"c{i}", 12, 4 if i % 4 == 0 else 64] for i in range(40)]
+    proc = start_producer(spec(endpoint, requests, policy="wait", hold=True), tmp_path)
+    try:
+        sub = hscapture.Subscriber(endpoint)
+        sub.wait_ready(timeout=30)
+        handed: list[str] = []
+        while len(handed) < 3:
+            s = sub.poll(timeout=10)
+            assert s is not None
+            handed.append(s.rid)
+        assert read_events(proc, "dropped", timeout=60)["rids"] == []   # all 40 committed
+        with caplog.at_level("WARNING", logger="hscapture"):
+            sub.close()
+        st = sub.stats()
+        named = set(st["undelivered"]) | set(st["in_flight"])
+        assert named | set(handed) == {r for r, _, _ in requests}, st
+        assert not named & set(handed) and len(st["undelivered"]) == len(set(st["undelivered"]))
+        assert any("never handed out" in r.getMessage() for r in caplog.records)
+        sub.close()                          # a second close names nothing twice
+        assert sub.stats()["undelivered"] == st["undelivered"]
+    finally:
+        finish(proc)
+
+
+def test_an_anonymous_subscriber_that_filters_rids_names_only_the_ones_it_wanted(
+        endpoint, tmp_path):
+    requests = [[f"{'keep' if i % 2 else 'skip'}{i}", 6, 6] for i in range(20)]
+    proc = start_producer(spec(endpoint, requests, policy="wait", hold=True), tmp_path)
+    try:
+        sub = hscapture.Subscriber(endpoint, rid_filter=lambda r: r.startswith("keep"))
+        sub.wait_ready(timeout=30)
+        first = sub.poll(timeout=30)
+        assert first is not None and first.rid.startswith("keep")
+        assert read_events(proc, "dropped", timeout=60)["rids"] == []
+        sub.close()
+        assert set(sub.stats()["undelivered"]) == \
+            {r for r, _, _ in requests if r.startswith("keep")} - {first.rid}
+    finally:
+        finish(proc)
+
+
 def test_a_new_iteration_keeps_the_report_of_the_one_it_ended(endpoint, tmp_path):
     # A second iter() over a StreamDataset ends the first one (one subscription at a time).
     # What the first had not handed out stays named in reports(); until 2026-12-05 report()
