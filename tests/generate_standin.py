@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from hscapture import Producer
+from hscapture.errors import HSCaptureError
 from hscapture.adapters.transformers import CONVENTION, HiddenStateCapture
 from hscapture.demo import tiny_llama
 from hscapture.sglang.config import CaptureConfig
@@ -101,4 +102,7 @@ if __name__ == "__main__":
     ap.add_argument("--no-meta", action="store_true",
                     help="ignore the requests' per-sample metadata (hscapture_meta)")
     a = ap.parse_args()
-    main(a.endpoint, a.delay_s, a.request_log, not a.no_fields, not a.no_meta)
+    try:
+        main(a.endpoint, a.delay_s, a.request_log, not a.no_fields, not a.no_meta)
+    except HSCaptureError as exc:       # e.g. the endpoint held by an earlier stand-in
+        raise SystemExit(f"generate_standin: error: {exc}") from None
