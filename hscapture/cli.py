@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import sys
 import traceback
@@ -26,12 +27,15 @@ from typing import Any
 
 import click
 
+from ._cli_failure import Failure
 from .errors import EndpointError, HSCaptureError
 
 __all__ = ["main", "parse_size", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_INCOMPLETE",
            "EXIT_INTERRUPTED"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: stdout closed by its reader: what a command killed by SIGPIPE returns
+EXIT_BROKEN_PIPE = 141
 
 log = logging.getLogger("hscapture.cli")
 
@@ -121,15 +125,6 @@ def _setup_logging(debug: bool) -> None:
     root.propagate = False
 
 
-class Failure(click.ClickException):
-    """An anticipated failure: one line ``hscapture: error: …``, exit 1."""
-
-    exit_code = EXIT_ERROR
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"hscapture: error: {self.format_message()}", err=True)
-
-
 class _Group(click.Group):
     """Turns anticipated failures into one line + exit 1 and Ctrl-C into exit 130."""
 
@@ -139,6 +134,12 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("hscapture: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # stdout's reader went away (`hscapture inspect DIR | head`): stop quietly, as a
+            # command killed by SIGPIPE would (exit 128 + 13); Python's final flush of stdout
+            # would raise again, so it goes to /dev/null
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(EXIT_BROKEN_PIPE)
         except Failure as exc:
             if ctx.meta.get("hscapture.debug") and exc.__context__ is not None:
                 traceback.print_exception(exc.__context__)
@@ -160,7 +161,8 @@ _EPILOG = """\b
 Exit codes:
   0    done
   1    error (one line "hscapture: error: ..."; --debug shows the traceback)
-  2    usage error (bad option or argument)
+  2    usage error (bad option or argument), or a refusal (export: the shards
+       cannot produce what was asked; nothing written)
   3    done, but some samples were dropped, incomplete, rejected, in flight or lost, or
        two producers shared an id (all listed)
   130  interrupted (Ctrl-C); what was written is kept
@@ -271,7 +273,18 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
                         "with it: %s", len(given_up), shown)
         return
     from .errors import SampleTimeoutError
+    from .shard_format import not_a_shard_directory
 
+    try:
+        names = sorted(os.listdir(out_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    foreign = not_a_shard_directory(names)
+    if foreign:
+        raise click.BadParameter(
+            f"{out_dir} is not empty and holds no shards (it has "
+            f"{', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}): drain into a new "
+            f"or empty directory, or one a drain wrote", param_hint="--out")
     if compression_level is not None and compression != "zstd":
         raise click.UsageError("--compress-level applies to --compress zstd only")
     if compression == "zstd":
@@ -342,13 +355,17 @@ def _say_what_we_wait_for(endpoints: tuple[str, ...], timeout: float, level: int
 
 
 @main.command()
-@click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def inspect(out_dir: str, as_json: bool) -> None:
     """Show the schema of a shard directory and verify it (exit 1 if anything is wrong)."""
     from .progress import format_size
     from .shard_check import verify_dir
 
+    if not Path(out_dir).is_dir():
+        raise click.BadParameter(
+            f"{out_dir} is a file; inspect takes the shard directory that holds it: "
+            f"hscapture inspect {Path(out_dir).parent}", param_hint="OUT_DIR")
     report = verify_dir(out_dir)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -397,6 +414,10 @@ def inspect(out_dir: str, as_json: bool) -> None:
         if per.get("meta_errors"):
             click.echo(f"  client metadata refused at capture: {per['meta_errors']} sample(s) "
                        f"(their meta_error says why)")
+        if len(report["schemas"]) > 1:
+            log.warning("%s holds samples of %d schemas (models, hidden sizes, dtypes or "
+                        "layers); a trainer and `hscapture export` need one: drain each "
+                        "capture into its own directory", out_dir, len(report["schemas"]))
         for f in report["in_progress"]:
             click.echo(f"  being written: {f}")
         for f in report["unrelated"]:
@@ -430,6 +451,11 @@ def demo(out_dir: str, overwrite: bool, requests: int, chunk_size: int, dtype: s
     Nothing is downloaded. Refuses a non-empty --out unless --overwrite (which removes only
     what an earlier demo wrote there).
     """
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise Failure("the demo's model is built with transformers, which is not installed: "
+                      "pip install 'hscapture[demo]' (or transformers)")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         from .demo import clear_demo_output, is_demo_output
@@ -469,11 +495,15 @@ def endpoints(producer_ids: tuple[str, ...], dp_size: int, live: bool) -> None:
     Example:
       hscapture drain -e "$(hscapture endpoints)" -o shards/
     """
-    from .endpoint import default_endpoint, live_endpoints
+    from .endpoint import default_endpoint, live_endpoints, socket_dir
 
     if live:
-        for ep in live_endpoints():
+        found = live_endpoints()
+        for ep in found:
             click.echo(ep)
+        if not found:        # stdout stays empty for scripts; say why on stderr
+            log.info("no live producer has an ipc endpoint in %s (a tcp:// endpoint is not "
+                     "listed)", socket_dir())
         return
     if producer_ids:
         for pid in producer_ids:

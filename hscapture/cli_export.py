@@ -7,7 +7,7 @@ import json
 
 import click
 
-from .errors import HSCaptureError
+from ._cli_failure import Refusal
 
 __all__ = ["export"]
 
@@ -63,18 +63,13 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
                        num_layers=num_layers, progress=not quiet, overwrite=overwrite,
                        fsync=not no_fsync, workers=workers, gzip=gz)
     except KeyboardInterrupt:
-        click.echo(f"export to {out} interrupted: every file in place is complete; rerun to "
-                   f"resume", err=True)
+        click.echo(f"hscapture: export to {out} interrupted: every file in place is complete; "
+                   f"rerun to resume", err=True)
         raise SystemExit(130) from None
-    except ExportWriteError as e:
-        click.echo(f"error: {e}", err=True)
-        raise SystemExit(1) from None
+    except ExportWriteError:
+        raise                   # hscapture: error: ..., exit 1 (cli._Group, --debug: traceback)
     except ExportError as e:
-        click.echo(f"error: {e}", err=True)
-        raise SystemExit(2) from None
-    except HSCaptureError as e:
-        click.echo(f"error: {e}", err=True)
-        raise SystemExit(1) from None
+        raise Refusal(str(e)) from e
     if as_json:
         click.echo(json.dumps(r.as_dict()))
         return

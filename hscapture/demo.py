@@ -27,6 +27,7 @@ from .progress import format_size
 from .sample import layer_name
 from .shard_check import verify_dir
 from .reader import load_sample
+from .shard_format import DEMO_MARKER
 from .shard_index import read_index
 
 __all__ = ["DemoResult", "run_demo", "tiny_llama", "MARKER", "is_demo_output",
@@ -36,7 +37,7 @@ log = logging.getLogger("hscapture.demo")
 
 #: Written into the output directory first: marks it as the demo's, so ``--overwrite`` knows
 #: what it may delete (only the demo's own files, never anything else).
-MARKER = ".hscapture-demo"
+MARKER = DEMO_MARKER
 _DEMO_FILES = re.compile(r"^(shard-\d{5,}(\.safetensors|\.safetensors\.tmp|\.journal)"
                          r"|index\.jsonl|\.lock|" + re.escape(MARKER) + r")$")
 

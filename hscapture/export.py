@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import gzip as _gzip
 import io
+import importlib.util
 import json
 import os
 import shutil
@@ -600,8 +601,18 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     plan = _make_plan(ss, fmt, layers, loss_mask, num_layers, gzip)
     if os.path.realpath(out) == os.path.realpath(src):
         raise ExportError(f"out_dir {out} is the shard directory itself")
+    if fmt == "speculators" and importlib.util.find_spec("datasets") is None:
+        raise ExportError("the speculators layout is an Arrow dataset written with the "
+                          "'datasets' package, which is not installed: pip install "
+                          "'hscapture[export]' (or datasets)")
     os.makedirs(out, exist_ok=True)
     old = _read_manifest(out)
+    if old is None:
+        foreign = sorted(n for n in os.listdir(out) if not _ours(n))
+        if foreign:
+            raise ExportError(f"{out} is not empty and holds no export (it has "
+                              f"{', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})"
+                              f": export into a new or empty directory")
     if overwrite:
         _clear(out)
         old = None

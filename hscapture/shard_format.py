@@ -161,6 +161,22 @@ DEFAULTABLE_KEYS = {"convention", "model"}
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 ANY_FILE_RE = re.compile(r"^shard-(\d{5,})(\.safetensors|\.safetensors\.tmp|\.journal)$")
 FIELD_NAME_RE = FIELD_NAME   # the protocol's one rule (hscapture.notice)
+
+
+#: the file ``hscapture demo`` marks its output directory with (it keeps a user's files
+#: there and drains beside them)
+DEMO_MARKER = ".hscapture-demo"
+
+
+def not_a_shard_directory(names: "list[str]") -> list[str]:
+    """Given a directory's entries: the ones no shard writer, drain or demo puts there, when
+    nothing of theirs is there at all (a directory to refuse to write shards into); ``[]``
+    for an empty directory, a shard directory (even with a user's files beside the shards)
+    or a demo's output."""
+    if DEMO_MARKER in names or any(n in (INDEX_NAME, REPORTS_NAME) or ANY_FILE_RE.match(n)
+                                   for n in names):
+        return []
+    return [n for n in names if not n.startswith(".")]
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 #: torch dtype -> safetensors dtype name

@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/hscapture demo "$@"
+# --overwrite: a second run replaces the first run's demo-out (only the demo's own files)
+exec .venv/bin/hscapture demo --overwrite "$@"

@@ -496,3 +496,68 @@ def test_the_extraction_with_a_server_but_no_producer_names_the_endpoint_it_chec
     assert res.returncode == 1
     assert res.stderr.count("\n") == 1, res.stderr
     assert f"ipc://{sock_dir}/sglang-dp0.sock" in res.stderr and "HSCAPTURE_ENABLE=1" in res.stderr
+
+
+# --- a newcomer's mistakes -------------------------------------------------------------------
+
+
+def test_a_drain_into_a_directory_of_other_files_is_refused_before_it_waits(tmp_path):
+    # until 2026-12-05 the shards landed beside the directory's own files (or a drain of
+    # `-o docs` waited for a producer to write there)
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("mine")
+    res = _run("drain", "-e", f"ipc://{tmp_path}/none.sock", "-o", str(junk), "-n", "1",
+               "--connect-timeout", "30", cwd=tmp_path, timeout=20)
+    assert res.returncode == 2 and "not empty and holds no shards" in res.stderr, res.stderr
+    assert sorted(p.name for p in junk.iterdir()) == ["notes.txt"]
+
+
+def test_a_closed_stdout_ends_a_command_quietly_as_sigpipe_would(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "hscapture", "endpoints", "--dp-size",
+                             "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path)
+    proc.stdout.readline()
+    proc.stdout.close()                  # what `| head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err
+
+
+def test_endpoints_live_with_no_producer_says_so_on_stderr_and_prints_nothing(tmp_path,
+                                                                              sock_dir):
+    res = _run("endpoints", "--live", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout == ""
+    assert "no live producer" in res.stderr and str(sock_dir) in res.stderr
+
+
+def test_inspect_of_a_shard_file_names_the_directory_to_inspect(tmp_path):
+    out = tmp_path / "shards"
+    with ShardWriter(out) as w:
+        w.add(_sample("r0"))
+    shard = next(out.glob("*.safetensors"))
+    res = _run("inspect", str(shard), cwd=tmp_path)
+    assert res.returncode == 2 and f"hscapture inspect {out}" in res.stderr, res.stderr
+
+
+def test_inspect_warns_when_a_directory_holds_samples_of_two_schemas(tmp_path):
+    out = tmp_path / "shards"
+    with ShardWriter(out, metadata={"model": "a"}) as w:
+        w.add(_sample("r0"))
+    other = _sample("r1")
+    other.tensors = {"layer_1": torch.randn(4, 16).to(torch.bfloat16)}
+    other.hidden = 16
+    with ShardWriter(out, metadata={"model": "b"}) as w:
+        w.add(other)
+    res = _run("inspect", str(out), cwd=tmp_path)
+    assert "2 schemas" in res.stderr and "its own directory" in res.stderr, res.stderr
+
+
+def test_the_demo_without_transformers_says_what_to_install_and_writes_nothing(tmp_path):
+    out = tmp_path / "d"
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "from hscapture.cli import main\n"
+            f"main(['demo', '--out', {str(out)!r}])")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 1 and "pip install 'hscapture[demo]'" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not out.exists()

@@ -20,6 +20,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -357,3 +359,55 @@ def test_a_specforge_tensor_is_saved_alone_never_with_the_buffer_it_is_a_view_of
     buf = io.BytesIO()
     torch.save({"h": _own(torch.zeros(1000, 64)[:2])}, buf)
     assert buf.tell() < 64 * 1000 * 4 // 4, "the whole buffer was saved with the view"
+
+
+def test_an_export_into_a_directory_of_other_files_is_refused_and_writes_nothing(shard_dir,
+                                                                                 tmp_path):
+    # a newcomer's `hscapture export -f specforge shards docs`: until 2026-12-05 the export
+    # landed beside the directory's own files, exit 0
+    out = tmp_path / "docs"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(ExportError, match=r"not empty and holds no export.*notes\.md"):
+            export(shard_dir, out, "specforge", progress=False, overwrite=overwrite)
+        assert sorted(p.name for p in out.iterdir()) == ["notes.md"]
+    res = CliRunner().invoke(export_cmd, ["-f", "specforge", str(shard_dir), str(out)])
+    assert res.exit_code == 2 and "hscapture: error:" in res.output, res.output
+    # an export's own directory may hold a user's file beside it: it resumes
+    good = tmp_path / "sf"
+    export(shard_dir, good, "specforge", progress=False, fsync=False)
+    (good / "README.txt").write_text("notes beside an export")
+    assert export(shard_dir, good, "specforge", progress=False, fsync=False).skipped == N
+
+
+def test_export_failures_are_one_line_hscapture_errors_and_debug_shows_the_traceback(
+        shard_dir, tmp_path):
+    args = ["export", "-f", "specforge", str(shard_dir), str(tmp_path / "o"), "--layers", "1,99",
+            "--loss-mask", "all"]
+    res = subprocess.run([sys.executable, "-m", "hscapture", *args], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.startswith("hscapture: error: layers [99]"), \
+        res.stderr
+    assert "Traceback" not in res.stderr
+    dbg = subprocess.run([sys.executable, "-m", "hscapture", "--debug", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert dbg.returncode == 2 and "Traceback" in dbg.stderr, dbg.stderr
+    missing = subprocess.run([sys.executable, "-m", "hscapture", "export", "-f", "specforge",
+                              str(tmp_path), str(tmp_path / "p")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and missing.stderr.startswith("hscapture: error:"), \
+        missing.stderr
+
+
+def test_a_speculators_export_without_the_datasets_package_says_what_to_install_first(
+        shard_dir, tmp_path):
+    out = tmp_path / "sp"
+    code = ("import sys; sys.modules['datasets'] = None\n"
+            "from hscapture.cli import main\n"
+            f"main(['export', '-f', 'speculators', {str(shard_dir)!r}, {str(out)!r}])")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "pip install 'hscapture[export]'" in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists() or not any(out.iterdir())      # nothing written
