@@ -140,6 +140,11 @@ class Announcer:
                     pass                     # publish reports the failed copy
             self.publish_ready(block=True)
         self._safe(self._heartbeat)           # (writes what of the backlog fits now)
+        # ... and commits it: that heartbeat may write the unheard entry (a first subscriber
+        # attached since the last one) and drop entries from the backlog, none of which had
+        # a copy to wait for; left queued, they were never committed, and the rows committed
+        # before that subscriber attached were named nowhere (until 2026-12-05)
+        self.publish_ready(block=True)
         with self._lock:
             # every number taken: the ring holds it, or it never will (drops still in the
             # backlog, unrecorded ones). Subscribers report the numbers below this that

@@ -185,6 +185,30 @@ def test_captures_before_the_first_subscriber_are_reported_by_rid(endpoint):
             assert not sub.stats()["lost"]
 
 
+def test_captures_before_a_first_subscriber_that_attached_just_before_close_are_reported(
+        endpoint):
+    # The subscriber attaches after the producer's last periodic heartbeat; the producer
+    # closes at once. The heartbeat of its close writes the entry naming the rows committed
+    # before that attach; until 2026-12-05 nothing committed it, and the five samples were
+    # neither delivered nor reported (a producer started before its subscriber, stopped soon)
+    sub = Subscriber(endpoint, producer_timeout_s=1.0)
+    try:
+        with Producer(endpoint, producer_id="g2c", capacity=1 << 20,
+                      heartbeat_interval_s=2.0) as p:
+            early = [f"early-{i}" for i in range(5)]
+            for rid in early:
+                _capture(p, rid, 4)
+            p.flush()
+            sub.wait_ready(timeout=20)        # learnt from a heartbeat, then attached
+            assert p.wait_for_consumers(1, timeout_s=10)
+        wait_until(lambda: (sub.pump(0.02), set(early) <= set(sub.dropped))[1], 10,
+                   "the early rids to be reported")
+        assert all("before any subscriber attached" in sub.dropped[r] for r in early)
+        assert not sub.stats()["lost"]
+    finally:
+        sub.close()
+
+
 def test_wait_for_subscribers_holds_the_first_captures_until_one_attached(
         endpoint, procs, tmp_path):
     reqs = requests(20, seed=2)
