@@ -20,7 +20,7 @@ import torch
 
 from . import notice as nt
 from ._assembly import Assembler, Chunk, Partial
-from ._ledger import Ledger, LostRange
+from ._ledger import MAX_SKIPPED, Ledger, LostRange
 from ._settlement import Settlement
 from ._source import Source
 from .errors import SampleMismatchError
@@ -144,6 +144,9 @@ class Delivery:
             return
         if self.skip_rid is not None and self.skip_rid(rid):
             counts["already_written"] += 1
+            skipped = self.ledger.skipped
+            if rid not in skipped and len(skipped) < MAX_SKIPPED:
+                skipped[rid] = None
             return
         if self.ledger.has_failed(key):
             if rv.token_start != rv.cached_prefix and rv.token_start != 0:

@@ -23,6 +23,8 @@ __all__ = ["LostRange", "Ledger", "MAX_ERRORS", "MAX_FAILED"]
 MAX_ERRORS = 200
 #: (epoch, rid) of failed samples remembered, so that their late chunks are discarded
 MAX_FAILED = 1 << 16
+#: distinct skipped rids kept by name (:attr:`Ledger.skipped`)
+MAX_SKIPPED = 10_000
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class Ledger:
         #: events a caller already recorded (an earlier run's failures, read again from the
         #: ring by a resumer): the sample still fails, but is not reported twice
         self.known_events: set[str] = set()
+        #: rids whose rows ``skip_rid`` turned away (a drain: already in its directory), the
+        #: first :data:`MAX_SKIPPED` distinct ones; ``counts["already_written"]`` counts rows
+        self.skipped: dict[str, None] = {}
 
     def error(self, message: str, counter: str) -> None:
         """Count ``counter``, keep ``message``; the first of each counter is logged."""

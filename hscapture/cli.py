@@ -309,6 +309,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
     stats = res.stats or {}
     report = {"samples": res.samples, "bytes": res.bytes, "seconds": round(res.seconds, 3),
               "gb_per_s": round(res.gbps, 3), "duplicates_skipped": res.duplicates,
+              "duplicate_rids": stats.get("skipped", [])[:1000],
               "stopped_by": res.stopped_by, "dropped": res.dropped,
               "incomplete": res.incomplete, "rejected": res.rejected,
               "in_flight": res.in_flight, "lost": res.lost, "conflicts": res.conflicts,
@@ -328,6 +329,12 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         log.info("wrote %d samples (%s) to %s in %.1f s, %.3f GB/s; %d duplicates skipped; "
                  "stopped by %s", res.samples, format_size(res.bytes), out_dir, res.seconds,
                  res.gbps, res.duplicates, res.stopped_by or "?")
+    if res.duplicates:
+        dup = report["duplicate_rids"]
+        log.warning("%d sample(s) came with a rid already in %s and were not written again "
+                    "(the first copy is kept; e.g. a client's retry after a server restart): "
+                    "%s", res.duplicates, out_dir,
+                    ", ".join(dup[:20]) + (", ..." if res.duplicates > 20 else ""))
     for label in ("dropped", "incomplete", "rejected", "in_flight", "conflicts"):
         _list_rids(label.replace("_", " "), report[label])
     for lost in res.lost:

@@ -31,7 +31,8 @@ __all__ = ["DrainResult", "drain", "resume_name", "unsubscribe"]
 
 @dataclass
 class DrainResult:
-    """What a drain did: samples written, bytes, duplicates skipped, and what it could not get."""
+    """What a drain did: samples written, bytes, duplicates skipped (samples whose rid the
+    directory already held: ``stats["skipped"]`` names them), and what it could not get."""
 
     samples: int = 0
     bytes: int = 0
@@ -226,6 +227,10 @@ def drain(
             res.in_flight = dict(st["in_flight"])
             res.conflicts = dict(st["conflicts"])
             res.stats = st
+            # samples whose rid the directory already held (a resumed ring record, or a new
+            # capture of the rid: a client's retry after a server restart): the first copy
+            # stays, the rest are named here (until 2026-12-05 this count was always 0)
+            res.duplicates = len(st["skipped"])
             for kind, rid, reason in earlier:
                 getattr(res, kind).setdefault(rid, f"{reason} (read by an earlier drain into "
                                                    f"this directory that was stopped before "

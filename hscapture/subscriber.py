@@ -235,6 +235,7 @@ class Subscriber:
             "conflicts": dict(self.conflicts),
             "in_flight": self.in_flight(),
             "undelivered": list(self._undelivered),
+            "skipped": list(self._ledger.skipped),
             "errors": list(self.errors),
             "producers": self._registry.describe(),
         }

@@ -129,6 +129,31 @@ def test_drain_stopped_with_sigint_and_restarted_gets_every_rid_exactly_once(
     p.wait_event("done")
 
 
+def test_a_restarted_producers_sample_with_a_rid_already_written_is_named_not_skipped_silently(
+        endpoint, procs, tmp_path):
+    # A server restarted, and a client retried requests whose samples the drain had already
+    # written: the drain keeps the first copy (a written sample never changes) and names the
+    # new ones in its report. Until 2026-12-05 they were skipped without a word
+    # (duplicates_skipped was always 0)
+    out = tmp_path / "out"
+    rids = [f"same-{i}" for i in range(5)]
+    d = _drain(procs, endpoint, out, "--idle-timeout", "8", "--flush-every", "1K")
+    for _incarnation in range(2):
+        with Producer(endpoint, producer_id="g1d", capacity=1 << 20,
+                      heartbeat_interval_s=0.05) as p:
+            assert p.wait_for_consumers(1, timeout_s=30)
+            for rid in rids:
+                assert all(_capture(p, rid, 4))
+            p.flush()
+            wait_until(lambda: len(durable_rids(out)) == len(rids), 20,
+                       "the first incarnation's samples to be written")
+    rc, rep, err = drain_report(d)
+    assert rc == EXIT_OK, (rep, err)
+    assert sorted(durable_rids(out)) == sorted(rids)
+    assert rep["duplicates_skipped"] == len(rids) and sorted(rep["duplicate_rids"]) == rids, rep
+    assert verify_shards(out, {r: 4 for r in rids}) == len(rids)
+
+
 def test_a_failure_a_stopped_drain_reported_is_not_reported_again_by_its_restart(
         endpoint, procs, tmp_path):
     # A sample still assembling holds the ring back behind a failure the drain read and
