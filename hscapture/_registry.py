@@ -16,9 +16,13 @@ from typing import Any
 from ._delivery import Delivery
 from ._ledger import Ledger, LostRange
 from ._source import Source
+from ._subscriptions import remember
 from .errors import RingError, SubscriptionInUseError, SubscriptionNotFoundError
 
 log = logging.getLogger("hscapture")
+
+#: how often (seconds) a durable subscriber looks for rings that kept a place for it unheard
+ADOPT_S = 1.0
 
 __all__ = ["SourceRegistry"]
 
@@ -53,6 +57,9 @@ class SourceRegistry:
         self.retired: set[int] = set()
         self.refused: dict[int, str] = {}             # epoch -> why (conflicts)
         self._attach_order = itertools.count()
+        #: segments this subscriber attached to (never adopted again: read to their end)
+        self._segments_seen: set[str] = set()
+        self._last_adopt = time.monotonic()
         delivery.on_released = self.maybe_finish
 
     # -- notices -------------------------------------------------------------------------
@@ -169,6 +176,11 @@ class SourceRegistry:
             if producer is not None and self.current.get(producer) == epoch:
                 del self.current[producer]
             return None
+        self._segments_seen.add(segment)
+        if self.name:
+            # the next incarnations of this producer id keep a place for us from their first
+            # capture (_subscriptions), not only from when we attach to them
+            remember(self.name, segment=segment)
         src = Source(consumer.epoch, producer, segment, consumer, self.ledger,
                      notice_grace_s=self.notice_grace_s, order=next(self._attach_order),
                      resumed=bool(getattr(consumer, "resumed", False)))
@@ -190,10 +202,7 @@ class SourceRegistry:
 
     def resume_durable(self) -> None:
         """Take over this name's places in every ring (live or dead producers) at once."""
-        from .ring import durable_segments
-
-        for segment in durable_segments(self.name):
-            self.attach(None, 0, segment, resume_only=True)
+        self.adopt_durable(ended_only=False)
 
     def retire(self, src: Source, reason: str) -> None:
         """The incarnation is over: read what is left, report what never arrived."""
@@ -252,9 +261,45 @@ class SourceRegistry:
         """A budgeted pump left entries in some ring: the next pump must not wait."""
         return any(src.unread and src.consumer is not None for src in self.sources.values())
 
+    def adopt_durable(self, ended_only: bool = True) -> None:
+        """Attach to every ring holding a place of this name that we never attached to, whose
+        producer has ended (``ended_only``): an incarnation that reserved our place at its
+        start (_subscriptions) and stopped without our hearing a notice of it (a start and
+        stop within a heartbeat). A live one is left to its notices, which attach it with
+        the producer-id checks (a second live producer of an id is a conflict, never read)."""
+        from .ring import durable_segments, is_stale, segment_info
+
+        def created(segment: str) -> int:
+            try:
+                return int(segment_info(segment)["created_ns"])
+            except Exception:          # vanished meanwhile: attach fails and says so
+                return 0
+
+        # oldest first: of two live incarnations with one producer id, the one attached first
+        # keeps its place (_claim_current); a newer one reserves our place in its ring at its
+        # start, so attach order must follow the rings' ages, not their names
+        for segment in sorted(durable_segments(self.name), key=created):
+            if segment in self._segments_seen:
+                continue
+            if ended_only:
+                try:
+                    if not is_stale(segment):
+                        continue
+                except Exception:      # vanished meanwhile
+                    continue
+            self.attach(None, 0, segment, resume_only=True)
+
     def housekeeping(self, now: float) -> None:
         """Report numbers heartbeats say can no longer arrive; retire incarnations whose
-        producer said bye or died (after the grace periods)."""
+        producer said bye or died (after the grace periods); a durable subscriber adopts the
+        rings of ended producers that kept a place for it unheard (every :data:`ADOPT_S`)."""
+        if self.name and now - self._last_adopt >= ADOPT_S:
+            self._last_adopt = now
+            try:
+                self.adopt_durable()
+            except Exception as exc:   # a scan of /dev/shm: never stops the pump
+                self.ledger.error(f"durable subscription {self.name!r}: cannot look for rings "
+                                  f"that kept a place for it: {exc}", "adopt_errors")
         for src in list(self.sources.values()):
             if src.retired:
                 continue

@@ -24,6 +24,7 @@ from ._delivery import Delivery
 from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
+from ._subscriptions import forget_everywhere, remember
 from ._wire import NoticeSocket
 from .errors import HSCaptureError, SampleTimeoutError, SubscriptionInUseError
 from .sample import Sample
@@ -125,6 +126,10 @@ class Subscriber:
         #: an anonymous subscriber's samples committed and never handed out, named at close
         self._undelivered: list[str] = []
         if name:
+            # producers that bind these endpoints from now on keep a place for us from their
+            # first capture, even before we ever attached to one (_subscriptions)
+            for ep in self.endpoints:
+                remember(name, endpoint=ep)
             self._registry.resume_durable()
 
     @property
@@ -325,6 +330,8 @@ class Subscriber:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
             given_up += self._skim(giving_up=bool(self.name))
         self._shutdown(unsubscribe=True)
+        if self.name:       # no new incarnation keeps a place for it any more
+            forget_everywhere(self.name)
         return list(dict.fromkeys(given_up))
 
     def __enter__(self) -> "Subscriber":

@@ -38,6 +38,14 @@ def _remove_segments_this_session_left_for_durable_subscribers():
                 pass
 
 
+@pytest.fixture(autouse=True)
+def _durable_subscriptions_of_this_test_only(tmp_path_factory, monkeypatch):
+    """Each test's durable subscriptions are recorded in its own folder (hscapture.
+    _subscriptions): tests reuse producer ids, and a later test's producer would otherwise
+    keep places in its ring for an earlier test's drains (which never come back)."""
+    monkeypatch.setenv("HSCAPTURE_SUBS_DIR", str(tmp_path_factory.mktemp("subs")))
+
+
 @pytest.fixture
 def endpoint():
     """An ipc endpoint in a private /tmp folder (short: ipc paths are limited to ~107 bytes),

@@ -129,6 +129,16 @@ def test_drain_stopped_with_sigint_and_restarted_gets_every_rid_exactly_once(
     p.wait_event("done")
 
 
+def _capture_for_the_drain(p: Producer, rids: list[str], out: Path, written: int) -> None:
+    """Once a drain attached to ``p``: capture each rid whole (4 tokens), flush, and wait
+    until ``out`` holds ``written`` samples."""
+    assert p.wait_for_consumers(1, timeout_s=30)
+    for rid in rids:
+        assert all(_capture(p, rid, 4))
+    p.flush()
+    wait_until(lambda: len(durable_rids(out)) == written, 20, f"{written} samples written")
+
+
 def test_a_restarted_producers_sample_with_a_rid_already_written_is_named_not_skipped_silently(
         endpoint, procs, tmp_path):
     # A server restarted, and a client retried requests whose samples the drain had already
@@ -141,17 +151,90 @@ def test_a_restarted_producers_sample_with_a_rid_already_written_is_named_not_sk
     for _incarnation in range(2):
         with Producer(endpoint, producer_id="g1d", capacity=1 << 20,
                       heartbeat_interval_s=0.05) as p:
-            assert p.wait_for_consumers(1, timeout_s=30)
-            for rid in rids:
-                assert all(_capture(p, rid, 4))
-            p.flush()
-            wait_until(lambda: len(durable_rids(out)) == len(rids), 20,
-                       "the first incarnation's samples to be written")
+            _capture_for_the_drain(p, rids, out, len(rids))
     rc, rep, err = drain_report(d)
     assert rc == EXIT_OK, (rep, err)
     assert sorted(durable_rids(out)) == sorted(rids)
     assert rep["duplicates_skipped"] == len(rids) and sorted(rep["duplicate_rids"]) == rids, rep
     assert verify_shards(out, {r: 4 for r in rids}) == len(rids)
+
+
+def test_a_producer_restarted_while_its_drain_is_down_keeps_every_sample_for_the_drain(
+        endpoint, procs, tmp_path):
+    # A server restarted while its drain was stopped: the new incarnation ran, captured and
+    # ended (another subscriber read it meanwhile) before the drain came back. Its samples
+    # must reach the drain's restart. Until 2026-12-05 the new ring had no place for the
+    # drain (it had never attached to it): its samples were neither written nor reported
+    # (fault hunt: 50 of 50, every run)
+    out = tmp_path / "out"
+    first = [f"one-{i}" for i in range(5)]
+    second = [f"two-{i}" for i in range(6)]
+    d = _drain(procs, endpoint, out, "--flush-every", "1K")
+    with Producer(endpoint, producer_id="g1r", capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as p:
+        _capture_for_the_drain(p, first, out, len(first))
+        d.send_signal(signal.SIGINT)
+        rc, rep, err = drain_report(d)
+        assert rc in (EXIT_OK, EXIT_INTERRUPTED), (rep, err)
+    with Producer(endpoint, producer_id="g1r", capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as p:
+        with Subscriber(endpoint) as other:        # someone else reads this incarnation
+            other.wait_ready(timeout=20)
+            for rid in second:
+                assert all(_capture(p, rid, 4, chunk=2))
+            p.flush()
+            got = {s.rid for s in other.samples(limit=len(second), timeout=20)}
+            assert got == set(second)
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "3",
+                                       "--connect-timeout", "5"))
+    assert rc == EXIT_OK, (rep, err)
+    assert sorted(durable_rids(out)) == sorted(first + second), rep
+    assert verify_shards(out, {r: 4 for r in first + second}) == len(first + second)
+
+
+def test_quick_restarts_under_a_running_drain_lose_nothing_even_unheard_incarnations(
+        endpoint, procs, tmp_path):
+    # A drain waits; three incarnations of one producer id each capture and stop at once,
+    # faster than a heartbeat (the drain may never hear of one). Every sample is written:
+    # each incarnation keeps a place for the drain's name from its start (recorded for the
+    # endpoint when the drain started), and the drain adopts rings that kept one unheard.
+    # Until 2026-12-05 every incarnation that ended before the drain attached was lost
+    # without a word (fault hunt: 72-106 of 80-120)
+    out = tmp_path / "out"
+    d = _drain(procs, endpoint, out, "--idle-timeout", "6", "--connect-timeout", "60")
+    wait_until(lambda: any(Path(os.environ["HSCAPTURE_SUBS_DIR"]).iterdir()), 30,
+               "the drain to record its subscription")
+    rids = []
+    for k in range(3):
+        with Producer(endpoint, producer_id="g1q", capacity=1 << 20) as p:
+            for i in range(5):
+                rids.append(f"q{k}-{i}")
+                assert all(_capture(p, rids[-1], 4, chunk=3))
+            p.flush()
+    rc, rep, err = drain_report(d, timeout=90)
+    assert rc == EXIT_OK, (rep, err)
+    assert sorted(durable_rids(out)) == sorted(rids), rep
+    assert verify_shards(out, {r: 4 for r in rids}) == len(rids)
+
+
+def test_unsubscribing_ends_the_places_new_incarnations_keep_for_a_durable_name(endpoint):
+    from hscapture import _subscriptions
+
+    with Producer(endpoint, producer_id="g1u", capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as p:
+        sub = Subscriber(endpoint, name="keep-me")
+        sub.wait_ready(timeout=20)
+        sub.close()                                   # keeps its place, and the name
+        assert "keep-me" in _subscriptions.entries(p.segment)
+    with Producer(endpoint, producer_id="g1u", capacity=1 << 20) as p:
+        info = _ring.segment_info(p.segment)          # a place from before its first capture
+        assert [c["name"] for c in info["consumers"] if c["durable"]] == ["keep-me"]
+        sub = Subscriber(endpoint, name="keep-me")
+        assert sub.unsubscribe() == []
+        assert "keep-me" not in _subscriptions.entries(p.segment)
+    with Producer(endpoint, producer_id="g1u", capacity=1 << 20) as p:
+        info = _ring.segment_info(p.segment)
+        assert not [c for c in info["consumers"] if c["durable"] and c["state"] != "free"]
 
 
 def test_a_failure_a_stopped_drain_reported_is_not_reported_again_by_its_restart(
@@ -192,18 +275,28 @@ def test_a_failure_a_stopped_drain_reported_is_not_reported_again_by_its_restart
 # -- 2 ---------------------------------------------------------------------------------------
 
 
+def _capture_early(p: Producer) -> list[str]:
+    """Five whole samples captured and published before any subscriber attached."""
+    early = [f"early-{i}" for i in range(5)]
+    for rid in early:
+        _capture(p, rid, 4)
+    p.flush()
+    return early
+
+
+def _assert_reported_early(sub: Subscriber, early: list[str]) -> None:
+    wait_until(lambda: (sub.pump(0.02), set(early) <= set(sub.dropped))[1], 10,
+               "the early rids to be reported")
+    assert all("before any subscriber attached" in sub.dropped[r] for r in early)
+
+
 def test_captures_before_the_first_subscriber_are_reported_by_rid(endpoint):
     with Producer(endpoint, producer_id="g2", capacity=4 << 20,
                   heartbeat_interval_s=0.02) as p:
-        early = [f"early-{i}" for i in range(5)]
-        for rid in early:
-            _capture(p, rid, 4)
-        p.flush()
+        early = _capture_early(p)
         with Subscriber(endpoint) as sub:
             sub.wait_ready(timeout=10)
-            wait_until(lambda: (sub.pump(0.02), set(early) <= set(sub.dropped))[1], 10,
-                       "the early rids to be reported")
-            assert all("before any subscriber attached" in sub.dropped[r] for r in early)
+            _assert_reported_early(sub, early)
             _capture(p, "late", 4)
             sample = sub.get("late", timeout=10)
             check_exact(sample.tensors, sample.token_ids, "late", 4)
@@ -220,15 +313,10 @@ def test_captures_before_a_first_subscriber_that_attached_just_before_close_are_
     try:
         with Producer(endpoint, producer_id="g2c", capacity=1 << 20,
                       heartbeat_interval_s=2.0) as p:
-            early = [f"early-{i}" for i in range(5)]
-            for rid in early:
-                _capture(p, rid, 4)
-            p.flush()
+            early = _capture_early(p)
             sub.wait_ready(timeout=20)        # learnt from a heartbeat, then attached
             assert p.wait_for_consumers(1, timeout_s=10)
-        wait_until(lambda: (sub.pump(0.02), set(early) <= set(sub.dropped))[1], 10,
-                   "the early rids to be reported")
-        assert all("before any subscriber attached" in sub.dropped[r] for r in early)
+        _assert_reported_early(sub, early)
         assert not sub.stats()["lost"]
     finally:
         sub.close()
