@@ -168,6 +168,19 @@ class Delivery:
                 # (its first rows lie before the place's resume position)
                 counts["acknowledged_before"] += 1
                 return
+            if not starts and self.durable and src.resumed:
+                # its first rows lie before where this resumed place starts (an earlier owner
+                # read them, and they left the ring: a partial that stopped pinning it, or a
+                # sample read whole but never acknowledged): it can never complete here.
+                # Failed now, its record held until the failure is recorded; kept open as a
+                # partial, it stopped pinning the ring in its turn, and a resumer killed
+                # before the report left the next one nothing of it (until 2026-12-05)
+                self.fail(key, f"its first rows were read by an earlier subscriber of "
+                               f"{src.segment}'s durable place and are gone from the ring; "
+                               f"positions from {rv.token_start} on arrived", "incomplete",
+                          _event(src, rv.seq))
+                self.hold_failure(src, record.position)
+                return
             if rv.cached_prefix and rv.token_start == rv.cached_prefix:
                 self.fail(key, f"prefix cache hit: positions [0, {rv.cached_prefix}) were "
                                f"not computed (disable the radix cache or bust it per "

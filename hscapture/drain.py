@@ -198,6 +198,11 @@ def drain(
             elif now - last_flush >= flush_interval_s:
                 record_failures()    # failures hold the ring too: recorded as often
                 last_flush = now
+            elif sub.failures(recorded):
+                # and at once: a failure's records are held only so long (a quarter of the
+                # ring, partial_hold_s), and a drain killed after that, before recording it,
+                # left the next drain nothing to report
+                record_failures()
             bar.update(res, sub, start)
         if not res.stopped_by:
             res.stopped_by = "signal" if stop.is_set() else "count"
