@@ -6,11 +6,14 @@ traceback under ``--debug``. Its own module so that the commands defined outside
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Callable
 
 import click
 
-__all__ = ["EXIT_ERROR", "EXIT_REFUSED", "Failure", "Refusal"]
+from .errors import HSCaptureError
+
+__all__ = ["EXIT_ERROR", "EXIT_REFUSED", "Failure", "Refusal", "describe", "json_error_too"]
 
 EXIT_ERROR = 1
 #: a refusal shares click's usage-error code: what was asked cannot be done with this input
@@ -30,3 +33,24 @@ class Refusal(Failure):
     """The input cannot produce what was asked (nothing written): the same line, exit 2."""
 
     exit_code = EXIT_REFUSED
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line message of an error a command stops on (an OS error: its file and why)."""
+    if isinstance(exc, OSError) and not isinstance(exc, HSCaptureError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    return str(exc)
+
+
+def json_error_too(as_json: bool, call: Callable[[], Any]) -> Any:
+    """``call()``; with ``--json``, an error that stops it is also printed on stdout as
+    ``{"error": message, "error_type": class name}`` (then raised as usual: one line on
+    stderr, its exit code), so a script reading the command's JSON never finds it empty."""
+    try:
+        return call()
+    except (HSCaptureError, OSError) as exc:
+        if as_json:
+            click.echo(json.dumps({"error": describe(exc), "error_type": type(exc).__name__},
+                                  indent=2))
+        raise

@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from ._cli_failure import Failure
+from ._cli_failure import Failure, describe, json_error_too
 from .errors import EndpointError, HSCaptureError
 
 __all__ = ["main", "parse_size", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_INCOMPLETE",
@@ -147,14 +147,7 @@ class _Group(click.Group):
         except (HSCaptureError, OSError) as exc:
             if ctx.meta.get("hscapture.debug"):
                 traceback.print_exc()
-            raise Failure(_describe(exc)) from None
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and not isinstance(exc, HSCaptureError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror or exc}"
-    return str(exc)
+            raise Failure(describe(exc)) from None
 
 
 _EPILOG = """\b
@@ -296,13 +289,13 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
             raise click.BadParameter(str(exc), param_hint="--compress-level") from None
     level = logging.DEBUG if quiet else logging.INFO
     try:
-        res = drain_mod.drain(list(endpoints), out_dir, max_samples=samples,
+        res = json_error_too(as_json, lambda: drain_mod.drain(list(endpoints), out_dir, max_samples=samples,
                               idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
                               max_shard_bytes=shard_size, flush_bytes=flush_every,
                               metadata=metadata, progress=not quiet, compression=compression,
                               compression_level=compression_level,
                               on_waiting=lambda: _say_what_we_wait_for(endpoints,
-                                                                       connect_timeout, level))
+                                                                       connect_timeout, level)))
     except SampleTimeoutError as exc:
         raise Failure(f"{exc}; is the producer running, and is the endpoint right? "
                       f"(`hscapture endpoints --live` lists running producers)") from None

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ._cli_failure import Refusal
+from ._cli_failure import Refusal, json_error_too
 
 __all__ = ["export"]
 
@@ -59,9 +59,10 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
     from .export import ExportError, ExportWriteError, export as run_export
 
     try:
-        r = run_export(shard_dir, out, fmt, layers=layers, loss_mask=loss_mask,
-                       num_layers=num_layers, progress=not quiet, overwrite=overwrite,
-                       fsync=not no_fsync, workers=workers, gzip=gz)
+        r = json_error_too(as_json, lambda: run_export(
+            shard_dir, out, fmt, layers=layers, loss_mask=loss_mask, num_layers=num_layers,
+            progress=not quiet, overwrite=overwrite, fsync=not no_fsync, workers=workers,
+            gzip=gz))
     except KeyboardInterrupt:
         click.echo(f"hscapture: export to {out} interrupted: every file in place is complete; "
                    f"rerun to resume", err=True)

@@ -183,6 +183,16 @@ def test_a_drain_with_no_producer_fails_with_one_clear_line_and_debug_shows_the_
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
+def test_a_failing_drain_with_json_prints_the_error_as_json_on_stdout(tmp_path, sock_dir):
+    res = _run("drain", "-e", f"ipc://{sock_dir}/nobody.sock", "-o", str(tmp_path / "o"),
+               "--connect-timeout", "0.3", "--quiet", "--json", cwd=tmp_path)
+    assert res.returncode == 1
+    report = json.loads(res.stdout)
+    assert report["error_type"] == "SampleTimeoutError", report
+    assert "no hscapture producer" in report["error"], report
+    assert "hscapture: error:" in res.stderr
+
+
 def test_unsubscribe_calls_the_drains_unsubscribe_with_the_endpoints_and_directory(
         tmp_path, monkeypatch):
     import hscapture.drain as drain_mod

@@ -393,6 +393,10 @@ def test_export_failures_are_one_line_hscapture_errors_and_debug_shows_the_trace
     dbg = subprocess.run([sys.executable, "-m", "hscapture", "--debug", *args],
                          capture_output=True, text=True, timeout=120)
     assert dbg.returncode == 2 and "Traceback" in dbg.stderr, dbg.stderr
+    as_json = subprocess.run([sys.executable, "-m", "hscapture", *args, "--json"],
+                             capture_output=True, text=True, timeout=120)
+    assert as_json.returncode == 2 and json.loads(as_json.stdout)["error"].startswith(
+        "layers [99]"), (as_json.stdout, as_json.stderr)
     missing = subprocess.run([sys.executable, "-m", "hscapture", "export", "-f", "specforge",
                               str(tmp_path), str(tmp_path / "p")],
                              capture_output=True, text=True, timeout=120)
