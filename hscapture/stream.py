@@ -583,6 +583,7 @@ class SampleStream:
         named = set(undelivered) | set(sub.in_flight())
         undelivered += [r for r in sub.skim_unread() if r not in named]
         self._report = self._snapshot(sub, undelivered)
+        self._say_what_was_not_handed_out(why, bool(sub.name))
         if sub.name and why != "garbage_collected":
             # durable: the failures are in the report this feed keeps (report()); their
             # records can go. A crash never gets here: the next stream of the name reads
@@ -602,6 +603,32 @@ class SampleStream:
                 for sample in held:
                     sample.release()
 
+    def _say_what_was_not_handed_out(self, why: str, durable: bool) -> None:
+        """Log what the final report names as not handed out. The report alone is not
+        enough: a loop that ``break``s or raises drops its iterator, and a feed collected
+        that way is read by nobody (until 2026-12-05 its undelivered samples were named only
+        there). Collected unread, its failures (dropped, incomplete, ...) are logged too."""
+        rep = self._report or {}
+        left = rep.get("undelivered") or []
+        # collected, the log is the only place that can name them: every rid
+        shown = 1 << 62 if why == "garbage_collected" else 10
+        if left:
+            log.warning("hscapture: stream stopped (%s) with %d sample(s) not handed out "
+                        "(report()['undelivered']%s): %s", why, len(left),
+                        "; not acknowledged: the next stream of this name hands them out"
+                        if durable else "", _rids(left, shown))
+        if why != "garbage_collected":
+            return
+        failed = {k: rep[k] for k in ("dropped", "incomplete", "rejected", "in_flight",
+                                       "conflicts") if rep.get(k)}
+        for kind, rids in failed.items():
+            log.warning("hscapture: stream collected unread; %d sample(s) %s: %s", len(rids),
+                        kind.replace("_", " "), _rids(list(rids), shown))
+        ranges = (rep.get("lost") or []) + (rep.get("unresolved") or [])
+        if ranges:
+            log.warning("hscapture: stream collected unread; %d range(s) of samples lost "
+                        "whose rids are unknown: %s", len(ranges), ranges[:5])
+
     def __enter__(self) -> "SampleStream":
         return self
 
@@ -613,6 +640,10 @@ class SampleStream:
             self._stop("garbage_collected")
         except Exception:   # interpreter shutdown: nothing left to report to
             pass
+
+
+def _rids(rids: list[str], shown: int) -> str:
+    return ", ".join(rids[:shown]) + (" ..." if len(rids) > shown else "")
 
 
 def stream(endpoints: str | Sequence[str], **kw: Any) -> SampleStream:

@@ -299,6 +299,10 @@ class Subscriber:
         it before the close and not taken (ready ones, and rows still unread in a ring, read
         without copying their data: :meth:`skim_unread`) go to ``stats()["undelivered"]``
         and a warning; half-assembled ones stay in ``stats()["in_flight"]``."""
+        self._close(shown=10)
+
+    def _close(self, shown: int) -> None:
+        """:meth:`close`, its warning naming at most ``shown`` rids."""
         if not self._closed and not self.name:
             left = [s.rid for s in self._delivery.ready]
             try:
@@ -311,8 +315,19 @@ class Subscriber:
             if new:
                 log.warning("hscapture: subscriber closed with %d committed sample(s) never "
                             "handed out (stats()['undelivered']): %s", len(new),
-                            ", ".join(new[:10]) + (" ..." if len(new) > 10 else ""))
+                            ", ".join(new[:shown]) + (" ..." if len(new) > shown else ""))
         self._shutdown(unsubscribe=False)
+
+    def __del__(self) -> None:
+        # dropped without close() (a loop that raised, a forgotten handle): closed here, so
+        # that an anonymous subscriber still names, in the log, every sample it never handed
+        # out (its stats() can no longer be read: every rid, not the first ten)
+        if getattr(self, "_closed", True):
+            return
+        try:
+            self._close(shown=1 << 62)
+        except Exception:   # interpreter shutdown: nothing left to report to
+            pass
 
     def unsubscribe(self) -> list[str]:
         """End a durable subscription: give its place in every ring back, then close

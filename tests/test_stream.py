@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -34,6 +37,21 @@ def spec(endpoint, requests, **over):
            "threads": 1}
     out.update(over)
     return out
+
+
+@contextlib.contextmanager
+def warnings_said() -> Iterator[list[str]]:
+    """The messages hscapture logs at WARNING and above meanwhile (its own handler: the CLI's
+    tests may stop the logger's propagation to pytest's)."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())   # type: ignore
+    logger = logging.getLogger("hscapture")
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
 
 
 def finish(proc):
@@ -157,6 +175,36 @@ def test_a_stream_stopped_early_names_every_sample_still_unread_in_the_ring(endp
         finish(proc)
 
 
+def test_a_loop_that_breaks_out_of_a_stream_gets_every_sample_it_left_named_in_the_log(
+        endpoint, tmp_path):
+    # `for s in hscapture.stream(...): ... break` (or a training step that raises) drops the
+    # iterator: the feed is collected, and its report, the only place that named what it
+    # never handed out, is read by nobody. Until 2026-12-05 those samples went in silence;
+    # now every one of them is named in a warning.
+    requests = [[f"b{i}", 12, 64] for i in range(30)]
+    proc = start_producer(spec(endpoint, requests, policy="wait", hold=True), tmp_path)
+    try:
+        def train() -> list[str]:
+            got: list[str] = []
+            for sample in hscapture.stream(endpoint, idle_timeout_s=20, prefetch=2):
+                got.append(sample.rid)
+                if len(got) == 1:     # every sample committed before the loop goes on
+                    assert read_events(proc, "dropped", timeout=60)["rids"] == []
+                if len(got) == 3:
+                    break
+            return got
+
+        with warnings_said() as messages:
+            handed = train()
+            gc.collect()
+        said = "\n".join(m for m in messages if "stream stopped (garbage_collected)" in m)
+        assert len(handed) == 3 and "with 27 sample(s) not handed out" in said, said
+        named = set(re.findall(r"\bb\d+\b", said))
+        assert named == {r for r, _, _ in requests} - set(handed), said
+    finally:
+        finish(proc)
+
+
 def test_an_anonymous_subscriber_closed_early_names_every_sample_it_never_handed_out(
         endpoint, tmp_path):
     # A plain Subscriber read a few samples and closed with the rest committed, some ready,
@@ -174,15 +222,8 @@ def test_an_anonymous_subscriber_closed_early_names_every_sample_it_never_handed
             assert s is not None
             handed.append(s.rid)
         assert read_events(proc, "dropped", timeout=60)["rids"] == []   # all 40 committed
-        said: list[str] = []
-        handler = logging.Handler(logging.WARNING)
-        handler.emit = lambda record: said.append(record.getMessage())   # type: ignore
-        logger = logging.getLogger("hscapture")   # (the CLI's tests may stop propagation)
-        logger.addHandler(handler)
-        try:
+        with warnings_said() as said:
             sub.close()
-        finally:
-            logger.removeHandler(handler)
         st = sub.stats()
         named = set(st["undelivered"]) | set(st["in_flight"])
         assert named | set(handed) == {r for r, _, _ in requests}, st
@@ -190,6 +231,35 @@ def test_an_anonymous_subscriber_closed_early_names_every_sample_it_never_handed
         assert any("never handed out" in m for m in said), said
         sub.close()                          # a second close names nothing twice
         assert sub.stats()["undelivered"] == st["undelivered"]
+    finally:
+        finish(proc)
+
+
+def test_an_anonymous_subscriber_dropped_without_close_names_every_sample_in_the_log(
+        endpoint, tmp_path):
+    # No close(): the subscriber is collected with its handle, and stats() can no longer be
+    # read. Until 2026-12-05 nothing was said of the samples it never handed out; now it
+    # closes itself and its warning names every one of them.
+    requests = [[f"n{i}", 12, 64] for i in range(30)]
+    proc = start_producer(spec(endpoint, requests, policy="wait", hold=True), tmp_path)
+    try:
+        def use() -> list[str]:
+            sub = hscapture.Subscriber(endpoint)
+            sub.wait_ready(timeout=30)
+            got: list[str] = []
+            while len(got) < 3:
+                s = sub.poll(timeout=10)
+                assert s is not None
+                got.append(s.rid)
+            assert read_events(proc, "dropped", timeout=60)["rids"] == []   # all committed
+            return got
+
+        with warnings_said() as messages:
+            handed = use()
+            gc.collect()
+        said = "\n".join(m for m in messages if "never handed out" in m)
+        assert set(re.findall(r"\bn\d+\b", said)) == \
+            {r for r, _, _ in requests} - set(handed), said
     finally:
         finish(proc)
 
