@@ -31,16 +31,23 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
+from . import _leftover
 from . import notice as nt
+from . import record as rec
 from ._control import ControlLog
 from ._copies import recycle_event
 from ._entries import EntryWriter
 from ._producer_resources import first_attach
 from ._publish_queue import STOP, Pending, PublishQueue, completed
+from .ring import remove_leftover
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["Announcer", "AnnouncerSettings"]
+__all__ = ["Announcer", "AnnouncerSettings", "LEFTOVER_INTERVAL_S"]
+
+#: while capturing, how often (at most) the leftover file follows a changed backlog: a
+#: producer killed with a backlog leaves named all the drops but those of its last interval
+LEFTOVER_INTERVAL_S = 0.5
 
 
 class AnnouncerSettings(Protocol):
@@ -81,6 +88,11 @@ class Announcer:
         #: every number below this has its notice sent
         self.announced = 0
         self.last_inline = float("-inf")   # time.monotonic() of the last inline publish
+        #: the leftover file (_keep_leftover): when it was last brought up to date, the
+        #: backlog state it records, and whether it exists
+        self._leftover_at = 0.0
+        self._leftover_state: tuple[int, int, int] = (0, 0, -1)
+        self._leftover_written = False
 
     # -- the capturing thread --------------------------------------------------------------
 
@@ -123,6 +135,8 @@ class Announcer:
             if now - last_hb >= s.heartbeat_interval_s:
                 self._safe(self._heartbeat)
                 last_hb = now
+                if now - self._leftover_at >= LEFTOVER_INTERVAL_S:
+                    self._safe(self._keep_leftover, False)
             head = self._pubq.next_for_publisher(
                 s.commit_grace_s if s.inline_publish else 0.0, s.heartbeat_interval_s)
             if head is STOP:
@@ -145,19 +159,52 @@ class Announcer:
         # a copy to wait for; left queued, they were never committed, and the rows committed
         # before that subscriber attached were named nowhere (until 2026-12-05)
         self.publish_ready(block=True)
-        with self._lock:
-            # every number taken: the ring holds it, or it never will (drops still in the
-            # backlog, unrecorded ones). Subscribers report the numbers below this that
-            # they never read as lost; with only the announced ones, drops taken after the
-            # last announced entry were reported nowhere (until 2026-12-05)
-            taken = max(self.announced, entries.next_seq)
-            left = self._control.backlog_rows
-        if left:
-            log.warning("hscapture: closing with %d dropped row(s) the ring had no room to "
-                        "record by rid; subscribers report their numbers as lost", left)
+        # every number taken: the ring holds it, or it never will (drops still in the
+        # backlog, unrecorded ones). Subscribers report the numbers below this that they
+        # never read as lost; with only the announced ones, drops taken after the last
+        # announced entry were reported nowhere (until 2026-12-05)
+        taken = self._keep_leftover(True)
         with self._pubq.send_lock:
             self._safe(self._send, {"kind": "bye", "next_seq": taken,
                                     "time_ns": time.time_ns()})
+
+    def _keep_leftover(self, final: bool) -> int:
+        """Keep the leftover file beside the segment equal to what the backlog holds (and
+        counts unrecorded), or remove it once there is nothing; returns the ``next_seq`` it
+        records. At close (``final``) for a subscriber that reads the ring after the
+        ``bye`` (a durable one away now: :mod:`hscapture._leftover` says why); while
+        capturing, at most every :data:`LEFTOVER_INTERVAL_S` and only when the backlog
+        changed, so that a producer killed with a backlog leaves its drops named too (all
+        but those of its last interval)."""
+        entries, control = self._entries, self._control
+        with self._lock:
+            taken = max(self.announced, entries.next_seq)
+            state = (control.backlog_rows, control.unrecorded, control.backlog_first())
+            if not final and state == self._leftover_state:
+                return taken
+            pending = control.pending()
+        left, unrecorded = state[0], state[1]
+        s = self._settings
+        self._leftover_at = time.monotonic()
+        self._leftover_state = state
+        if not (left or unrecorded):
+            if self._leftover_written:
+                remove_leftover(s.segment)
+                self._leftover_written = False
+            return taken
+        where = "they are named by rid in the leftover file beside the segment"
+        try:
+            _leftover.write(s.segment, s.epoch, taken, unrecorded,
+                            [rec.control_payload(m, check=False) for m in pending])
+            self._leftover_written = True
+        except Exception as exc:
+            where = f"subscribers report their numbers as lost (no leftover file: {exc})"
+            if not final:
+                raise
+        if final:
+            log.warning("hscapture: closing with %d dropped row(s) the ring had no room to "
+                        "record (%d counted only); %s", left + unrecorded, unrecorded, where)
+        return taken
 
     def _heartbeat(self) -> None:
         entries, control = self._entries, self._control

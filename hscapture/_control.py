@@ -54,6 +54,14 @@ class ControlLog:
     def peek(self) -> dict[str, Any] | None:
         return self._backlog[0] if self._backlog else None
 
+    def backlog_first(self) -> int:
+        """The first sequence number of the backlog's oldest entry (-1: empty)."""
+        return self._backlog[0]["seq"] if self._backlog else -1
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The backlog's metas, oldest first (a copy)."""
+        return list(self._backlog)
+
     def pop(self) -> None:
         self.backlog_rows -= _rows(self._backlog.popleft())
 

@@ -32,7 +32,7 @@ from .endpoint import claim_endpoint, release_endpoint
 from .errors import EndpointError
 from .pinning import register_host_memory
 from ._subscriptions import reserve_places
-from .ring import segment_name
+from .ring import remove_leftover, segment_name
 
 log = logging.getLogger("hscapture")
 
@@ -100,12 +100,15 @@ class ProducerResources:
             self.pinned.close()
             self.pinned = None
         if self.ring is not None:
-            keep = unlink is None and durable_unread(self.ring.name)
+            name = self.ring.name
+            keep = unlink is None and durable_unread(name)
             if keep:
                 log.info("hscapture: segment %s kept for a durable subscriber that has not "
-                         "read it all", self.ring.name)
+                         "read it all", name)
             self.ring.close(not keep)
             self.ring = None
+            if not keep:
+                remove_leftover(name)   # (a leftover file lives as long as its segment)
         self._release_claim()
 
     def abandon(self) -> None:
@@ -120,6 +123,7 @@ class ProducerResources:
                 else:
                     from . import _ring
                     _ring.unlink(ring.name)
+                    remove_leftover(ring.name)
             except Exception as exc:
                 log.warning("hscapture: could not remove segment %s: %s", ring.name, exc)
         try:

@@ -14,10 +14,11 @@ import time
 from typing import Any
 
 from ._delivery import Delivery
+from ._leftover import read as read_leftover
 from ._ledger import Ledger, LostRange
 from ._source import Source
 from ._subscriptions import remember
-from .errors import RingError, SubscriptionInUseError, SubscriptionNotFoundError
+from .errors import NoticeError, RingError, SubscriptionInUseError, SubscriptionNotFoundError
 
 log = logging.getLogger("hscapture")
 
@@ -25,6 +26,17 @@ log = logging.getLogger("hscapture")
 ADOPT_S = 1.0
 
 __all__ = ["SourceRegistry"]
+
+
+class _HeldAt:
+    """Where a leftover entry's failure is held (:meth:`Delivery.hold_failure`): the ring
+    position the consumer reached, so that the segment stays (and a resumer reads the file
+    again) until the failure is recorded."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int) -> None:
+        self.position = position
 
 
 class SourceRegistry:
@@ -211,7 +223,8 @@ class SourceRegistry:
         self.pump(src, final=True)
         src.retired = True
         producer = src.producer or "?"
-        hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high)
+        hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high,
+                      self._leftovers(src))
         for a, b in src.seqs.missing_below(hb_next):
             src.report_lost(a, b - a, f"{reason}: never recorded in the ring")
         for p in self.delivery.partials_of(src.epoch):
@@ -220,6 +233,28 @@ class SourceRegistry:
         if self.current.get(producer) == src.epoch:
             del self.current[producer]
         self.maybe_finish(src)
+
+    def _leftovers(self, src: Source) -> int:
+        """What ``src``'s producer closed with and never got into its ring (the leftover
+        file beside the segment, :mod:`hscapture._leftover`): each entry not read yet is
+        dispatched as if the ring held it (its rows named by rid, held for a resumer until
+        recorded, as a ring entry's are). Returns the file's ``next_seq`` (0: no file):
+        numbers below it that are nowhere are reported lost."""
+        try:
+            left = read_leftover(src.segment, epoch=src.epoch, producer=src.producer)
+        except (NoticeError, OSError) as exc:
+            self.ledger.error(f"the leftover file of segment {src.segment!r} cannot be read: "
+                              f"{type(exc).__name__}: {exc}", "leftover_errors")
+            return 0
+        if left is None:
+            return 0
+        at = _HeldAt(src.consumer.position if src.consumer is not None else 0)
+        for entry in left.entries:
+            if src.seqs.add(entry.seq, entry.n) == entry.n:
+                continue          # read in the ring already (written there before the close)
+            self.ledger.counts["leftover_entries"] += 1
+            self.delivery.on_entry(src, at, entry)
+        return left.next_seq
 
     def maybe_finish(self, src: Source) -> None:
         """Detach from a retired incarnation once no borrowed sample needs its ring; a durable

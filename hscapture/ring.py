@@ -49,6 +49,9 @@ __all__ = [
     "record_total_len",
     "SHM_DIR",
     "DEFAULT_PREFIX",
+    "LEFTOVER_PREFIX",
+    "leftover_path",
+    "remove_leftover",
 ]
 
 #: Where POSIX shared-memory objects appear on Linux.
@@ -56,7 +59,39 @@ SHM_DIR = "/dev/shm"
 #: Every segment hscapture creates starts with this.
 DEFAULT_PREFIX = "hscapture-"
 
+#: The file beside a segment naming what its producer closed with and never got into the
+#: ring (:mod:`hscapture._leftover` owns its format). Not ``hscapture-``: never taken for a
+#: segment by a listing of those.
+LEFTOVER_PREFIX = "hscapture.left-"
+
 _ID_RE = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+def leftover_path(segment: str) -> str:
+    """The leftover file of ``segment`` (a segment name, no directory)."""
+    if not segment or "/" in segment or segment.startswith("."):
+        raise ValueError(f"not a segment name: {segment!r}")
+    return os.path.join(SHM_DIR, LEFTOVER_PREFIX + segment)
+
+
+def remove_leftover(segment: str) -> None:
+    """Remove ``segment``'s leftover file, if any: the segment's name is gone (every path
+    that unlinks a segment calls this)."""
+    try:
+        os.unlink(leftover_path(segment))
+    except (FileNotFoundError, ValueError):
+        pass
+
+
+def _remove_orphan_leftovers(segment_prefix: str) -> None:
+    """Remove our leftover files of segments named ``segment_prefix*`` that no longer
+    exist (their segment was unlinked by a path that could not remove them)."""
+    for name in _own_names(LEFTOVER_PREFIX + segment_prefix):
+        if not os.path.exists(os.path.join(SHM_DIR, name[len(LEFTOVER_PREFIX):])):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                continue
 
 
 def segment_name(producer_id: str | int, epoch: int | None = None) -> str:
@@ -80,6 +115,12 @@ class CleanupAction(NamedTuple):
 
 
 def _own_segments(prefix: str) -> list[str]:
+    """Segment names in /dev/shm starting with ``prefix`` and owned by the current user,
+    sorted."""
+    return _own_names(prefix)
+
+
+def _own_names(prefix: str) -> list[str]:
     """Names in /dev/shm starting with ``prefix`` and owned by the current user, sorted."""
     try:
         entries = os.listdir(SHM_DIR)
@@ -147,7 +188,9 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
             unlink(name)
         except Exception:  # vanished meanwhile
             continue
+        remove_leftover(name)
         out.append(CleanupAction(name, "removed", reason))
+    _remove_orphan_leftovers(prefix)
     return out
 
 

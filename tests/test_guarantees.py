@@ -192,6 +192,92 @@ def test_a_producer_restarted_while_its_drain_is_down_keeps_every_sample_for_the
     assert verify_shards(out, {r: 4 for r in first + second}) == len(first + second)
 
 
+def test_drops_a_producer_closed_with_reach_a_drain_that_was_down_by_rid(
+        endpoint, procs, tmp_path):
+    # The drain stops while the producer captures: its durable place keeps the small ring
+    # full, the producer drops, and drop entries queue in its backlog once even the ring's
+    # control headroom is full. Then the producer closes. Those drops went out only in the
+    # bye notice, which the drain was not there to hear: until 2026-12-05 its restart
+    # neither wrote nor named them (fault hunt: 214 of 400, 10/10). Now the producer leaves
+    # them in a leftover file beside the kept segment and the restart names each by rid.
+    from hscapture.ring import leftover_path
+
+    out = tmp_path / "out"
+    first = [f"w-{i}" for i in range(3)]
+    d = _drain(procs, endpoint, out, "--flush-every", "1K")
+    p = Producer(endpoint, producer_id="g2l", capacity=256 << 10, full_policy="drop",
+                 heartbeat_interval_s=0.05)
+    try:
+        _capture_for_the_drain(p, first, out, len(first))
+        d.send_signal(signal.SIGINT)
+        rc, rep, err = drain_report(d)
+        assert rc in (EXIT_OK, EXIT_INTERRUPTED), (rep, err)
+        rids = [f"r-{i}" for i in range(300)]
+        kept = {rid for rid in rids if all(_capture(p, rid, 64))}
+        p.flush()
+        assert p.stats()["backlog"] > 0, p.stats()   # the case: drops only the bye named
+        segment = p.segment
+    finally:
+        p.close()
+    assert os.path.exists(leftover_path(segment))
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "3",
+                                       "--connect-timeout", "5"))
+    assert rc == EXIT_INCOMPLETE, (rc, err)
+    written = durable_rids(out)
+    assert sorted(written) == sorted(set(written)) and set(written) == set(first) | kept
+    dropped = set(rids) - kept
+    assert set(rep["dropped"]) == dropped and not rep["lost"], rep
+    assert verify_shards(out, {r: 4 if r in first else 64 for r in written}) == len(written)
+    assert not os.path.exists(leftover_path(segment))   # gone with its segment
+
+
+def test_drops_a_killed_producer_held_in_its_backlog_reach_a_drain_that_was_down_by_rid(
+        endpoint, procs, tmp_path):
+    # As above, but the producer is SIGKILLed instead of closing: no bye at all. While it
+    # captures, the producer keeps the leftover file equal to its backlog (at most every
+    # LEFTOVER_INTERVAL_S), so a drain that comes back after the crash names those drops by
+    # rid too; only the drops of the producer's last interval could miss the file.
+    from hscapture import _leftover
+    from hscapture.ring import leftover_path
+
+    out = tmp_path / "out"
+    reqs = [[f"k-{i}", 64, 64] for i in range(300)]
+    prod = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g2k",
+                     consumers=1, capacity=256 << 10, policy="drop", start_on_stdin=True,
+                     close_on_stdin=True)
+    ready = prod.wait_event("ready")
+    d = _drain(procs, endpoint, out, "--flush-every", "1K")
+    wait_until(lambda: any(c["durable"] and c["state"] == "active"
+                           for c in _slots(ready["segment"])), 30, "the drain to attach")
+    d.send_signal(signal.SIGINT)                  # ... and is gone before any capture
+    rc, rep, err = drain_report(d)
+    assert rc in (EXIT_OK, EXIT_INTERRUPTED), (rep, err)
+    prod.send()                                   # capture now: the drain's place fills the ring
+    captured = prod.wait_event("captured")
+    backlog = captured["stats"]["backlog"]
+    assert backlog > 0, captured["stats"]         # the case: drops only in memory
+
+    def file_rows() -> int:
+        try:
+            left = _leftover.read(ready["segment"], epoch=ready["epoch"])
+        except Exception:                          # being replaced: read again
+            return -1
+        return -1 if left is None else sum(e.n for e in left.entries)
+
+    wait_until(lambda: file_rows() == backlog, 20, "the leftover file to hold the backlog")
+    prod.kill()
+    prod.wait()
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "3",
+                                       "--connect-timeout", "5"))
+    assert rc == EXIT_INCOMPLETE, (rc, err)
+    written = durable_rids(out)
+    assert len(written) == len(set(written))
+    dropped = set(captured["dropped"])
+    assert set(written) == {r for r, _, _ in reqs} - dropped, rep
+    assert set(rep["dropped"]) == dropped and not rep["lost"], rep
+    assert not os.path.exists(leftover_path(ready["segment"]))
+
+
 def test_quick_restarts_under_a_running_drain_lose_nothing_even_unheard_incarnations(
         endpoint, procs, tmp_path):
     # A drain waits; three incarnations of one producer id each capture and stop at once,
