@@ -5,8 +5,10 @@ durable subscriber that went away keeps the ring full). At close, what is still 
 only go out in the ``bye`` notice, as a count: a live subscriber reported the numbers as a
 lost range, but a durable subscriber that was away when the producer closed, and resumes its
 kept segment later, never heard that notice, and those samples were neither delivered nor
-reported (until 2026-12-05). So at close the producer writes them here, beside the segment,
-exactly as the ring entries it could not write; whoever retires the incarnation (a live
+reported (until 2026-12-05). So the producer writes them here, beside the segment, exactly
+as the ring entries it could not write: at close, and while capturing whenever the backlog
+changed (at most every ``_announcer.LEFTOVER_INTERVAL_S``, removed once the backlog is empty),
+so that a producer killed with a backlog leaves them too; whoever retires the incarnation (a live
 subscriber after the ``bye``, a resumer once the ring is read) reads them back through
 :func:`hscapture.record.read_entry` and names every row by rid. The file goes when the
 segment's name goes (:func:`hscapture.ring.remove_leftover`; :func:`hscapture.ring.
