@@ -179,6 +179,12 @@ def test_a_drain_with_no_producer_fails_with_one_clear_line_and_debug_shows_the_
     errors = [line for line in res.stderr.splitlines() if line.startswith("hscapture: error:")]
     assert len(errors) == 1 and "no hscapture producer" in errors[0], res.stderr
     assert "Traceback" not in res.stderr
+    # the directory it made for nothing is gone; one that was there before stays
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "mine").mkdir()
+    mine = _run("drain", "-e", f"ipc://{sock_dir}/nobody.sock", "-o", str(tmp_path / "mine"),
+                "--connect-timeout", "0.3", "--quiet", cwd=tmp_path)
+    assert mine.returncode == 1 and (tmp_path / "mine").is_dir()
     debug = _run("--debug", *args, cwd=tmp_path)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
