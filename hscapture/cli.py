@@ -265,7 +265,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
             log.warning("%d sample(s) committed to it were never written and are given up "
                         "with it: %s", len(given_up), shown)
         return
-    from .errors import SampleTimeoutError
+    from .errors import SampleTimeoutError, ShardError
     from .shard_format import not_a_shard_directory
 
     try:
@@ -299,6 +299,11 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
     except SampleTimeoutError as exc:
         raise Failure(f"{exc}; is the producer running, and is the endpoint right? "
                       f"(`hscapture endpoints --live` lists running producers)") from None
+    except ShardError as exc:   # a full disk, an unwritable or removed directory
+        raise Failure(f"{describe(exc)}; what was not written stays in the producers' rings "
+                      f"for this directory: rerun the same command once it can be written "
+                      f"(a ring that fills meanwhile drops, and the next report names the "
+                      f"drops)") from exc
     stats = res.stats or {}
     report = {"samples": res.samples, "bytes": res.bytes, "seconds": round(res.seconds, 3),
               "gb_per_s": round(res.gbps, 3), "duplicates_skipped": res.duplicates,
