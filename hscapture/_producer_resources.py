@@ -32,7 +32,7 @@ from .endpoint import claim_endpoint, release_endpoint
 from .errors import EndpointError
 from .pinning import register_host_memory
 from ._subscriptions import reserve_places
-from .ring import remove_leftover, segment_name
+from .ring import leftover_unread, remove_leftover, segment_name
 
 log = logging.getLogger("hscapture")
 
@@ -148,7 +148,8 @@ def first_attach(name: str) -> int:
 
 
 def durable_unread(name: str) -> bool:
-    """True if a durable subscription of segment ``name`` has not released everything."""
+    """True if a durable subscription of segment ``name`` has not released everything, or
+    has not read the drops of its leftover file (:func:`hscapture.ring.leftover_unread`)."""
     from . import _ring
 
     try:
@@ -157,7 +158,7 @@ def durable_unread(name: str) -> bool:
         return False
     head = info["head"]
     return any(c.get("durable") and c.get("state") != 0 and c["released"] < head
-               for c in info["consumers"])
+               for c in info["consumers"]) or bool(leftover_unread(name, info))
 
 
 def _remove_stale_predecessors(name: str) -> None:

@@ -71,6 +71,9 @@ class SourceRegistry:
         self._attach_order = itertools.count()
         #: segments this subscriber attached to (never adopted again: read to their end)
         self._segments_seen: set[str] = set()
+        #: durable places resumed in rings whose producer had ended (by segment): each is a
+        #: producer whose samples, drops and reports this subscriber reads (ready_producers)
+        self._resumed_ended: dict[str, Source] = {}
         self._last_adopt = time.monotonic()
         delivery.on_released = self.maybe_finish
 
@@ -207,10 +210,23 @@ class SourceRegistry:
                                               "subscription expired while away (ring bytes "
                                               "lost)"))
         elif getattr(consumer, "resumed", False):
+            if not consumer.producer_alive():
+                self._resumed_ended[segment] = src
             self.ledger.counts["resumed"] += 1
             log.info("hscapture subscriber: resumed %r at ring position %d", segment,
                      consumer.position)
         return src
+
+    def ready_producers(self) -> int:
+        """How many producers this subscriber reads: the live incarnations attached, and
+        (durable) the rings of ended producers whose place it resumed (what they kept for
+        it, their drops and their leftover file: read whether or not their producer comes
+        back; until 2026-12-05 a drain that resumed only such a ring, with nothing left in
+        it but a leftover file, waited for a live producer and failed)."""
+        ids = set(self.current)
+        for segment, src in self._resumed_ended.items():
+            ids.add(src.producer or segment)
+        return len(ids)
 
     def resume_durable(self) -> None:
         """Take over this name's places in every ring (live or dead producers) at once."""

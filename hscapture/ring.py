@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "LEFTOVER_PREFIX",
     "leftover_path",
+    "leftover_unread",
     "remove_leftover",
 ]
 
@@ -81,6 +82,20 @@ def remove_leftover(segment: str) -> None:
         os.unlink(leftover_path(segment))
     except (FileNotFoundError, ValueError):
         pass
+
+
+def leftover_unread(name: str, info: dict | None = None) -> list[str]:
+    """One description per ACTIVE durable slot of segment ``name`` while the segment has a
+    leftover file: such a subscriber has not read the drops named there (only the
+    subscriber itself ends its slot, once it has, when it finishes with the ring), so the
+    segment and the file stay for it, whether or not it read everything in the ring."""
+    if not os.path.exists(leftover_path(name)):
+        return []
+    if info is None:
+        info = segment_info(name)
+    return [f"durable subscription '{s['name']}' (slot {s['slot']}) has not read the drops "
+            f"in {leftover_path(name)}"
+            for s in info["consumers"] if s["state"] == "active" and s["durable"]]
 
 
 def _remove_orphan_leftovers(segment_prefix: str) -> None:
@@ -175,7 +190,8 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
             continue
         reason = "no live producer"
         try:
-            unread = _unread_durable(segment_info(name))
+            info = segment_info(name)
+            unread = _unread_durable(info) + leftover_unread(name, info)
         except Exception as e:  # noqa: BLE001 - unreadable (another layout): nothing to resume
             unread = []
             reason += f" (header unreadable: {e})"

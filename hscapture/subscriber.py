@@ -146,19 +146,22 @@ class Subscriber:
 
     def wait_ready(self, timeout: float = 10.0, producers: int = 1,
                    stop: Callable[[], bool] | None = None) -> bool:
-        """Block until at least ``producers`` live producer incarnations are attached.
+        """Block until at least ``producers`` live producer incarnations are attached (a
+        durable subscriber also counts each ended producer whose kept ring it resumed: what
+        that ring holds for it is read whether or not the producer comes back).
 
         Returns True when they are, False when ``stop()`` became true first; raises
         :class:`SampleTimeoutError` after ``timeout``."""
         deadline = time.monotonic() + timeout
-        while len(self._registry.current) < producers:
+        while self._registry.ready_producers() < producers:
             if stop is not None and stop():
                 return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SampleTimeoutError(
                     f"no hscapture producer announced itself on {self.endpoints} within "
-                    f"{timeout:g}s (expected {producers}, attached {len(self._registry.current)})")
+                    f"{timeout:g}s (expected {producers}, attached "
+                    f"{self._registry.ready_producers()})")
             self._pump(min(remaining, 0.05))
         return True
 

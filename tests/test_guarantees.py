@@ -231,6 +231,50 @@ def test_drops_a_producer_closed_with_reach_a_drain_that_was_down_by_rid(
     assert not os.path.exists(leftover_path(segment))   # gone with its segment
 
 
+def test_drops_left_by_a_producer_reach_a_drain_that_had_read_its_whole_ring(
+        endpoint, procs, tmp_path):
+    # Another subscriber (never reading) keeps the ring full; the drain reads everything,
+    # drops included, and stops caught up; the producer closes with drops in its backlog.
+    # The segment and its leftover file must stay for the drain: until 2026-12-05 a
+    # segment counted as needed only while a durable place had unread ring bytes, so both
+    # went at the close, and the restart (which then found no producer: exit 1) never named
+    # those drops (fault hunt: 60 of 275, 3/3).
+    out = tmp_path / "out"
+    d = _drain(procs, endpoint, out, "--flush-every", "1K")
+    p = Producer(endpoint, producer_id="g2c", capacity=256 << 10, full_policy="drop",
+                 heartbeat_interval_s=0.05)
+    stalled = Subscriber(endpoint)
+    try:
+        stalled.wait_ready(timeout=20)
+        assert p.wait_for_consumers(2, timeout_s=30)
+        rids = [f"c-{i}" for i in range(300)]
+        kept = {rid for rid in rids if all(_capture(p, rid, 64))}
+        p.flush()
+        assert p.stats()["backlog"] > 0, p.stats()
+        segment = p.segment
+
+        def caught_up() -> bool:
+            info = _ring.segment_info(segment)
+            return any(c["durable"] and c["released"] == info["head"]
+                       for c in info["consumers"])
+
+        wait_until(caught_up, 30, "the drain to read the whole ring")
+        d.send_signal(signal.SIGINT)
+        rc, first, err = drain_report(d)
+        assert rc in (EXIT_INCOMPLETE, EXIT_INTERRUPTED), (rc, err)
+    finally:
+        p.close()
+        stalled.close()
+    rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "3",
+                                       "--connect-timeout", "5"))
+    assert rc == EXIT_INCOMPLETE, (rc, err)
+    written = durable_rids(out)
+    assert len(written) == len(set(written)) and set(written) == kept
+    named = set(first["dropped"]) | set(rep["dropped"])
+    assert named == set(rids) - kept and not set(first["dropped"]) & set(rep["dropped"]), rep
+    assert not rep["lost"] and not first["lost"], (first["lost"], rep["lost"])
+
+
 def test_drops_a_killed_producer_held_in_its_backlog_reach_a_drain_that_was_down_by_rid(
         endpoint, procs, tmp_path):
     # As above, but the producer is SIGKILLed instead of closing: no bye at all. While it

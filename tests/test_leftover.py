@@ -95,3 +95,30 @@ def test_a_written_file_is_found_beside_its_segment_and_goes_with_it(tmp_path, m
     assert _leftover.read(segment, epoch=EPOCH) is None
     with pytest.raises(ValueError):
         ring.leftover_path("../etc")
+
+
+def test_a_segment_with_a_leftover_file_stays_while_a_durable_place_has_not_read_it():
+    # every ring byte read (released == head), but the drops in the leftover file not: the
+    # segment and the file stay for that subscriber; once its place is gone, both go
+    import os
+    import uuid
+
+    from hscapture import _ring, ring
+
+    name = f"hscapture-{os.geteuid()}-lt{uuid.uuid4().hex[:6]}-01"
+    p = _ring.Producer(name, 1 << 20, 2)
+    c = _ring.Consumer(name, 0, "reader")
+    c.close()                                  # detached: its place kept, nothing unread
+    p.close(False)                             # the producer ended, its segment stays
+    try:
+        _leftover.write(name, _ring.segment_info(name)["epoch"], 9, 0, [])
+        kept = ring.cleanup_stale(name)
+        assert [a.action for a in kept] == ["kept"] and "reader" in kept[0].reason
+        assert os.path.exists(ring.leftover_path(name))
+        resumed = _ring.Consumer(name, 0, "reader", resume_only=True)
+        resumed.unsubscribe()                  # what a subscriber does once it has read it
+        assert [a.action for a in ring.cleanup_stale(name)] == ["removed"]
+        assert not os.path.exists(ring.leftover_path(name))
+    finally:
+        ring.cleanup_stale(name, force=True)
+        ring.remove_leftover(name)
