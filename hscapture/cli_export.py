@@ -34,8 +34,8 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
               help="require: fail if a sample has no stored loss_mask; all: such samples "
                    "train on every token (recorded in the export's manifest).")
 @click.option("--num-layers", type=click.IntRange(min=1), default=None,
-              help="The model's number of decoder layers (default: what the shards record, "
-                   "from the layer the captured final_norm follows).")
+              help="The model's number of decoder layers, for shards that do not record it "
+                   "(no final_norm captured); one the shards contradict is refused.")
 @click.option("--gzip", "gz", is_flag=True,
               help="SpecForge: write data_{i}.ckpt.gz (gzip level 6, as SpecForge reads "
                    "them) instead of data_{i}.ckpt.")

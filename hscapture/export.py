@@ -163,13 +163,25 @@ class _Plan:
 
 
 def _num_layers(ss: ShardSet, given: int | None) -> int | None:
-    """The model's decoder layer count: ``given``, else what the shards record (their
-    ``num_layers`` metadata; shards written before that key: one more than the final norm's
-    recorded id), else a sample's ``meta.extra.num_hidden_layers``."""
+    """The model's decoder layer count: what the shards record (their ``num_layers``
+    metadata; shards written before that key: one more than the final norm's recorded id),
+    else a sample's ``meta.extra.num_hidden_layers``, else ``given``. A ``given`` count the
+    shards contradict is refused: it would name another layer the model's last (until
+    2026-12-05 it was taken as it came, and a speculators export shipped an intermediate
+    layer as the final pre-norm one without a word)."""
     from .shard_format import shard_num_layers
 
-    if given is not None:
-        return int(given)
+    recorded = _recorded_num_layers(ss, shard_num_layers)
+    if given is not None and recorded is not None and int(given) != recorded:
+        raise ExportError(f"num_layers (--num-layers) {given} contradicts the shards: they "
+                          f"record {recorded} decoder layers (the final norm follows layer "
+                          f"{recorded - 1}); leave it out: it is for shards that do not "
+                          f"record the count")
+    return recorded if given is None else int(given)
+
+
+def _recorded_num_layers(ss: ShardSet, shard_num_layers: Any) -> int | None:
+    """What the shards and samples record of the decoder layer count (None: nothing)."""
     found: set[int] = set()
     per_shard: dict[str, int | None] = {}
     for i in range(len(ss)):

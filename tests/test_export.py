@@ -185,6 +185,23 @@ def test_speculators_needs_the_layer_count_when_no_final_norm_records_it(tmp_pat
     assert r.written == 3
 
 
+def test_a_layer_count_the_shards_contradict_is_refused_not_obeyed(tmp_path):
+    # The shards record NUM_LAYERS (their final norm follows layer NUM_LAYERS - 1). A
+    # smaller --num-layers named an intermediate layer the model's last, and the export
+    # shipped it as speculators' final pre-norm slot without a word (a newcomer's finding,
+    # 2026-12-05); now it is refused, and the recorded count works as before.
+    d = tmp_path / "shards"
+    write_shards(d, [make_sample(i, last_residual=True) for i in range(3)])
+    for wrong in (NUM_LAYERS - 1, NUM_LAYERS + 1):
+        with pytest.raises(ExportError, match=rf"num-layers\) {wrong} contradicts the shards: "
+                                              rf"they record {NUM_LAYERS} decoder layers"):
+            export(d, tmp_path / "sp", "speculators", num_layers=wrong, progress=False)
+        assert not (tmp_path / "sp").exists() or not os.listdir(tmp_path / "sp")
+    r = export(d, tmp_path / "sp", "speculators", num_layers=NUM_LAYERS, progress=False,
+               fsync=False)
+    assert r.written == 3
+
+
 def test_specforge_refuses_a_capture_without_final_norm(tmp_path):
     d = tmp_path / "shards"
     write_shards(d, [make_sample(i, final_norm=False) for i in range(3)])
