@@ -764,7 +764,13 @@ def test_the_publisher_thread_publishes_only_once_captures_stopped_for_the_grace
         for i in range(5):
             assert_sample_exact(sub.get(f"steady{i}", timeout=10), f"steady{i}", 8, HIDDEN,
                                 LAYERS)
-        assert {t for t, _, _ in published} == {threading.main_thread().name}
+        # published by this thread, and by the publisher thread only after the grace: a
+        # capture whose inline publish finds the send lock taken (the publisher thread
+        # sending a heartbeat, descheduled on a loaded host) leaves its entry to that thread,
+        # which must still wait for the grace (newcomer walk: this flaked, 1 run in 3, when
+        # it asserted that no steady entry ever went that way)
+        assert all(when - last >= grace for t, when, last in published
+                   if t != threading.main_thread().name), published
         n = len(published)
         with p._pubq.send_lock:                        # the capture cannot publish inline
             _capture(p, "held-a", 8)
