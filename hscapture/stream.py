@@ -584,6 +584,14 @@ class SampleStream:
         undelivered += [r for r in sub.skim_unread() if r not in named]
         self._report = self._snapshot(sub, undelivered)
         self._say_what_was_not_handed_out(why, bool(sub.name))
+        if why == "idle_timeout" and not sub.stats().get("attached"):
+            # an empty feed that never met a producer is a wrong endpoint or a server
+            # without capture, not a quiet server: say so (until 2026-12-05: nothing)
+            log.warning("hscapture: stream stopped after %g s without a sample, and no "
+                        "producer ever announced itself on %s: is the server running with "
+                        "capture on, and is the endpoint right? (`hscapture endpoints "
+                        "--live` lists running producers)", self.idle_timeout_s,
+                        ", ".join(sub.endpoints))
         if sub.name and why != "garbage_collected":
             # durable: the failures are in the report this feed keeps (report()); their
             # records can go. A crash never gets here: the next stream of the name reads

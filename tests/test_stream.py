@@ -124,6 +124,16 @@ def test_dataloader_workers_are_refused_with_a_clear_error(endpoint):
         next(iter(DataLoader(ds, batch_size=None, num_workers=2)))
 
 
+def test_a_stream_that_never_met_a_producer_says_so_when_it_stops(endpoint):
+    # a wrong endpoint, or a server without capture, looked like a quiet server: an empty
+    # feed and a report without a word (newcomer walk, 2026-12-05)
+    with warnings_said() as said:
+        feed = hscapture.stream(endpoint, idle_timeout_s=0.3)
+        assert list(feed) == []
+    assert feed.report()["stopped"] == "idle_timeout"
+    assert any("no producer ever announced itself" in m and endpoint in m for m in said), said
+
+
 def test_stream_stops_when_idle_and_closes_its_subscriber(endpoint):
     s = hscapture.stream(endpoint, idle_timeout_s=0.2)
     assert list(s) == []
