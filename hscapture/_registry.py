@@ -213,8 +213,11 @@ class SourceRegistry:
             if not consumer.producer_alive():
                 self._resumed_ended[segment] = src
             self.ledger.counts["resumed"] += 1
-            log.info("hscapture subscriber: resumed %r at ring position %d", segment,
-                     consumer.position)
+            # a place a new ring kept for us from its start (_subscriptions) holds nothing
+            # read before: no news for the user ("resumed" misled a first drain's user)
+            log.log(logging.INFO if consumer.position else logging.DEBUG,
+                    "hscapture subscriber: resumed %r at ring position %d", segment,
+                    consumer.position)
         return src
 
     def ready_producers(self) -> int:
