@@ -541,8 +541,15 @@ def cleanup(prefix: str, force: bool) -> None:
     actions = cleanup_stale(prefix, force=force)
     removed = [a.name for a in actions if a.action == "removed"]
     for a in actions:
-        click.echo(f"{a.action} stale segment {a.name}"
-                   + ("" if a.action == "removed" else f": {a.reason}"))
+        if a.action == "removed":
+            click.echo(f"removed stale segment {a.name}")
+            continue
+        why = a.reason.replace("pass force=True to remove it anyway", "`hscapture cleanup "
+                               "--force` removes it anyway")
+        click.echo(f"kept stale segment {a.name}: {why}")
+        if "'drain-" in why:
+            click.echo("  (a `drain-...` subscription is a drain's: `hscapture drain "
+                       "--unsubscribe -e ENDPOINT -o DIR` ends it, its samples given up)")
     sockets = cleanup_sockets()
     for path in sockets:
         click.echo(f"removed stale socket file {path}")

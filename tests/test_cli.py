@@ -377,6 +377,32 @@ time.sleep(120)
 """
 
 
+def test_cleanup_keeps_a_segment_a_drain_has_not_read_and_says_how_to_let_it_go(tmp_path):
+    # the reason spoke Python ("pass force=True") and named the drain only by its id
+    # (newcomer walk, 2026-12-05)
+    from hscapture import _ring
+
+    name = f"hscapture-{os.geteuid()}-clikeep{uuid.uuid4().hex[:6]}-01"
+    p = _ring.Producer(name, 1 << 16, 2)
+    c = _ring.Consumer(name, 0, "drain-0123abcd")
+    pos = p.reserve(64)
+    p.commit(pos)
+    c.close()                  # detached: its place keeps the record unread
+    p.close(False)             # the producer ended; the segment stays
+    try:
+        res = _run("cleanup", "--prefix", name, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert f"kept stale segment {name}" in res.stdout and "force=True" not in res.stdout
+        assert "`hscapture cleanup --force` removes it anyway" in res.stdout, res.stdout
+        assert "hscapture drain --unsubscribe -e ENDPOINT -o DIR" in res.stdout, res.stdout
+        forced = _run("cleanup", "--prefix", name, "--force", cwd=tmp_path)
+        assert f"removed stale segment {name}" in forced.stdout, forced.stdout
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
+
+
 def test_cleanup_removes_dead_producers_segments_and_sockets_only(tmp_path, sock_dir):
     prefix = f"hscapture-clitest-{uuid.uuid4().hex[:8]}-"
     code = ("import sys, time; from hscapture import _ring; "
