@@ -258,8 +258,14 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         fn = getattr(drain_mod, "unsubscribe", None)
         if fn is None:
             raise Failure("this hscapture's drain has no durable subscriptions to end")
-        _, given_up = fn(list(endpoints), out_dir)
-        log.info("ended the subscription of %s on %s", out_dir, ", ".join(endpoints))
+        held, given_up = fn(list(endpoints), out_dir)
+        if held:
+            log.info("ended the subscription of %s on %s (places in %d ring(s) given back)",
+                     out_dir, ", ".join(endpoints), held)
+        else:
+            log.info("no ring holds a place for the drain into %s on %s: nothing to give "
+                     "back (its name is no longer recorded for new producers there either)",
+                     out_dir, ", ".join(endpoints))
         if given_up:
             shown = ", ".join(given_up[:20]) + (", ..." if len(given_up) > 20 else "")
             log.warning("%d sample(s) committed to it were never written and are given up "

@@ -213,6 +213,17 @@ def test_unsubscribe_calls_the_drains_unsubscribe_with_the_endpoints_and_directo
     assert calls == [(["ipc:///a.sock", "tcp://h:5557"], str(tmp_path))]
 
 
+def test_unsubscribing_a_drain_that_holds_no_place_says_there_was_nothing_to_end(
+        tmp_path, sock_dir):
+    # it said "ended the subscription of DIR" for a subscription that never existed
+    # (newcomer walk, 2026-12-05)
+    res = _run("drain", "--unsubscribe", "-e", f"ipc://{sock_dir}/nobody.sock", "-o",
+               str(tmp_path / "never"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "no ring holds a place for the drain into" in res.stderr, res.stderr
+    assert "ended the subscription" not in res.stderr and not (tmp_path / "never").exists()
+
+
 def test_library_log_lines_are_rendered_once_with_one_prefix(capsys):
     import logging
 
