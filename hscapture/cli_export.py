@@ -84,4 +84,11 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
         click.echo("note: " + r.manifest["conventions"]["values"])
     hint = r.manifest.get("trainer_settings", {})
     if hint:
-        click.echo("trainer settings: " + ", ".join(f"{k}={v}" for k, v in hint.items()))
+        # as they are pasted: a flag and its values for the command line, a config key as
+        # its YAML line
+        click.echo("trainer settings:")
+        for k, v in hint.items():
+            if k.startswith("--"):
+                click.echo(f"  {k} " + " ".join(map(str, v if isinstance(v, list) else [v])))
+            else:
+                click.echo(f"  {k}: {json.dumps(v)}")

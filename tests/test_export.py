@@ -344,11 +344,16 @@ def test_cli_exports_with_progress_and_exits_2_with_the_reason_when_refused(shar
                                      "--no-fsync", "--layers", "1,3,5"])
     assert res.exit_code == 0, res.output
     assert f"{N} samples ({N} written" in res.output
-    assert "model.aux_hidden_state_layer_ids=[1, 3, 5]" in res.output
+    # as pasted: a YAML line for SpecForge's config, flag and values for speculators' command
+    assert "  model.aux_hidden_state_layer_ids: [1, 3, 5]\n" in res.output, res.output
+    res = runner.invoke(export_cmd, ["-f", "speculators", str(shard_dir), str(tmp_path / "sp"),
+                                     "-q", "--no-fsync"])
+    assert res.exit_code == 0, res.output
+    assert "  --target-layer-ids 2 4 6\n" in res.output, res.output
     res = runner.invoke(export_cmd, ["-f", "speculators", str(shard_dir), str(tmp_path / "sp"),
                                      "--json", "-q", "--no-fsync"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output.strip().splitlines()[-1])["written"] == N
+    assert json.loads(res.output.strip().splitlines()[-1])["skipped"] == N
     d = tmp_path / "nomask"
     write_shards(d, [make_sample(0, mask=False)])
     res = runner.invoke(export_cmd, ["-f", "specforge", str(d), str(tmp_path / "o")])
