@@ -105,7 +105,7 @@ def drain(
     runs once the stop handlers are in place, right before the wait for producers: whatever
     it tells the user ("Ctrl-C to stop") is true from then on.
     """
-    created = not os.path.exists(out_dir)   # (a drain that fails leaves no empty dir behind)
+    created = not os.path.exists(out_dir)   # (a drain that wrote nothing leaves no empty dir)
     writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata,
                          write_threads=write_threads, compression=compression,
                          compression_level=compression_level)
@@ -259,7 +259,7 @@ def drain(
             else:
                 sub.close()
             restore()
-            if primary is not None and created:
+            if created:               # failed, interrupted or idle before any sample
                 try:
                     os.rmdir(out_dir)     # only if nothing was written into it
                 except OSError:

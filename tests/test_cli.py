@@ -164,6 +164,7 @@ def test_the_drain_says_it_waits_only_once_ctrl_c_is_its_clean_stop(tmp_path, so
             seen["int"] is seen["term"], "the drain's handlers were not installed when it " \
                                          "said it waits"
         assert res.stopped_by == "signal" and res.samples == 0
+        assert not (tmp_path / "out").exists(), "it made a directory it wrote nothing into"
         assert time.monotonic() - t0 < 4, "a Ctrl-C during the wait must stop it at once"
         assert signal.getsignal(signal.SIGINT) is before, "the drain restores the handlers"
     finally:
