@@ -615,3 +615,13 @@ def test_the_demo_without_transformers_says_what_to_install_and_writes_nothing(t
                          timeout=120, cwd=tmp_path)
     assert res.returncode == 1 and "pip install 'hscapture[demo]'" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not out.exists()
+
+
+def test_the_sglang_launchers_help_is_its_own_even_where_sglang_does_not_import(tmp_path):
+    # on a machine where SGLang does not import (no triton: this CPU test environment), the
+    # help was followed by SGLang's import traceback (newcomer walk, 2026-12-05)
+    res = subprocess.run([sys.executable, "-m", "hscapture.sglang", "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "usage: python -m hscapture.sglang" in res.stdout
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]

@@ -47,11 +47,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(2)
     os.environ.setdefault("HSCAPTURE_ENABLE", "1")
 
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.entrypoints.http_server import launch_server
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
+    try:
+        from sglang.srt.arg_groups.overrides import resolving_view
+        from sglang.srt.entrypoints.http_server import launch_server
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import prepare_server_args
+        from sglang.srt.utils import kill_process_tree
+    except ImportError as exc:   # one line, not SGLang's import traceback
+        if argv[0] in ("-h", "--help"):
+            print(f"(SGLang's own arguments are not listed: sglang does not import here: "
+                  f"{type(exc).__name__}: {exc})")
+            raise SystemExit(0) from None
+        raise SystemExit(f"hscapture: error: cannot start SGLang: it does not import here "
+                         f"({type(exc).__name__}: {exc}); run this in the server's "
+                         f"environment (pip install 'hscapture[sglang]' there)") from None
 
     from ..plugin import check_sglang_version
 
