@@ -143,7 +143,7 @@ def train(endpoint: str, steps: int, prefetch: int, idle_timeout_s: float,
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         print(f"step {step:3d}  {batch['rid']:>12}  tokens {batch['input_ids'].numel():3d}  "
               f"loss {loss.item():.4f}", flush=True)
     report = ds.report()

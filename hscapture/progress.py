@@ -78,9 +78,10 @@ class Progress:
 
             self._bar = tqdm(total=total, unit=" samples", file=self.stream, dynamic_ncols=True,
                              mininterval=0.2, smoothing=0.1, leave=True,
+                             # (tqdm puts ", " before a postfix: inside the brackets)
                              bar_format=("{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                         "[{elapsed}<{remaining}, {rate_fmt}] {postfix}")
-                             if total else "{n_fmt} samples [{elapsed}, {rate_fmt}] {postfix}")
+                                         "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+                             if total else "{n_fmt} samples [{elapsed}, {rate_fmt}{postfix}]")
             _ACTIVE.append(self._bar)
 
     def update(self, samples: int, bytes: int, dropped: int = 0, incomplete: int = 0,
