@@ -254,6 +254,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
     """
     from . import drain as drain_mod
 
+    endpoints = tuple(dict.fromkeys(endpoints))   # -e X -e X: X once
     if unsubscribe:
         fn = getattr(drain_mod, "unsubscribe", None)
         if fn is None:

@@ -95,7 +95,10 @@ class Subscriber:
         max_partial_bytes: int = 4 << 30,
         partial_hold_s: float = 10.0,
     ) -> None:
-        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        # (each once: an endpoint given twice would be connected twice, every notice read
+        # twice, and a second "waiting for" line said for it)
+        self.endpoints = list(dict.fromkeys([endpoints] if isinstance(endpoints, str)
+                                            else endpoints))
         self.name = name
         self.zero_copy = zero_copy
         self.notice_grace_s = notice_grace_s

@@ -190,6 +190,18 @@ def test_a_drain_with_no_producer_fails_with_one_clear_line_and_debug_shows_the_
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
+def test_an_endpoint_given_twice_is_read_once(tmp_path, sock_dir):
+    ep = f"ipc://{sock_dir}/nobody.sock"
+    res = _run("drain", "-e", ep, "-e", ep, "-o", str(tmp_path / "o"), "--connect-timeout",
+               "0.3", cwd=tmp_path)
+    assert res.returncode == 1
+    assert res.stderr.count("waiting up to") == 1 and f"on ['{ep}'] within" in res.stderr, \
+        res.stderr
+    from hscapture import Subscriber
+    with Subscriber([ep, ep]) as sub:
+        assert sub.endpoints == [ep]
+
+
 def test_a_failing_drain_with_json_prints_the_error_as_json_on_stdout(tmp_path, sock_dir):
     res = _run("drain", "-e", f"ipc://{sock_dir}/nobody.sock", "-o", str(tmp_path / "o"),
                "--connect-timeout", "0.3", "--quiet", "--json", cwd=tmp_path)
