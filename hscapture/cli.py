@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from ._cli_failure import Failure, describe, json_error_too
+from ._cli_failure import Failure, Refusal, describe, json_error_too
 from .errors import EndpointError, HSCaptureError
 
 __all__ = ["main", "parse_size", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_INCOMPLETE",
@@ -471,13 +471,17 @@ def demo(out_dir: str, overwrite: bool, requests: int, chunk_size: int, dtype: s
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         from .demo import clear_demo_output, is_demo_output
+        from .shard_format import DEMO_MARKER
 
         if not overwrite:
-            raise click.UsageError(f"{out_dir} is not empty; choose a new directory or pass "
-                                   f"--overwrite to replace a previous demo's output")
+            what = ("holds an earlier demo's output (only its hidden marker "
+                    f"{DEMO_MARKER!r} if that demo was interrupted)"
+                    if is_demo_output(out) else "is not empty")
+            raise Refusal(f"{out_dir} {what}; choose a new directory or pass --overwrite "
+                          f"to replace a previous demo's output")
         if not is_demo_output(out):
-            raise click.UsageError(f"{out_dir} was not written by `hscapture demo`; --overwrite "
-                                   f"replaces only a demo's own output, so choose a new directory")
+            raise Refusal(f"{out_dir} was not written by `hscapture demo`; --overwrite "
+                          f"replaces only a demo's own output, so choose a new directory")
         clear_demo_output(out)
     from .demo import run_demo
 

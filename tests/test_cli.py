@@ -350,6 +350,20 @@ def test_demo_refuses_a_non_empty_directory_and_touches_nothing_in_it(tmp_path):
     assert (out / "thesis.tex").read_text() == "precious"
 
 
+def test_demo_names_an_interrupted_demos_output_and_how_to_replace_it(tmp_path):
+    # an interrupted demo leaves only its hidden marker: "is not empty" over an empty-
+    # looking directory puzzled a newcomer (2026-12-05)
+    from hscapture.shard_format import DEMO_MARKER
+
+    out = tmp_path / "demo-int"
+    out.mkdir()
+    (out / DEMO_MARKER).write_text("written by `hscapture demo`")
+    res = _run("demo", "-o", str(out), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("hscapture: error:") and "earlier demo's output" in res.stderr \
+        and "--overwrite" in res.stderr, res.stderr
+
+
 def test_the_demo_command_verifies_a_real_model_and_overwrite_replaces_only_its_own_files(
         tmp_path):
     out = tmp_path / "demo"
