@@ -378,6 +378,13 @@ def inspect(out_dir: str, as_json: bool) -> None:
         raise click.BadParameter(
             f"{out_dir} is a file; inspect takes the shard directory that holds it: "
             f"hscapture inspect {Path(out_dir).parent}", param_hint="OUT_DIR")
+    from .export import MANIFEST_NAME
+    from .shard_format import INDEX_NAME
+
+    if (Path(out_dir) / MANIFEST_NAME).is_file() and not (Path(out_dir) / INDEX_NAME).exists():
+        raise Refusal(f"{out_dir} is an export (it holds {MANIFEST_NAME}), not a shard "
+                      f"directory: inspect reads the shard directory it was exported from "
+                      f"(its manifest's 'source')")
     report = verify_dir(out_dir)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))

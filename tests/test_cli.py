@@ -335,6 +335,20 @@ def test_inspect_fails_on_an_empty_directory_and_on_one_holding_only_an_unrelate
     assert "not an hscapture shard: model.safetensors" in res.stdout
 
 
+def test_inspecting_an_export_says_it_is_one_and_where_its_shards_are(tmp_path):
+    # it printed "0 samples", PROBLEM, FAILED and the error again (newcomer walk, 2026-12-05)
+    from hscapture.export import MANIFEST_NAME
+
+    out = tmp_path / "sf"
+    out.mkdir()
+    (out / MANIFEST_NAME).write_text("{}")
+    res = _run("inspect", str(out), cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", (res.stdout, res.stderr)
+    assert res.stderr.startswith("hscapture: error:") and "is an export" in res.stderr, \
+        res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
 # --- demo ----------------------------------------------------------------------------------
 
 
