@@ -93,6 +93,8 @@ class Announcer:
         self._leftover_at = 0.0
         self._leftover_state: tuple[int, int, int] = (0, 0, -1)
         self._leftover_written = False
+        #: the backlog's state at the last heartbeat (same form)
+        self._backlog_state: tuple[int, int, int] = (0, 0, -1)
 
     # -- the capturing thread --------------------------------------------------------------
 
@@ -135,7 +137,8 @@ class Announcer:
             if now - last_hb >= s.heartbeat_interval_s:
                 self._safe(self._heartbeat)
                 last_hb = now
-                if now - self._leftover_at >= LEFTOVER_INTERVAL_S:
+                if self._backlog_state != self._leftover_state and \
+                        now - self._leftover_at >= LEFTOVER_INTERVAL_S:
                     self._safe(self._keep_leftover, False)
             head = self._pubq.next_for_publisher(
                 s.commit_grace_s if s.inline_publish else 0.0, s.heartbeat_interval_s)
@@ -214,6 +217,10 @@ class Announcer:
             # read together: every number below recorded_through is in the ring below head
             recorded = min(control.recorded_through(entries.next_seq), self.announced)
             entries.flush_backlog_locked()
+            # (for the leftover file: read here, under the lock this already holds, so that
+            # the loop takes the lock again only when the backlog changed)
+            self._backlog_state = (control.backlog_rows, control.unrecorded,
+                                   control.backlog_first())
             if not control.heard and ring["live_consumers"]:
                 in_flight = self._pubq.in_flight()
                 unheard = control.take_unheard(first_attach(self.ring.name), in_flight)
