@@ -615,9 +615,14 @@ class SampleStream:
         """Log what the final report names as not handed out. The report alone is not
         enough: a loop that ``break``s or raises drops its iterator, and a feed collected
         that way is read by nobody (until 2026-12-05 its undelivered samples were named only
-        there). Collected unread, its failures (dropped, incomplete, ...) are logged too."""
+        there); its failures (dropped, incomplete, ...) are logged too, every rid of them
+        when the feed was collected, the first ten otherwise (the report has them all)."""
         rep = self._report or {}
-        left = rep.get("undelivered") or []
+        # handed out and acknowledged, never used (a transform raised on them): gone for
+        # good, unlike the others (until 2026-12-05 they were said to come back)
+        unused = set(self._unused)
+        spent = [r for r in rep.get("undelivered") or [] if r in unused]
+        left = [r for r in rep.get("undelivered") or [] if r not in unused]
         # collected, the log is the only place that can name them: every rid
         shown = 1 << 62 if why == "garbage_collected" else 10
         if left:
@@ -625,17 +630,23 @@ class SampleStream:
                         "(report()['undelivered']%s): %s", why, len(left),
                         "; not acknowledged: the next stream of this name hands them out"
                         if durable else "", _rids(left, shown))
-        if why != "garbage_collected":
-            return
+        if spent:
+            log.warning("hscapture: %d sample(s) were handed out but never used (the "
+                        "transform raised on them; acknowledged: not handed out again): %s",
+                        len(spent), _rids(spent, shown))
+        # The failures too, at every stop: a durable feed's are acknowledged now (its
+        # report is where they are kept), and a loop left by an exception or Ctrl-C may
+        # never read that report (until 2026-12-05 they were then named nowhere)
         failed = {k: rep[k] for k in ("dropped", "incomplete", "rejected", "in_flight",
                                        "conflicts") if rep.get(k)}
         for kind, rids in failed.items():
-            log.warning("hscapture: stream collected unread; %d sample(s) %s: %s", len(rids),
-                        kind.replace("_", " "), _rids(list(rids), shown))
+            log.warning("hscapture: stream stopped (%s); %d sample(s) %s (report()[%r]): %s",
+                        why, len(rids), kind.replace("_", " "), kind,
+                        _rids(list(rids), shown))
         ranges = (rep.get("lost") or []) + (rep.get("unresolved") or [])
         if ranges:
-            log.warning("hscapture: stream collected unread; %d range(s) of samples lost "
-                        "whose rids are unknown: %s", len(ranges), ranges[:5])
+            log.warning("hscapture: stream stopped (%s); %d range(s) of samples lost whose "
+                        "rids are unknown: %s", why, len(ranges), ranges[:5])
 
     def __enter__(self) -> "SampleStream":
         return self

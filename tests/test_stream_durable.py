@@ -16,6 +16,8 @@ import random
 import subprocess
 import sys
 import uuid
+
+import pytest
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -183,3 +185,67 @@ def test_a_durable_stream_stopped_cleanly_leaves_no_failure_to_report_again(endp
         assert [s.rid for s in second] == ["later"]
         assert second.report()["incomplete"] == {}, second.report()
         hscapture.Subscriber(endpoint, name="sdf-trainer").unsubscribe()
+
+
+def _said_by_hscapture():
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())   # type: ignore
+    logging.getLogger("hscapture").addHandler(handler)
+    return said, lambda: logging.getLogger("hscapture").removeHandler(handler)
+
+
+def test_a_durable_loop_left_by_an_exception_names_its_failures_before_acknowledging_them(
+        endpoint):
+    # `with hscapture.stream(..., name=...)` left by an exception: close() acknowledges the
+    # failures the feed read (its report keeps them), and nobody reads that report: until
+    # 2026-12-05 an aborted sample was then named nowhere (fault hunt 3, 6/6). The stop now
+    # logs them. And a sample a transform raised on is acknowledged: its warning no longer
+    # says the next stream hands it out.
+    import hscapture
+    from fault_support import LAYERS, source
+
+    name = f"trainer-{uuid.uuid4().hex[:6]}"
+    with hscapture.Producer(endpoint, producer_id="sdx", capacity=1 << 20) as p:
+        first = hscapture.Subscriber(endpoint, name=name)
+        first.wait_ready(timeout=20)
+        first.close()                         # (the durable place exists, heard)
+        tensors, ids = source("cut", 8)
+        assert p.capture("cut", [x[:4] for x in tensors], layers=LAYERS, token_ids=ids[:4],
+                         token_start=0, is_last_chunk=False)
+        p.abort("cut", "client cancelled")
+        for i in range(4):
+            tensors, ids = source(f"ok{i}", 3)
+            assert p.capture(f"ok{i}", tensors, layers=LAYERS, token_ids=ids)
+        p.flush()
+        said, done = _said_by_hscapture()
+        try:
+            try:
+                with hscapture.stream(endpoint, name=name, idle_timeout_s=5) as feed:
+                    for sample in feed:      # ok0 comes after cut's abort entry
+                        raise RuntimeError("training step failed")
+            except RuntimeError:
+                pass
+        finally:
+            done()
+        assert any("incomplete" in m and "cut" in m for m in said), said
+
+        def boom(item):
+            if item["rid"] == "ok2":
+                raise ValueError("bad sample")
+            return item
+
+        said, done = _said_by_hscapture()
+        try:
+            ds = hscapture.StreamDataset(endpoint, name=name, idle_timeout_s=2, transform=boom)
+            with pytest.raises(ValueError):
+                for _ in ds:
+                    pass
+        finally:
+            done()
+        spent = [m for m in said if "never used" in m]
+        assert spent and "ok2" in spent[0] and "not handed out again" in spent[0], said
+        assert not any("next stream of this name hands them out" in m and "ok2" in m
+                       for m in said), said
