@@ -40,6 +40,9 @@ __all__ = ["registry_path", "endpoint_registry_path", "entries", "remember",
 _FILE_PREFIX = "hscapture.subs-"
 #: how long a name whose subscriber is gone keeps places in new incarnations (seconds)
 KEEP_S = 7 * 24 * 3600.0
+#: consumer slots a new incarnation leaves free for subscribers that attach (reserve_places
+#: keeps places for at most max_consumers minus this many names)
+FREE_SLOTS = 2
 
 
 def _dir() -> Path:
@@ -198,8 +201,25 @@ def reserve_places(segment: str, endpoint: str | None = None) -> list[str]:
         log.warning("hscapture: durable subscription %r did not attach for over %.1f days and "
                     "its subscriber is gone: %s keeps no place for it "
                     "(HSCAPTURE_DURABLE_KEEP_S)", n, keep / 86400, segment)
+    # Never all the ring's consumer slots: places kept for names whose subscribers are away
+    # left none for a new subscriber (a user whose drains went into many directories: each
+    # a durable name; CI's test producer met 8 of them, 2026-12-05, and no drain could
+    # attach). The newest names (by last attach) keep theirs; the others are told.
+    try:
+        slots = int(_ring.segment_info(segment)["max_consumers"])
+    except Exception:
+        slots = 8
+    room = max(0, slots - FREE_SLOTS)
+    order = sorted(recorded, key=lambda n: (_alive(recorded[n][0]), recorded[n][1]),
+                   reverse=True)
+    if len(order) > room:
+        log.warning("hscapture: %s has %d consumer slots and keeps %d free for new "
+                    "subscribers: no place here for the durable subscription(s) %s (the least "
+                    "recently attached; a place is taken when one attaches again; "
+                    "`hscapture drain --unsubscribe` ends one for good)", segment, slots,
+                    FREE_SLOTS, ", ".join(order[room:]))
     done = []
-    for name in recorded:
+    for name in order[:room]:
         try:
             c = _ring.Consumer(segment, 0, name)
             c.close()                      # keeps the durable place, as a subscriber's close

@@ -66,3 +66,28 @@ def test_a_name_whose_subscriber_is_gone_and_stale_is_forgotten_a_live_ones_kept
         held = [c["name"] for c in _ring.segment_info(p.segment)["consumers"]
                 if c["durable"] and c["state"] != "free"]
     assert held == ["live"] and list(subs.entries(seg)) == ["live"]
+
+
+def test_places_for_away_subscribers_never_take_the_slots_a_new_subscriber_needs(endpoint):
+    # a user whose drains went into many directories has as many durable names for one
+    # producer id; a new incarnation that kept a place for each took every consumer slot,
+    # and no subscriber could attach (CI, 2026-12-05: 8 names, 8 slots). The newest keep
+    # theirs; two slots stay free; a subscriber attaches.
+    import hscapture
+
+    seg = segment_name("crowded")
+    gone = 2 ** 22 + 12345            # no such pid
+    now = time.time()
+    subs.registry_path(seg).write_text(
+        "".join(f"drain-{i}\t{gone}\t{now - 100 + i:.0f}\n" for i in range(10)))
+    with Producer(endpoint, producer_id="crowded", capacity=1 << 20) as p:
+        held = sorted(c["name"] for c in _ring.segment_info(p.segment)["consumers"]
+                      if c["durable"] and c["state"] != "free")
+        assert held == sorted(f"drain-{i}" for i in range(4, 10)), held   # the 6 newest
+        with hscapture.Subscriber(endpoint) as sub:
+            sub.wait_ready(timeout=20)
+            import torch
+            assert p.capture("x", [torch.zeros(2, 8, dtype=torch.bfloat16)], layers=[0],
+                             token_ids=torch.arange(2))
+            p.flush()
+            assert sub.get("x", timeout=20).rid == "x"
