@@ -31,7 +31,7 @@ import zmq
 from .endpoint import claim_endpoint, release_endpoint
 from .errors import EndpointError
 from .pinning import register_host_memory
-from ._subscriptions import reserve_places
+from ._subscriptions import record_segment, reserve_places
 from .ring import leftover_unread, remove_leftover, segment_name
 
 log = logging.getLogger("hscapture")
@@ -68,9 +68,10 @@ class ProducerResources:
                                        int(control_reserve))
             if durable_expiry_s:
                 self.ring.durable_expiry_ns = int(durable_expiry_s * 1e9)
-            # the durable subscriptions of earlier incarnations of this id get their places
-            # before the first capture: what this one commits is kept for them even if they
-            # attach late, or never while it lives (its segment then stays for them)
+            # the durable subscriptions of this endpoint get their places before the first
+            # capture: what this one commits is kept for them even if they attach late, or
+            # never while it lives (its segment then stays for them, and only they adopt it)
+            record_segment(endpoint, name)
             reserve_places(name, endpoint)
             if pin:
                 self.pinned = register_host_memory(self.ring.map_address, self.ring.map_size)

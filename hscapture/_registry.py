@@ -17,7 +17,7 @@ from ._delivery import Delivery
 from ._leftover import read as read_leftover
 from ._ledger import Ledger, LostRange
 from ._source import Source
-from ._subscriptions import remember
+from ._subscriptions import remember, segments_of
 from .errors import NoticeError, RingError, SubscriptionInUseError, SubscriptionNotFoundError
 
 log = logging.getLogger("hscapture")
@@ -56,10 +56,13 @@ class SourceRegistry:
     """
 
     def __init__(self, ledger: Ledger, delivery: Delivery, *, name: str,
-                 notice_grace_s: float, producer_timeout_s: float) -> None:
+                 endpoints: list[str], notice_grace_s: float,
+                 producer_timeout_s: float) -> None:
         self.ledger = ledger
         self.delivery = delivery
         self.name = name
+        #: the endpoints read: a durable name is theirs, and adopts only rings made for them
+        self.endpoints = list(endpoints)
         self.notice_grace_s = notice_grace_s
         self.producer_timeout_s = producer_timeout_s
         self.sources: dict[int, Source] = {}          # by epoch, attached or draining
@@ -193,9 +196,11 @@ class SourceRegistry:
             return None
         self._segments_seen.add(segment)
         if self.name:
-            # the next incarnations of this producer id keep a place for us from their first
-            # capture (_subscriptions), not only from when we attach to them
-            remember(self.name, segment=segment)
+            # the next incarnations at our endpoints keep a place for us from their first
+            # capture (_subscriptions), not only from when we attach to them; an attach
+            # renews the name's time (a name away for HSCAPTURE_DURABLE_KEEP_S is forgotten)
+            for endpoint in self.endpoints:
+                remember(self.name, endpoint=endpoint)
         src = Source(consumer.epoch, producer, segment, consumer, self.ledger,
                      notice_grace_s=self.notice_grace_s, order=next(self._attach_order),
                      resumed=bool(getattr(consumer, "resumed", False)))
@@ -316,11 +321,13 @@ class SourceRegistry:
         return any(src.unread and src.consumer is not None for src in self.sources.values())
 
     def adopt_durable(self, ended_only: bool = True) -> None:
-        """Attach to every ring holding a place of this name that we never attached to, whose
-        producer has ended (``ended_only``): an incarnation that reserved our place at its
-        start (_subscriptions) and stopped without our hearing a notice of it (a start and
-        stop within a heartbeat). A live one is left to its notices, which attach it with
-        the producer-id checks (a second live producer of an id is a conflict, never read)."""
+        """Attach to every ring made for one of our endpoints and holding a place of this
+        name that we never attached to, whose producer has ended (``ended_only``): an
+        incarnation that reserved our place at its start (_subscriptions) and stopped without
+        our hearing a notice of it (a start and stop within a heartbeat). A live one is left
+        to its notices, which attach it with the producer-id checks (a second live producer
+        of an id is a conflict, never read). A ring of another endpoint is never adopted:
+        its place of this name belongs to another subscription of the same name."""
         from .ring import durable_segments, is_stale, segment_info
 
         def created(segment: str) -> int:
@@ -332,7 +339,9 @@ class SourceRegistry:
         # oldest first: of two live incarnations with one producer id, the one attached first
         # keeps its place (_claim_current); a newer one reserves our place in its ring at its
         # start, so attach order must follow the rings' ages, not their names
-        for segment in sorted(durable_segments(self.name), key=created):
+        ours = segments_of(self.endpoints)
+        for segment in sorted((s for s in durable_segments(self.name) if s in ours),
+                              key=created):
             if segment in self._segments_seen:
                 continue
             if ended_only:

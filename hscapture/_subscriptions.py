@@ -1,24 +1,35 @@
-"""Durable subscriptions that outlive a producer incarnation: the names registered for one
-producer id, in a small file beside its segments.
+"""Durable subscriptions that outlive a producer incarnation, scoped to endpoints: the names
+registered at an endpoint, and the rings made for it, in two small files per endpoint.
 
 A durable subscriber (``Subscriber(name=...)``) takes a place in the ring of every
 incarnation it attaches to. A new incarnation (a restarted server) had no place for it until
 the subscriber attached again, and what it committed before that (all of it, if it ended
 first) was neither delivered nor reported (until 2026-12-05). So each name is also recorded
-here, per producer id, and a new incarnation registers a place for every recorded name in its
-fresh ring before its first capture (:func:`reserve_places`): the ring keeps its records for
-that subscriber from the start, exactly as for one that attached and then went away (bounded
-by the ring: a full ring drops, and the drops are named by rid when it returns).
+here, per endpoint, and a new incarnation that binds the endpoint registers a place for every
+recorded name in its fresh ring before its first capture (:func:`reserve_places`): the ring
+keeps its records for that subscriber from the start, exactly as for one that attached and
+then went away (bounded by the ring: a full ring drops, and the drops are named by rid when
+it returns).
 
-A name stays recorded until ``Subscriber.unsubscribe()`` (:func:`forget_everywhere`); a new
-incarnation skips (and forgets, with a warning) a name whose subscriber process is gone and
-which no subscriber attached for longer than ``HSCAPTURE_DURABLE_KEEP_S`` (default 7 days), so
-that a forgotten drain does not pin every future ring. A live subscriber is always kept.
+An endpoint is what a durable name belongs to: the same name at two endpoints is two
+subscriptions (two servers' trainers both called ``trainer-1``). Each producer therefore also
+records the segment it made for its endpoint (:func:`record_segment`), and a subscriber adopts
+the ring of an ended producer only if one of its own endpoints made it
+(:func:`segments_of`). Until 2026-12-05 names were kept per producer id and rings adopted by
+name alone: two servers with the default producer id kept places for each other's trainers,
+and the first trainer to return took both rings' samples (the other's lost without a word).
 
-The file: ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``) ``/hscapture.subs-<uid>-<producer id>``
-(mode 0600; the key is the segment name without its random suffix), one line per name:
-``name<TAB>pid<TAB>unix time of the last attach``, rewritten whole under an ``flock`` of
-``<file>.lock``.
+A name stays recorded until ``Subscriber.unsubscribe()`` (:func:`forget`, at that
+subscriber's endpoints); a new incarnation skips (and forgets, with a warning) a name whose
+subscriber process is gone and which no subscriber attached for longer than
+``HSCAPTURE_DURABLE_KEEP_S`` (default 7 days), so that a forgotten drain does not pin every
+future ring. A live subscriber is always kept.
+
+The files, in ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``), mode 0600, each rewritten whole
+under an ``flock`` of ``<file>.lock``, keyed by the endpoint (:func:`endpoint_key`):
+``hscapture.subs-<uid>-ep-<key>``, one line per name: ``name<TAB>pid<TAB>unix time of the
+last attach``; ``hscapture.rings-<uid>-ep-<key>``, one segment name per line (a segment that
+no longer exists is dropped at the next write).
 """
 
 from __future__ import annotations
@@ -29,15 +40,17 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
 from .ring import DEFAULT_PREFIX, SHM_DIR
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["registry_path", "endpoint_registry_path", "entries", "remember",
-           "forget_everywhere", "reserve_places", "KEEP_S"]
+__all__ = ["endpoint_key", "endpoint_registry_path", "segments_path", "entries", "remember",
+           "forget", "record_segment", "segments_of", "reserve_places", "KEEP_S"]
 
 _FILE_PREFIX = "hscapture.subs-"
+_RINGS_PREFIX = "hscapture.rings-"
 #: how long a name whose subscriber is gone keeps places in new incarnations (seconds)
 KEEP_S = 7 * 24 * 3600.0
 #: consumer slots a new incarnation leaves free for subscribers that attach (reserve_places
@@ -56,27 +69,28 @@ def _keep_s() -> float:
         return KEEP_S
 
 
-def registry_path(segment: str) -> Path:
-    """The file of the producer id whose segment is ``segment`` (``hscapture-<uid>-<id>-<hex>``)."""
-    base = segment.rsplit("-", 1)[0]
-    if not base.startswith(DEFAULT_PREFIX):
-        raise ValueError(f"not an hscapture segment name: {segment!r}")
-    return _dir() / (_FILE_PREFIX + base[len(DEFAULT_PREFIX):])
-
-
-def endpoint_registry_path(endpoint: str) -> Path:
-    """The file of an endpoint: what a durable subscriber records before it ever attached
-    (it knows the endpoint, not yet the producer id), read by every producer that binds it.
-    ``ipc://PATH`` by its absolute path; ``tcp://HOST:PORT`` by its port (the producer binds
-    ``0.0.0.0`` or ``*`` where the subscriber connects to an address)."""
+def endpoint_key(endpoint: str) -> str:
+    """What names an endpoint in the files: ``ipc://PATH`` by its absolute path;
+    ``tcp://HOST:PORT`` by its port (the producer binds ``0.0.0.0`` or ``*`` where the
+    subscriber connects to an address); the first 16 hex digits of its SHA-1."""
     if endpoint.startswith("ipc://"):
         key = "ipc://" + os.path.abspath(endpoint[len("ipc://"):])
     elif endpoint.startswith("tcp://"):
         key = "tcp:" + endpoint.rsplit(":", 1)[-1]
     else:
         key = endpoint
-    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
-    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{digest}"
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def endpoint_registry_path(endpoint: str) -> Path:
+    """The durable names recorded at an endpoint (by subscribers, before or after they
+    attached), read by every producer that binds it."""
+    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
+
+
+def segments_path(endpoint: str) -> Path:
+    """The segments producers made for an endpoint (what its durable subscribers may adopt)."""
+    return _dir() / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
 
 
 def _parse(text: str) -> dict[str, tuple[int, float]]:
@@ -91,23 +105,28 @@ def _parse(text: str) -> dict[str, tuple[int, float]]:
     return out
 
 
-def entries(segment: str) -> dict[str, tuple[int, float]]:
-    """The names recorded for ``segment``'s producer id: name -> (pid, last attach time)."""
+def entries(endpoint: str) -> dict[str, tuple[int, float]]:
+    """The names recorded at ``endpoint``: name -> (pid, last attach time)."""
     try:
-        return _parse(registry_path(segment).read_text())
-    except (FileNotFoundError, ValueError):
+        return _parse(endpoint_registry_path(endpoint).read_text())
+    except FileNotFoundError:
         return {}
 
 
-def _update(path: Path, change) -> None:   # change(dict) edits the entries in place
+def _rewrite(path: Path, parse: Callable[[str], Any], render: Callable[[Any], str],
+             change: Callable[[Any], None]) -> None:
+    """Read ``path`` (missing: empty), let ``change`` edit what ``parse`` made of it in
+    place, and write it back whole (``render``; removed when empty) under an exclusive
+    ``flock`` of ``<path>.lock``: concurrent writers never lose each other's lines."""
     lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            have = _parse(path.read_text())
+            text = path.read_text()
         except FileNotFoundError:
-            have = {}
-        want = dict(have)
+            text = ""
+        have = parse(text)
+        want = parse(text)
         change(want)
         if want == have:
             return
@@ -117,40 +136,69 @@ def _update(path: Path, change) -> None:   # change(dict) edits the entries in p
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write("".join(f"{n}\t{p}\t{t:.0f}\n" for n, (p, t) in want.items()))
+            f.write(render(want))
         os.replace(tmp, path)
     finally:
         os.close(lock)
 
 
-def remember(name: str, *, segment: str | None = None, endpoint: str | None = None) -> None:
-    """Record ``name`` for the producer id of ``segment`` (a durable subscriber attached to
-    it now), or for ``endpoint`` (one about to wait for producers there)."""
+def _update(path: Path, change: Callable[[dict[str, tuple[int, float]]], Any]) -> None:
+    _rewrite(path, _parse, lambda d: "".join(f"{n}\t{p}\t{t:.0f}\n" for n, (p, t) in d.items()),
+             change)
+
+
+def remember(name: str, *, endpoint: str) -> None:
+    """Record ``name`` at ``endpoint`` (a durable subscriber of it starts, or attached to a
+    ring made for it now): producers that bind it keep a place for the name."""
     def add(d: dict[str, tuple[int, float]]) -> None:
         d[name] = (os.getpid(), time.time())
     try:
-        path = registry_path(segment) if segment is not None else \
-            endpoint_registry_path(str(endpoint))
-        _update(path, add)
-    except (OSError, ValueError) as exc:   # best effort: the place in this ring exists anyway
+        _update(endpoint_registry_path(endpoint), add)
+    except OSError as exc:   # best effort: the places in the rings it attached exist anyway
         log.warning("hscapture subscriber: cannot record durable subscription %r for the "
-                    "next incarnations of %s: %s", name, segment or endpoint, exc)
+                    "next incarnations at %s: %s", name, endpoint, exc)
 
 
-def forget_everywhere(name: str) -> None:
-    """Remove ``name`` from every producer id's file of this user (``unsubscribe``)."""
-    prefix = f"{_FILE_PREFIX}{os.geteuid()}-"
+def forget(name: str, endpoints: Iterable[str]) -> None:
+    """Remove ``name`` from the files of ``endpoints`` (``unsubscribe``): the same name at
+    another endpoint is another subscription, and stays."""
+    for endpoint in endpoints:
+        try:
+            _update(endpoint_registry_path(endpoint), lambda d: d.pop(name, None))
+        except OSError as exc:
+            log.warning("hscapture subscriber: cannot remove %r from the durable "
+                        "subscriptions at %s: %s", name, endpoint, exc)
+
+
+def _segment_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(DEFAULT_PREFIX)]
+
+
+def record_segment(endpoint: str, segment: str) -> None:
+    """A producer made ``segment`` for ``endpoint`` (before its first capture): the durable
+    subscribers of this endpoint, and only they, may adopt it once its producer ended.
+    Segments that no longer exist are dropped from the file. Never raises (logged: a ring not
+    recorded is still read by the notices of its live producer)."""
+    def add(segments: list[str]) -> None:
+        segments[:] = [s for s in segments if s != segment and os.path.exists(os.path.join(SHM_DIR, s))]
+        segments.append(segment)
     try:
-        names = os.listdir(_dir())
-    except OSError:
-        return
-    for entry in names:
-        if entry.startswith(prefix) and not entry.endswith(".lock") and ".tmp" not in entry:
-            try:
-                _update(_dir() / entry, lambda d: d.pop(name, None))
-            except OSError as exc:
-                log.warning("hscapture subscriber: cannot remove %r from %s: %s", name, entry,
-                            exc)
+        _rewrite(segments_path(endpoint), _segment_lines,
+                 lambda segments: "".join(f"{s}\n" for s in segments), add)
+    except OSError as exc:
+        log.warning("hscapture: cannot record segment %s as made for %s (its durable "
+                    "subscribers will not adopt it once it ended): %s", segment, endpoint, exc)
+
+
+def segments_of(endpoints: Iterable[str]) -> set[str]:
+    """The segments producers made for any of ``endpoints`` (:func:`record_segment`)."""
+    out: set[str] = set()
+    for endpoint in endpoints:
+        try:
+            out.update(_segment_lines(segments_path(endpoint).read_text()))
+        except FileNotFoundError:
+            continue
+    return out
 
 
 def _alive(pid: int) -> bool:
@@ -163,39 +211,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def reserve_places(segment: str, endpoint: str | None = None) -> list[str]:
+def reserve_places(segment: str, endpoint: str) -> list[str]:
     """A new incarnation, before its first capture: register a durable place in its own ring
-    ``segment`` for every name recorded for its producer id (the place of a subscriber that
+    ``segment`` for every name recorded at its ``endpoint`` (the place of a subscriber that
     attached and went away: it bounds the producer until that subscriber resumes it). Names
     whose subscriber is gone and did not attach for ``HSCAPTURE_DURABLE_KEEP_S`` are forgotten
     instead. Returns the names reserved; never raises (logged)."""
     from . import _ring
 
-    try:
-        paths = [registry_path(segment)]
-        if endpoint is not None:
-            paths.append(endpoint_registry_path(endpoint))
-    except ValueError:
-        return []
+    path = endpoint_registry_path(endpoint)
     now, keep = time.time(), _keep_s()
-    recorded: dict[str, tuple[int, float]] = {}
-    stale: list[str] = []
     try:
-        for path in paths:
-            try:
-                got = _parse(path.read_text())
-            except FileNotFoundError:
-                continue
-            old = [n for n, (pid, t) in got.items() if now - t > keep and not _alive(pid)]
-            if old:
-                _update(path, lambda d: [d.pop(n, None) for n in old])
-            stale += [n for n in old if n not in recorded]
-            for n, v in got.items():
-                if n not in old and (n not in recorded or v[1] > recorded[n][1]):
-                    recorded[n] = v
-        stale = [n for n in dict.fromkeys(stale) if n not in recorded]
+        try:
+            recorded = _parse(path.read_text())
+        except FileNotFoundError:
+            recorded = {}
+        stale = [n for n, (pid, t) in recorded.items() if now - t > keep and not _alive(pid)]
+        if stale:
+            _update(path, lambda d: [d.pop(n, None) for n in stale])
+            for n in stale:
+                del recorded[n]
     except OSError as exc:
-        log.warning("hscapture: cannot read the durable subscriptions of %s: %s", segment, exc)
+        log.warning("hscapture: cannot read the durable subscriptions of %s: %s", endpoint, exc)
         return []
     for n in stale:
         log.warning("hscapture: durable subscription %r did not attach for over %.1f days and "

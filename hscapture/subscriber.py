@@ -24,7 +24,7 @@ from ._delivery import Delivery
 from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
-from ._subscriptions import forget_everywhere, remember
+from ._subscriptions import forget, remember
 from ._wire import NoticeSocket
 from .errors import HSCaptureError, SampleTimeoutError, SubscriptionInUseError
 from .sample import Sample
@@ -115,6 +115,7 @@ class Subscriber:
                                   partial_hold_s=partial_hold_s,
                                   incomplete_timeout_s=incomplete_timeout_s)
         self._registry = SourceRegistry(ledger, self._delivery, name=name,
+                                        endpoints=self.endpoints,
                                         notice_grace_s=notice_grace_s,
                                         producer_timeout_s=producer_timeout_s)
         #: what was not delivered, by rid (the ledger's own dicts: they stay current)
@@ -336,9 +337,10 @@ class Subscriber:
             pass
 
     def unsubscribe(self) -> list[str]:
-        """End a durable subscription: give its place in every ring back, then close
-        (:class:`SubscriptionInUseError`, and nothing given back, while another subscriber
-        of the name holds a place). Returns the rids given up with it: samples committed to
+        """End a durable subscription: give its place in every ring of its endpoints back,
+        then close (:class:`SubscriptionInUseError`, and nothing given back, while another
+        subscriber of the name holds a place; the same name at other endpoints is another
+        subscription, left as it is). Returns the rids given up with it: samples committed to
         the subscription and never handed out (ready, half assembled, or unread in a ring,
         read without copying their data), so that they are named, not gone in silence."""
         if self._registry.in_use is not None:
@@ -351,8 +353,8 @@ class Subscriber:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
             given_up += self._skim(giving_up=bool(self.name))
         self._shutdown(unsubscribe=True)
-        if self.name:       # no new incarnation keeps a place for it any more
-            forget_everywhere(self.name)
+        if self.name:       # no new incarnation at our endpoints keeps a place for it
+            forget(self.name, self.endpoints)
         return list(dict.fromkeys(given_up))
 
     def __enter__(self) -> "Subscriber":

@@ -356,13 +356,13 @@ def test_unsubscribing_ends_the_places_new_incarnations_keep_for_a_durable_name(
         sub = Subscriber(endpoint, name="keep-me")
         sub.wait_ready(timeout=20)
         sub.close()                                   # keeps its place, and the name
-        assert "keep-me" in _subscriptions.entries(p.segment)
+        assert "keep-me" in _subscriptions.entries(endpoint)
     with Producer(endpoint, producer_id="g1u", capacity=1 << 20) as p:
         info = _ring.segment_info(p.segment)          # a place from before its first capture
         assert [c["name"] for c in info["consumers"] if c["durable"]] == ["keep-me"]
         sub = Subscriber(endpoint, name="keep-me")
         assert sub.unsubscribe() == []
-        assert "keep-me" not in _subscriptions.entries(p.segment)
+        assert "keep-me" not in _subscriptions.entries(endpoint)
     with Producer(endpoint, producer_id="g1u", capacity=1 << 20) as p:
         info = _ring.segment_info(p.segment)
         assert not [c for c in info["consumers"] if c["durable"] and c["state"] != "free"]

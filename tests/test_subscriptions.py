@@ -1,5 +1,6 @@
-"""The durable names recorded per producer id and per endpoint (hscapture._subscriptions):
-what a new producer incarnation reserves places for."""
+"""The durable names recorded per endpoint, and the rings made for each endpoint
+(hscapture._subscriptions): what a new producer incarnation reserves places for, and which
+rings a durable subscriber adopts."""
 
 from __future__ import annotations
 
@@ -7,19 +8,8 @@ import multiprocessing as mp
 import os
 import time
 
-import pytest
-
 from hscapture import Producer, _ring
 from hscapture import _subscriptions as subs
-from hscapture.ring import segment_name
-
-
-def test_a_segments_file_is_keyed_by_its_producer_id_not_its_incarnation():
-    a, b = segment_name("sglang-dp0"), segment_name("sglang-dp0")
-    assert a != b and subs.registry_path(a) == subs.registry_path(b)
-    assert subs.registry_path(a) != subs.registry_path(segment_name("sglang-dp1"))
-    with pytest.raises(ValueError):
-        subs.registry_path("not-a-segment")
 
 
 def test_an_endpoints_file_matches_a_tcp_bind_address_with_the_address_connected_to():
@@ -33,23 +23,24 @@ def test_an_endpoints_file_matches_a_tcp_bind_address_with_the_address_connected
 
 def _add(args: tuple[str, str, str]) -> None:
     os.environ["HSCAPTURE_SUBS_DIR"] = args[0]
-    subs.remember(args[2], segment=args[1])
+    subs.remember(args[2], endpoint=args[1])
 
 
 def test_names_recorded_by_concurrent_processes_are_all_kept_and_forgotten_one_by_one():
-    seg = segment_name("concurrent")
+    ep, other = "ipc:///tmp/hsc-concurrent.sock", "ipc:///tmp/hsc-other.sock"
     names = [f"drain-{i}" for i in range(12)]
     with mp.get_context("spawn").Pool(4) as pool:
-        pool.map(_add, [(os.environ["HSCAPTURE_SUBS_DIR"], seg, n) for n in names])
-    assert sorted(subs.entries(seg)) == sorted(names)
-    subs.forget_everywhere("drain-3")
-    assert sorted(subs.entries(seg)) == sorted(n for n in names if n != "drain-3")
+        pool.map(_add, [(os.environ["HSCAPTURE_SUBS_DIR"], ep, n) for n in names])
+    subs.remember("drain-3", endpoint=other)
+    assert sorted(subs.entries(ep)) == sorted(names)
+    subs.forget("drain-3", [ep])
+    assert sorted(subs.entries(ep)) == sorted(n for n in names if n != "drain-3")
+    assert list(subs.entries(other)) == ["drain-3"]      # another endpoint's subscription
 
 
 def test_a_name_whose_subscriber_is_gone_and_stale_is_forgotten_a_live_ones_kept(
         monkeypatch, endpoint):
-    seg = segment_name("stale")
-    path = subs.registry_path(seg)
+    path = subs.endpoint_registry_path(endpoint)
     gone = 2 ** 22 + 12345            # no such pid
     old = time.time() - 10 * 24 * 3600
     path.write_text(f"away\t{gone}\t{old:.0f}\nlive\t{os.getpid()}\t{old:.0f}\n"
@@ -58,14 +49,14 @@ def test_a_name_whose_subscriber_is_gone_and_stale_is_forgotten_a_live_ones_kept
         held = sorted(c["name"] for c in _ring.segment_info(p.segment)["consumers"]
                       if c["durable"] and c["state"] != "free")
     assert held == ["live", "recent"]
-    assert sorted(subs.entries(seg)) == ["live", "recent"]
+    assert sorted(subs.entries(endpoint)) == ["live", "recent"]
     # a shorter keep: a name last seen 5 s ago, its subscriber gone, is forgotten too
     path.write_text(f"recent\t{gone}\t{time.time() - 5:.0f}\nlive\t{os.getpid()}\t{old:.0f}\n")
     monkeypatch.setenv("HSCAPTURE_DURABLE_KEEP_S", "1")
     with Producer(endpoint, producer_id="stale", capacity=1 << 20) as p:
         held = [c["name"] for c in _ring.segment_info(p.segment)["consumers"]
                 if c["durable"] and c["state"] != "free"]
-    assert held == ["live"] and list(subs.entries(seg)) == ["live"]
+    assert held == ["live"] and list(subs.entries(endpoint)) == ["live"]
 
 
 def test_places_for_away_subscribers_never_take_the_slots_a_new_subscriber_needs(endpoint):
@@ -75,10 +66,9 @@ def test_places_for_away_subscribers_never_take_the_slots_a_new_subscriber_needs
     # theirs; two slots stay free; a subscriber attaches.
     import hscapture
 
-    seg = segment_name("crowded")
     gone = 2 ** 22 + 12345            # no such pid
     now = time.time()
-    subs.registry_path(seg).write_text(
+    subs.endpoint_registry_path(endpoint).write_text(
         "".join(f"drain-{i}\t{gone}\t{now - 100 + i:.0f}\n" for i in range(10)))
     with Producer(endpoint, producer_id="crowded", capacity=1 << 20) as p:
         held = sorted(c["name"] for c in _ring.segment_info(p.segment)["consumers"]
@@ -91,3 +81,65 @@ def test_places_for_away_subscribers_never_take_the_slots_a_new_subscriber_needs
                              token_ids=torch.arange(2))
             p.flush()
             assert sub.get("x", timeout=20).rid == "x"
+
+
+def _samples(endpoint: str, rids: list[str]) -> None:
+    """A producer incarnation (id ``sglang-dp0``, as every SGLang server's first rank) that
+    commits ``rids`` and stops, with no subscriber attached."""
+    import torch
+
+    with Producer(endpoint, producer_id="sglang-dp0", capacity=1 << 20) as p:
+        for rid in rids:
+            assert p.capture(rid, [torch.full((3, 8), len(rid), dtype=torch.bfloat16)],
+                             layers=[0], token_ids=torch.arange(3))
+        p.flush()
+
+
+def _read_all(endpoint: str, name: str) -> list[str]:
+    import hscapture
+
+    got = []
+    with hscapture.Subscriber(endpoint, name=name) as sub:
+        while (s := sub.poll(timeout=1.0)) is not None:
+            got.append(s.rid)
+            s.release()
+    return sorted(got)
+
+
+def test_a_durable_name_reads_only_the_rings_of_its_own_endpoints(tmp_path):
+    # Two servers (same producer id, as every SGLang server's first rank) each with a trainer
+    # of the same durable name: each trainer resumes only its own server's kept ring. Until
+    # 2026-12-05 the first to return took both rings' samples, and the other found nothing,
+    # without a word (and each server reserved places for the other's trainer).
+    a, b = f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"
+    for ep in (a, b):                    # both trainers registered, then away
+        import hscapture
+        hscapture.Subscriber(ep, name="trainer-1").close()
+    _samples(a, ["a0", "a1"])
+    _samples(b, ["b0", "b1", "b2"])
+    assert _read_all(a, "trainer-1") == ["a0", "a1"]
+    assert _read_all(b, "trainer-1") == ["b0", "b1", "b2"]
+
+
+
+def test_a_server_keeps_no_place_for_a_name_registered_only_at_another_servers_endpoint(
+        tmp_path):
+    import hscapture
+    import torch
+
+    a, b = f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"
+    with Producer(a, producer_id="sglang-dp0", capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as pa:
+        with hscapture.Subscriber(a, name="only-a") as sub:
+            sub.wait_ready(timeout=20)                 # attached: recorded (at a)
+        with Producer(b, producer_id="sglang-dp0", capacity=1 << 20) as pb:
+            places = [c["name"] for c in _ring.segment_info(pb.segment)["consumers"]
+                      if c["durable"] and c["state"] != "free"]
+            assert places == []
+            assert pb.capture("b0", [torch.zeros(2, 8, dtype=torch.bfloat16)], layers=[0],
+                              token_ids=torch.arange(2))
+        assert [c["name"] for c in _ring.segment_info(pa.segment)["consumers"]
+                if c["durable"] and c["state"] != "free"] == ["only-a"]
+    # unsubscribing at b leaves the subscription of the same name at a
+    hscapture.Subscriber(b, name="only-a").unsubscribe()
+    assert "only-a" in subs.entries(a) and "only-a" not in subs.entries(b)
