@@ -22,7 +22,10 @@ Guarantees (both):
   ``name`` they are NOT acknowledged and the next subscriber of that name receives them;
   without one, also the samples committed before the stop and still unread in the ring,
   named without their data being read: :meth:`Subscriber.skim_unread`).
-  With a durable ``name`` this holds across a crash of the trainer's process too. A sample
+  With a durable ``name`` this holds across a crash of the trainer's process too: each
+  failure is logged by rid (a warning) as soon as the feed learns of it (within
+  :data:`NAME_FAILURES_S` while it waits) and only then acknowledged; one not logged yet is
+  read again and reported by the next stream of the name. A sample
   is acknowledged as it is handed out (``device="cpu"``), or once its copy to the GPU has
   completed (``device="cuda"``: a crash before that hands it out again). An acknowledged
   sample is never handed out again. The samples taken out of the subscriber but not handed
@@ -65,6 +68,7 @@ import collections
 import ctypes
 import logging
 import sys
+import time
 import types
 import warnings
 from dataclasses import dataclass
@@ -82,6 +86,10 @@ log = logging.getLogger("hscapture")
 __all__ = ["StreamDataset", "SampleStream", "stream", "sample_to_dict", "resolve_device"]
 
 #: the keys of :meth:`SampleStream.report`
+#: how long (seconds) a durable feed waiting for a sample goes without naming the failures
+#: it learnt meanwhile (their records are held for a resumer until then: partial_hold_s)
+NAME_FAILURES_S = 0.25
+
 REPORT_KEYS = ("delivered", "stopped", "dropped", "incomplete", "rejected", "lost",
                "unresolved", "in_flight", "conflicts", "undelivered")
 
@@ -438,6 +446,8 @@ class SampleStream:
         # device: handed out, their ring slot kept until the copy event completes
         self._releasing: collections.deque[tuple[Sample, Any]] = collections.deque()
         self._report: dict[str, Any] | None = None
+        #: durable: the failures logged (and acknowledged) so far (:meth:`_name_failures`)
+        self._named = 0
         if self.device is not None:
             self._copier = _DeviceCopier(self.device, register=register)
         self._sub = Subscriber(endpoints, name=name, zero_copy=True, **subscriber_kw)
@@ -470,6 +480,7 @@ class SampleStream:
             raise StopIteration
         self._reap()
         self._top_up(sub)
+        self._name_failures(sub)
         if not self._buffer and self._releasing:
             # nothing to hand out: give every slot back before waiting for the producer (it
             # may be waiting for ring space itself); a wait on the copy stream only
@@ -478,7 +489,7 @@ class SampleStream:
             self._top_up(sub)
         if not self._buffer:
             timeout = 1e9 if self.idle_timeout_s is None else self.idle_timeout_s
-            sample = sub.poll(timeout)
+            sample = self._poll(sub, timeout)
             if sample is None:
                 self._stop("idle_timeout")
                 raise StopIteration
@@ -494,6 +505,37 @@ class SampleStream:
                 self._releasing.append((host, event))
         self.delivered += 1
         return out
+
+    def _poll(self, sub: Subscriber, timeout: float) -> Sample | None:
+        """``sub.poll(timeout)`` in slices of at most :data:`NAME_FAILURES_S`, naming the
+        failures learnt meanwhile after each (a quiet server must not keep them unnamed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sample = sub.poll(max(0.0, min(NAME_FAILURES_S, deadline - time.monotonic())))
+            self._name_failures(sub)
+            if sample is not None or time.monotonic() >= deadline:
+                return sample
+
+    def _name_failures(self, sub: Subscriber) -> None:
+        """Durable: log every failure learnt since the last call, by rid, then acknowledge
+        it (the log is its report; :meth:`report` has it too). Its ring records stay for a
+        resumer only until then: until 2026-12-05 a durable feed named its failures only
+        when it stopped, while their records went after ``partial_hold_s``, so a trainer
+        that crashed later left them named nowhere."""
+        if not sub.name:
+            return
+        new = sub.failures(self._named)
+        if not new:
+            return
+        by_kind: dict[str, list[str]] = {}
+        for kind, rid, _reason, _event in new:
+            by_kind.setdefault(kind, []).append(rid)
+        for kind, rids in by_kind.items():
+            log.warning("hscapture: stream %r: %d sample(s) %s (report()[%r]; acknowledged: "
+                        "not named again by the next stream of this name): %s", sub.name,
+                        len(rids), kind, kind, ", ".join(rids))
+        self._named += len(new)
+        sub.acknowledge_failures(self._named)
 
     def _take(self, sub: Subscriber, sample: Sample) -> None:
         if self._copier is None:

@@ -249,3 +249,66 @@ def test_a_durable_loop_left_by_an_exception_names_its_failures_before_acknowled
         assert spent and "ok2" in spent[0] and "not handed out again" in spent[0], said
         assert not any("next stream of this name hands them out" in m and "ok2" in m
                        for m in said), said
+
+
+#: argv: tests dir, endpoint, durable name. Prints each rid handed out, runs until killed.
+RUNNING_TRAINER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import hscapture
+feed = hscapture.stream(sys.argv[2], name=sys.argv[3], idle_timeout_s=None,
+                        partial_hold_s=0.3)
+print("attached", flush=True) if feed.subscriber.wait_ready(timeout=30) else None
+for s in feed:
+    print(s.rid, flush=True)
+"""
+
+
+def test_a_durable_stream_names_each_failure_while_it_runs_so_a_crash_later_loses_no_report(
+        endpoint):
+    # A failure's ring records stay for a resumer for at most partial_hold_s (and a quarter
+    # of the ring); a durable stream used to name its failures only when it stopped, so a
+    # trainer that ran on past that and then crashed left an aborted sample named nowhere:
+    # not in its log (it never stopped), not to the next stream of its name (the records had
+    # gone). It now logs each failure by rid as it learns of it, then acknowledges it.
+    import signal
+
+    import hscapture
+    from fault_support import LAYERS, source, wait_until
+
+    name = f"trainer-{uuid.uuid4().hex[:6]}"
+    with hscapture.Producer(endpoint, producer_id="sdr", capacity=1 << 20,
+                            heartbeat_interval_s=0.05) as p:
+        t = subprocess.Popen([sys.executable, "-c", RUNNING_TRAINER, str(HERE), endpoint, name],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env())
+        try:
+            assert t.stdout.readline().strip() == "attached", t.communicate(timeout=30)
+            tensors, ids = source("cut", 8)
+            assert p.capture("cut", [x[:4] for x in tensors], layers=LAYERS,
+                             token_ids=ids[:4], token_start=0, is_last_chunk=False)
+            p.abort("cut", "client cancelled")
+            tensors, ids = source("ok0", 3)
+            assert p.capture("ok0", tensors, layers=LAYERS, token_ids=ids)
+            p.flush()
+            assert t.stdout.readline().strip() == "ok0"
+
+            def all_released() -> bool:
+                info = hscapture._ring.segment_info(p.segment)
+                return all(c["released"] == info["head"] for c in info["consumers"]
+                           if c["durable"] and c["state"] != "free")
+
+            # the trainer gave every record back (the failure's too) and runs on: a crash now
+            wait_until(all_released, 30, "the trainer to release the failure's records")
+            t.send_signal(signal.SIGKILL)
+            _, err = t.communicate(timeout=30)
+        finally:
+            if t.poll() is None:
+                t.kill()
+        with hscapture.stream(endpoint, name=name, idle_timeout_s=1) as feed:
+            assert [s.rid for s in feed] == []
+            resumed = feed.report()
+        hscapture.Subscriber(endpoint, name=name).unsubscribe()
+    named = [line for line in err.splitlines() if "cut" in line and "incomplete" in line]
+    assert named or "cut" in resumed["incomplete"], (err[-3000:], resumed)
+    assert "cut" not in resumed["incomplete"] or not named     # once, not twice
