@@ -375,8 +375,19 @@ class SourceRegistry:
 
     def close(self, unsubscribe: bool) -> None:
         """Detach from every ring (``unsubscribe``: give durable places up for good)."""
+        from .ring import cleanup_stale
+
         for src in list(self.sources.values()):
+            consumer = src.consumer
+            dead = consumer is not None and not consumer.producer_alive()
             src.detach(unsubscribe=unsubscribe and bool(self.name))
+            if dead:
+                # a segment its producer left for us (a leftover file we did not read yet):
+                # gone unless another subscriber still needs it, not left to the next start
+                try:
+                    cleanup_stale(src.segment)
+                except Exception:
+                    pass
 
     # -- reports ---------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from ._ring import (  # noqa: F401  (re-exports)
     SLOT_ACTIVE,
     SLOT_EXPIRED,
     SLOT_FREE,
+    SLOT_NAME_LEN,
     STATE_ABORTED,
     STATE_COMMITTED,
     STATE_PADDING,
@@ -85,17 +86,24 @@ def remove_leftover(segment: str) -> None:
 
 
 def leftover_unread(name: str, info: dict | None = None) -> list[str]:
-    """One description per ACTIVE durable slot of segment ``name`` while the segment has a
-    leftover file: such a subscriber has not read the drops named there (only the
-    subscriber itself ends its slot, once it has, when it finishes with the ring), so the
-    segment and the file stay for it, whether or not it read everything in the ring."""
+    """One description per ACTIVE slot of segment ``name`` that may not have read its
+    leftover file yet, while it has one: a durable slot (only the subscriber itself ends
+    it, once it has, when it finishes with the ring) or the slot of a live anonymous
+    subscriber (it reads the file when it retires the incarnation, after the ``bye``, and
+    then detaches). The segment and the file stay for it, whether or not it read everything
+    in the ring. (Until 2026-12-05 only durable slots counted: a live anonymous subscriber
+    found the file gone and reported those drops as a lost range, not by rid.)"""
     if not os.path.exists(leftover_path(name)):
         return []
     if info is None:
         info = segment_info(name)
+    where = leftover_path(name)
     return [f"durable subscription '{s['name']}' (slot {s['slot']}) has not read the drops "
-            f"in {leftover_path(name)}"
-            for s in info["consumers"] if s["state"] == "active" and s["durable"]]
+            f"in {where}" if s["durable"] else
+            f"live subscriber pid {s.get('pid')} (slot {s['slot']}) has not read the drops "
+            f"in {where}"
+            for s in info["consumers"]
+            if s["state"] == "active" and (s["durable"] or s.get("alive"))]
 
 
 def _remove_orphan_leftovers(segment_prefix: str) -> None:

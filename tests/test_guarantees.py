@@ -280,6 +280,37 @@ def test_drops_left_by_a_producer_reach_a_drain_that_had_read_its_whole_ring(
     assert not rep["lost"] and not first["lost"], (first["lost"], rep["lost"])
 
 
+def test_drops_a_producer_closed_with_reach_a_live_anonymous_subscriber_by_rid(endpoint):
+    # A live anonymous subscriber that does not read keeps the small ring full; the producer
+    # drops, and drop entries queue in its backlog once even the control headroom is full;
+    # then it closes. Until 2026-12-05 the leftover file went with the segment at the close,
+    # before the subscriber retired the incarnation, so those drops reached it only as a lost
+    # range of numbers (GUARANTEES gap 5), not by rid.
+    from hscapture.ring import leftover_path
+
+    p = Producer(endpoint, producer_id="g2a", capacity=256 << 10, full_policy="drop",
+                 heartbeat_interval_s=0.05)
+    sub = Subscriber(endpoint)
+    try:
+        sub.wait_ready(timeout=20)
+        rids = [f"a-{i}" for i in range(300)]
+        kept = {rid for rid in rids if all(_capture(p, rid, 64))}
+        p.flush()
+        assert p.stats()["backlog"] > 0, p.stats()    # the case: drops only the bye named
+        segment = p.segment
+    finally:
+        p.close()
+    got = set()
+    while (s := sub.poll(timeout=3.0)) is not None:
+        got.add(s.rid)
+        s.release()
+    st = sub.stats()
+    sub.close()
+    assert got == kept
+    assert set(st["dropped"]) == set(rids) - kept and not st["lost"], st["lost"]
+    assert not os.path.exists(leftover_path(segment))   # read, then gone
+
+
 def test_drops_a_killed_producer_held_in_its_backlog_reach_a_drain_that_was_down_by_rid(
         endpoint, procs, tmp_path):
     # As above, but the producer is SIGKILLed instead of closing: no bye at all. While it
