@@ -38,15 +38,17 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .ring import DEFAULT_PREFIX, SHM_DIR
+from .errors import CaptureConfigError
+from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["endpoint_key", "endpoint_registry_path", "segments_path", "entries", "remember",
+__all__ = ["check_name", "MAX_NAME_BYTES", "endpoint_key", "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "KEEP_S"]
 
 _FILE_PREFIX = "hscapture.subs-"
@@ -56,6 +58,40 @@ KEEP_S = 7 * 24 * 3600.0
 #: consumer slots a new incarnation leaves free for subscribers that attach (reserve_places
 #: keeps places for at most max_consumers minus this many names)
 FREE_SLOTS = 2
+
+
+#: the longest durable name, in UTF-8 bytes (a ring slot's name field, NUL-terminated)
+MAX_NAME_BYTES = SLOT_NAME_LEN - 1
+#: what a durable name may not contain: control characters (C0, DEL, C1) and the line and
+#: paragraph separators (the names file holds one name per line, TAB-separated)
+_NAME_FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+NAME_RULE = (f"1..{MAX_NAME_BYTES} UTF-8 bytes, no control character (U+0000..U+001F, "
+             "U+007F..U+009F) and no line or paragraph separator (U+2028, U+2029)")
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it can be a durable subscription's name (:data:`NAME_RULE`), else
+    raise :class:`~hscapture.errors.CaptureConfigError` saying what was expected and found.
+    The one rule, checked where a name enters (``Subscriber(name=...)``) before anything is
+    recorded: until 2026-12-05 a name with a line break was recorded as two (a restarted
+    producer kept no place for it, and one for a phantom name) and one of 64 bytes or more
+    failed only at the first attach, with a plain ValueError, after it was recorded."""
+    if type(name) is not str:
+        raise CaptureConfigError(f"durable name: expected str, found {type(name).__name__}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise CaptureConfigError(f"durable name {name[:40]!r}: expected valid Unicode, found "
+                                 f"a lone surrogate at index {exc.start}") from None
+    if not 0 < size <= MAX_NAME_BYTES:
+        raise CaptureConfigError(
+            f"durable name {name[:40]!r}: expected {NAME_RULE}; found {size} bytes")
+    bad = _NAME_FORBIDDEN.search(name)
+    if bad is not None:
+        raise CaptureConfigError(
+            f"durable name {name[:40]!r}: expected {NAME_RULE}; found U+{ord(bad.group()):04X} "
+            f"at index {bad.start()}")
+    return name
 
 
 def _dir() -> Path:
@@ -95,7 +131,7 @@ def segments_path(endpoint: str) -> Path:
 
 def _parse(text: str) -> dict[str, tuple[int, float]]:
     out: dict[str, tuple[int, float]] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):       # (not splitlines: it splits at more than "\n")
         parts = line.split("\t")
         if len(parts) == 3 and parts[0]:
             try:
@@ -171,7 +207,7 @@ def forget(name: str, endpoints: Iterable[str]) -> None:
 
 
 def _segment_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith(DEFAULT_PREFIX)]
+    return [line for line in text.split("\n") if line.startswith(DEFAULT_PREFIX)]
 
 
 def record_segment(endpoint: str, segment: str) -> None:

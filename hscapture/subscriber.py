@@ -24,9 +24,10 @@ from ._delivery import Delivery
 from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
-from ._subscriptions import forget, remember
+from ._subscriptions import check_name, forget, remember
 from ._wire import NoticeSocket
-from .errors import HSCaptureError, SampleTimeoutError, SubscriptionInUseError
+from .errors import (CaptureConfigError, HSCaptureError, SampleTimeoutError,
+                     SubscriptionInUseError)
 from .sample import Sample
 
 __all__ = ["Subscriber", "LostRange"]
@@ -74,7 +75,11 @@ class Subscriber:
       place; ``unsubscribe()`` gives it up. One live subscriber per name: while another
       holds the name's place in a ring, every call that reads (``wait_ready``, ``poll``,
       ``get``, ``unsubscribe``...) raises :class:`SubscriptionInUseError` instead of
-      idling as if nothing came.
+      idling as if nothing came. A name belongs to the endpoints it was given with (the
+      same name at other endpoints is another subscription) and obeys one rule
+      (``hscapture._subscriptions.NAME_RULE``: 1..63 UTF-8 bytes, no control character or
+      line separator); another raises :class:`CaptureConfigError` before anything is
+      recorded.
     - Records of different producer incarnations are never mixed; two live producers with one
       producer id are refused (reported in ``stats()["conflicts"]``), never merged.
     - Malformed or forged input never raises out of poll/iteration: it is counted, reported
@@ -95,6 +100,12 @@ class Subscriber:
         max_partial_bytes: int = 4 << 30,
         partial_hold_s: float = 10.0,
     ) -> None:
+        if name:   # the one rule of durable names, before anything is recorded or attached
+            name = check_name(name)
+        elif name is not None and type(name) is not str:
+            raise CaptureConfigError(
+                f"name: expected a str (\"\" for an anonymous subscriber), found "
+                f"{type(name).__name__}")
         # (each once: an endpoint given twice would be connected twice, every notice read
         # twice, and a second "waiting for" line said for it)
         self.endpoints = list(dict.fromkeys([endpoints] if isinstance(endpoints, str)

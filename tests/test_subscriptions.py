@@ -8,6 +8,10 @@ import multiprocessing as mp
 import os
 import time
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from hscapture import Producer, _ring
 from hscapture import _subscriptions as subs
 
@@ -143,3 +147,42 @@ def test_a_server_keeps_no_place_for_a_name_registered_only_at_another_servers_e
     # unsubscribing at b leaves the subscription of the same name at a
     hscapture.Subscriber(b, name="only-a").unsubscribe()
     assert "only-a" in subs.entries(a) and "only-a" not in subs.entries(b)
+
+
+@pytest.mark.parametrize("name, why", [
+    ("a\nb", "U+000A"), ("a\tb", "U+0009"), ("a\x85b", "U+0085"), ("a\u2028b", "U+2028"),
+    ("a\x1cb", "U+001C"), ("x" * 64, "found 64 bytes"), ("é" * 32, "found 64 bytes"),
+    ("a\ud800", "lone surrogate"), (b"trainer", "expected str"),
+])
+def test_a_durable_name_that_the_files_or_a_ring_slot_cannot_hold_is_refused_before_anything(
+        endpoint, name, why):
+    # found by fault hunt 4 (2026-12-05): "a\nb" was recorded as two lines (a restarted
+    # producer kept no place for it, and one for a phantom "b"); 64 bytes failed only at the
+    # first attach, with a plain ValueError, after the name had been recorded
+    import hscapture
+    from hscapture.errors import CaptureConfigError
+
+    import re
+
+    with pytest.raises(CaptureConfigError, match=re.escape(why)):
+        hscapture.Subscriber(endpoint, name=name)
+    with pytest.raises(CaptureConfigError, match=re.escape(why)):
+        hscapture.stream(endpoint, name=name)
+    assert subs.entries(endpoint) == {}
+
+
+@given(st.text(min_size=1, max_size=70))
+def test_every_name_the_rule_accepts_is_recorded_and_read_back_as_itself(name):
+    from hscapture.errors import CaptureConfigError
+
+    try:
+        subs.check_name(name)
+    except CaptureConfigError:
+        return
+    ep = "ipc:///tmp/hsc-names-property.sock"
+    subs.remember(name, endpoint=ep)
+    try:
+        assert list(subs.entries(ep)) == [name]      # one name, itself: no phantom
+    finally:
+        subs.forget(name, [ep])
+    assert name not in subs.entries(ep)
