@@ -48,7 +48,8 @@ from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["check_name", "MAX_NAME_BYTES", "endpoint_key", "endpoint_registry_path", "segments_path", "entries", "remember",
+__all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
+           "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "KEEP_S"]
 
 _FILE_PREFIX = "hscapture.subs-"
