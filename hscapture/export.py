@@ -345,7 +345,16 @@ def _mask(s: StoredSample) -> tuple[torch.Tensor, bool]:
 def _write_atomic(path: str, write, fsync: bool) -> int:
     tmp = path + _TMP
     with open(tmp, "wb") as f:
-        write(f)
+        try:
+            write(f)
+        except RuntimeError as e:
+            # torch.save reports a failed write (a full disk) as a RuntimeError of its zip
+            # writer, the OSError as its context: the OSError it is (typed, resumable; until
+            # 2026-12-05 token_freq.pt on a full disk ended the export with a traceback)
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, OSError):
+                raise OSError(cause.errno, f"{cause.strerror} (writing {path})") from e
+            raise
         f.flush()
         if fsync:
             os.fsync(f.fileno())

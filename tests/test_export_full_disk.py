@@ -100,3 +100,25 @@ def test_a_disk_that_fills_at_the_speculators_dataset_stops_it_typed_and_a_rerun
     r = export(src, out, "speculators", progress=False, fsync=False, workers=2)
     assert (r.skipped, r.written) == (N, 0)
     export_exact(out, "speculators", samples)
+
+
+def test_torch_save_on_a_full_disk_is_the_oserror_it_is(fs):
+    # torch.save turns a failed write into a RuntimeError of its zip writer: the export
+    # (token_freq.pt) then ended with a traceback instead of ExportWriteError (fault hunt,
+    # 2026-12-05: a tmpfs sized so that the disk filled exactly there)
+    import torch
+
+    from hscapture.export import _write_atomic
+
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:                                     # fill the disk, then give a few pages back
+        while os.write(fd, b"\0" * 65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(fs / "filler", os.path.getsize(fs / "filler") - 8192)
+    freq = {i: i for i in range(50_000)}
+    with pytest.raises(OSError, match="No space left"):
+        _write_atomic(str(fs / "token_freq.pt"), lambda f: torch.save(freq, f), False)
