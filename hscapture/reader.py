@@ -19,7 +19,12 @@ Guarantees:
   became durable); a rid that appears twice keeps its first line, like
   :func:`hscapture.shards.read_index`.
 * Each shard file is opened with ``safetensors.safe_open`` on first use and kept open; its
-  tensors are read from the memory map. A :class:`ShardSet` is picklable (handles are not
+  tensors are read from the memory map. At most :func:`max_open_shards` shards are kept open
+  at once (a quarter of the process's open-file limit, at most 512; each holds a file
+  descriptor), the least recently used closed first; a tensor already returned keeps its own
+  map (and descriptor) alive until it is freed. (Until 2026-12-05 every shard stayed open:
+  a directory of more shards than the limit failed with "Too many open files", and an export
+  of it could never finish its resume.) A :class:`ShardSet` is picklable (handles are not
   pickled but reopened lazily) and reopens its handles in a forked child, so it can be handed
   to ``DataLoader`` workers.
 * A sample is returned only if every tensor its index line names is in its shard
@@ -35,9 +40,11 @@ Guarantees:
 
 from __future__ import annotations
 
+import collections
 import json
 import mmap
 import os
+import resource
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -129,6 +136,24 @@ _TORCH_OF = _torch_dtypes()   # safetensors dtype name -> torch dtype
 
 _FORK_GEN = [0]   # bumped in every forked child: handles opened before the fork are dropped
 os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+
+
+#: the most shard files a ShardSet keeps open (None: from the open-file limit)
+MAX_OPEN_SHARDS: int | None = None
+
+
+def max_open_shards() -> int:
+    """How many shards a :class:`ShardSet` keeps open at once: :data:`MAX_OPEN_SHARDS` when
+    set, else a quarter of this process's soft open-file limit, between 8 and 512."""
+    if MAX_OPEN_SHARDS is not None:
+        return max(1, MAX_OPEN_SHARDS)
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        soft = 1024
+    if soft == resource.RLIM_INFINITY:
+        return 512
+    return max(8, min(512, soft // 4))
 
 
 class _Handle:
@@ -257,7 +282,7 @@ class ShardSet(Sequence):
         if not os.path.isdir(self.directory):
             raise ShardError(f"{self.directory} is not a directory (expected a shard directory "
                              f"with index.jsonl)")
-        self._handles: dict[str, _Handle] = {}
+        self._handles: collections.OrderedDict[str, _Handle] = collections.OrderedDict()
         self._gen = _FORK_GEN[0]
         self._layout: dict[tuple, tuple] = {}
         self.reload()
@@ -338,12 +363,24 @@ class ShardSet(Sequence):
 
     def _handle(self, shard: str) -> _Handle:
         if self._gen != _FORK_GEN[0]:  # forked: the parent's handles are not ours to use
-            self._handles = {}
+            self._handles = collections.OrderedDict()
             self._gen = _FORK_GEN[0]
-        h = self._handles.get(shard)
+        handles = self._handles
+        h = handles.get(shard)
         if h is None:
             h = _Handle(os.path.join(self.directory, shard))
-            self._handles[shard] = h
+            handles[shard] = h
+            limit = max_open_shards()
+            while len(handles) > limit:
+                try:                   # (threads of an export share the set: tolerate races)
+                    handles.popitem(last=False)
+                except KeyError:
+                    break
+        else:
+            try:
+                handles.move_to_end(shard)
+            except KeyError:           # evicted by another thread meanwhile
+                pass
         return h
 
     def shard_metadata(self, shard: str) -> dict[str, str]:
@@ -423,7 +460,7 @@ class ShardSet(Sequence):
 
     def close(self) -> None:
         """Drop every open shard handle (tensors already returned stay valid)."""
-        self._handles = {}
+        self._handles = collections.OrderedDict()
 
     def __enter__(self) -> "ShardSet":
         return self
@@ -433,7 +470,7 @@ class ShardSet(Sequence):
 
     def __getstate__(self) -> dict[str, Any]:
         st = dict(self.__dict__)
-        st["_handles"] = {}
+        st["_handles"] = collections.OrderedDict()
         return st
 
     def __setstate__(self, st: dict[str, Any]) -> None:

@@ -284,3 +284,37 @@ def test_dataloader_workers_send_every_sample_exact_through_several_epochs(shard
             seen.add(s.rid)
             assert_same(s, want[s.rid])
         assert seen == set(want)
+
+
+#: argv: shard directory, export directory. Runs with an open-file limit of 64.
+FEW_FDS = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from hscapture.export import export
+from hscapture.reader import open_shards
+src, out = sys.argv[1:3]
+with open_shards(src) as ss:
+    for _ in range(2):
+        for i in range(len(ss)):
+            assert ss[i].rid == ss.rids[i]
+    n = len(ss)
+r = export(src, out, "speculators", progress=False, fsync=False, workers=2)
+assert r.written == n, r
+print("ok", n)
+"""
+
+
+def test_a_directory_of_more_shards_than_open_files_allowed_reads_and_exports_whole(tmp_path):
+    # every shard used to stay open (one descriptor each): past the open-file limit the
+    # reader failed with "Too many open files" and an export could never finish its resume
+    # (fault hunt 4, 2026-12-05: 1,100 shards under `ulimit -n 1024`)
+    import subprocess
+    import sys
+
+    samples = [make_sample(i, T=3) for i in range(120)]
+    write_shards(tmp_path / "src", samples, max_shard_bytes=512)     # one sample a shard
+    shards = [n for n in os.listdir(tmp_path / "src") if n.endswith(".safetensors")]
+    assert len(shards) >= 100, len(shards)
+    r = subprocess.run([sys.executable, "-c", FEW_FDS, str(tmp_path / "src"),
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["ok", "120"], r.stderr[-3000:]
