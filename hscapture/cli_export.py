@@ -41,13 +41,18 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
                    "them) instead of data_{i}.ckpt.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT instead of "
                                                  "resuming it.")
+@click.option("--allow-mixed-models", "mixed_models", is_flag=True,
+              help="Export samples captured from different models (refused by default: a "
+                   "trainer takes them as one verifier's); for the same weights under two "
+                   "names.")
 @click.option("--no-fsync", is_flag=True, help="Do not fsync each file (scratch data).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Reader/writer threads (default 4).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_mask: str,
-           num_layers: int | None, gz: bool, overwrite: bool, no_fsync: bool,
+           num_layers: int | None, gz: bool, overwrite: bool, mixed_models: bool,
+           no_fsync: bool,
            workers: int | None, quiet: bool, as_json: bool) -> None:
     """Export the samples of SHARD_DIR to OUT in SpecForge's or speculators' layout.
 
@@ -62,7 +67,7 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
         r = json_error_too(as_json, lambda: run_export(
             shard_dir, out, fmt, layers=layers, loss_mask=loss_mask, num_layers=num_layers,
             progress=not quiet, overwrite=overwrite, fsync=not no_fsync, workers=workers,
-            gzip=gz))
+            gzip=gz, mixed_models=mixed_models))
     except KeyboardInterrupt:
         click.echo(f"hscapture: export to {out} interrupted: every file in place is complete; "
                    f"rerun to resume", err=True)

@@ -200,6 +200,30 @@ def _recorded_num_layers(ss: ShardSet, shard_num_layers: Any) -> int | None:
     return found.pop() if found else None
 
 
+def _check_one_model(ss: ShardSet) -> None:
+    """Refuse samples the shards record as captured from different models (shards that do
+    not record one are not counted). Until 2026-12-05 such a directory exported without a
+    word: only the manifest's ``model`` list showed it (fault hunt 4)."""
+    per_shard: dict[str, str] = {}
+    models: dict[str, list[Any]] = {}
+    for i in range(len(ss)):
+        sh = ss.entry(i)["shard"]
+        if sh not in per_shard:
+            per_shard[sh] = str(ss.shard_metadata(sh).get("model") or "")
+        m = per_shard[sh]
+        if m:
+            got = models.setdefault(m, [0, ss.rids[i]])
+            got[0] += 1
+    if len(models) > 1:
+        said = "; ".join(f"{m!r}: {n} sample(s), e.g. {rid!r}"
+                         for m, (n, rid) in sorted(models.items()))
+        raise ExportError(f"{ss.directory} holds samples of {len(models)} models ({said}): a "
+                          f"trainer would take them as one verifier's; export each model's "
+                          f"samples from a directory of their own, or pass mixed_models=True "
+                          f"(--allow-mixed-models) if these are the same weights under two "
+                          f"names")
+
+
 def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: str,
                num_layers: int | None, gzip: bool = False) -> _Plan:
     if fmt not in FORMATS:
@@ -588,7 +612,8 @@ def _check_origins(old: dict[str, Any], plan: _Plan, out: str, src: str) -> None
 def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *,
            layers: Sequence[int] | None = None, loss_mask: str = "require",
            num_layers: int | None = None, progress: bool = True, overwrite: bool = False,
-           fsync: bool = True, workers: int | None = None, gzip: bool = False) -> ExportResult:
+           fsync: bool = True, workers: int | None = None, gzip: bool = False,
+           mixed_models: bool = False) -> ExportResult:
     """Export every sample of ``shard_dir`` to ``out_dir`` in trainer layout ``fmt``.
 
     Args:
@@ -608,6 +633,10 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
         workers: threads reading and writing samples (default ``min(4, cpus)``).
         gzip: SpecForge only: write ``data_{i}.ckpt.gz`` (the same bytes through gzip level
             6, as SpecForge reads them) instead of ``data_{i}.ckpt``.
+        mixed_models: export samples the shards record as captured from different models
+            (default: refused, naming each model: a drafter trained on two verifiers' hidden
+            states is trained on neither; pass it when they are the same weights under two
+            names, e.g. a hub id and a local path).
 
     Returns an :class:`ExportResult`; raises :class:`ExportError` (nothing written) when the
     shards cannot produce the target, and :class:`ExportWriteError` (an ``ExportError``) for a
@@ -620,6 +649,8 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     out = os.fspath(out_dir)
     ss = ShardSet(src)
     plan = _make_plan(ss, fmt, layers, loss_mask, num_layers, gzip)
+    if not mixed_models:
+        _check_one_model(ss)
     if os.path.realpath(out) == os.path.realpath(src):
         raise ExportError(f"out_dir {out} is the shard directory itself")
     if fmt == "speculators" and importlib.util.find_spec("datasets") is None:

@@ -202,6 +202,31 @@ def test_a_layer_count_the_shards_contradict_is_refused_not_obeyed(tmp_path):
     assert r.written == 3
 
 
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_samples_of_two_models_are_refused_naming_each_unless_asked(tmp_path, fmt):
+    # same hidden size, dtype and layers: until 2026-12-05 the export took them as one
+    # verifier's without a word (fault hunt 4); only the manifest listed both models
+    from hscapture.shards import ShardWriter
+
+    src = tmp_path / "src"
+    with ShardWriter(src, fsync=False) as w:
+        for i in range(6):
+            s = make_sample(i)
+            s.meta = {"model": "llama-8b" if i < 4 else "qwen-7b", "extra": {}}
+            s.epoch = 1 if i < 4 else 2
+            w.add(s)
+    with pytest.raises(ExportError, match=r"2 models \('llama-8b': 4 sample\(s\).*'qwen-7b': 2"):
+        export(src, tmp_path / "out", fmt, progress=False, fsync=False, num_layers=NUM_LAYERS)
+    assert not (tmp_path / "out").exists()
+    r = CliRunner().invoke(export_cmd, ["-f", fmt, str(src), str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 2 and "--allow-mixed-models" in r.output, r.output
+    r = CliRunner().invoke(export_cmd, ["-f", fmt, str(src), str(tmp_path / "out"), "-q",
+                                        "--allow-mixed-models"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["model"] == \
+        ["llama-8b", "qwen-7b"]
+
+
 def test_specforge_refuses_a_capture_without_final_norm(tmp_path):
     d = tmp_path / "shards"
     write_shards(d, [make_sample(i, final_norm=False) for i in range(3)])
