@@ -232,7 +232,8 @@ def _list_rids(label: str, rids: dict[str, str], limit: int = 20) -> None:
               default=None, help="zstd level (default 1: as small as 3 on shuffled bf16, faster).")
 @click.option("--unsubscribe", is_flag=True,
               help="Do not drain: end this output directory's durable subscription on the "
-                   "endpoints (the producers stop keeping records for it), then exit.")
+                   "given endpoints (their producers stop keeping records for it; give every "
+                   "endpoint it drained), then exit.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress and no summary (problems still).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON (stdout).")
 @click.pass_context

@@ -280,8 +280,9 @@ def _close_writer(writer: ShardWriter, settle: Callable[[list[str]], None],
 
 
 def unsubscribe(endpoints: str | Sequence[str], out_dir: str) -> tuple[int, list[str]]:
-    """End the durable subscription of the drain into ``out_dir``: its places in every ring
-    are given back (the producers stop keeping records for it). Returns how many rings it
+    """End the durable subscription of the drain into ``out_dir`` at ``endpoints``: its
+    places in every ring made for them are given back (their producers stop keeping records
+    for it; the name at other endpoints is left as it is). Returns how many rings it
     held a place in, and the rids of the samples committed to it that were never written
     (given up with it: :meth:`Subscriber.unsubscribe`)."""
     sub = Subscriber(endpoints, name=resume_name(out_dir))
