@@ -289,9 +289,25 @@ class SampleTracker:
         return got[0] if type(got) is tuple and got[1]() is req else None
 
     def fail_requests(self, wanted: Iterable[tuple[int, Any]], reason: str) -> None:
-        """Report every request of ``wanted`` (``(batch row, Req)`` pairs) with ``reason``."""
+        """Report every request of ``wanted`` (``(batch row, Req)`` pairs) with ``reason``.
+        A request whose rid breaks the rid rule was never captured (counted at its row):
+        nothing to report. One report that fails never keeps the others from being made
+        (until 2026-12-05 an invalid rid's report raised and ended the loop: with two of
+        them first, a failed pass's valid requests were reported nowhere)."""
         for _, req in wanted:
-            self.fail(str(req.rid), int(getattr(req, "retraction_count", 0) or 0), reason, req)
+            rid = req.rid
+            if type(rid) is not str or rid not in self.inflight:
+                try:
+                    rid = check_rid(rid)
+                except InvalidRidError:
+                    continue
+            try:
+                self.fail(rid, int(getattr(req, "retraction_count", 0) or 0), reason, req)
+            except Exception as exc:   # the next request's report still goes out
+                self.counters["errors"] += 1
+                self._log_once("fail_report", logging.ERROR, "hscapture: cannot report "
+                               "request %r as incomplete (%s): %s: %s", str(rid)[:80], reason,
+                               type(exc).__name__, exc)
 
     def remember_done(self, rid: str, attempt: int, req: Any) -> None:
         """``req``'s sample (``rid``, ``attempt``) completed or failed: marked on the request

@@ -369,6 +369,23 @@ def test_an_invalid_rid_is_counted_and_skipped_and_its_batch_mates_are_captured(
     assert bad.rid not in sub.dropped and bad.rid not in sub.incomplete
 
 
+@pytest.mark.parametrize("invalid", [1, 2])
+def test_invalid_rids_in_a_failing_pass_never_keep_its_valid_requests_from_being_reported(
+        rig, invalid):
+    # a forward without hidden states reports every opted-in request of its batch: the
+    # report of an invalid rid (never captured) raised, which ended the loop, and with two
+    # of them first the valid request was reported nowhere (fault hunt 5, 2026-12-05)
+    hook, sub, srv = rig()
+    bad = [srv.new_req(f"hscap-bad\n{i}", 6) for i in range(invalid)]
+    good = srv.new_req("hscap-good-in-failed-pass", 6)
+    srv.extend([(r, 0, 6) for r in bad] + [(good, 0, 6)], hidden_override=None)
+    hook.producer.flush()
+    with pytest.raises(IncompleteSampleError, match="hidden states"):
+        sub.get(good.rid, timeout=10)
+    assert hook.counters.get("errors", 0) == 0
+    assert not any(r.rid in sub.incomplete for r in bad)
+
+
 def test_the_benchmarks_hook_modes_noop_and_publisher_do_what_they_say(rig, tmp_path,
                                                                         monkeypatch):
     """bench_server's modes, read from HSCAPTURE_EXPERIMENT_FILE: ``noop`` captures nothing
