@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import math
 import threading
 import time
 import weakref
@@ -34,6 +35,7 @@ from ._staging import Stage
 from ._producer_resources import ProducerResources
 from .endpoint import check_endpoint, default_endpoint
 from .errors import CaptureConfigError, HSCaptureError
+from .limits import MAX_WAIT_TIMEOUT_S
 
 log = logging.getLogger("hscapture")
 
@@ -163,9 +165,17 @@ class Producer:
             raise CaptureConfigError(str(exc)) from None
         self.endpoint = check_endpoint(endpoint or default_endpoint(producer_id))
         self.full_policy = full_policy
-        self.wait_timeout_s = float(wait_timeout_s)
-        self.model = model or ""
-        self.convention = convention
+        try:
+            wait = float(wait_timeout_s)
+        except (TypeError, ValueError):
+            wait = math.nan
+        if not 0.0 <= wait <= MAX_WAIT_TIMEOUT_S:   # (nan fails too; inf would block forever)
+            raise CaptureConfigError(
+                f"wait_timeout_s: expected seconds from 0 to {MAX_WAIT_TIMEOUT_S:g}, found "
+                f"{wait_timeout_s!r}")
+        self.wait_timeout_s = wait
+        self.model = _utf8("model", model or "")
+        self.convention = _utf8("convention", convention)
         self.dp_rank = int(dp_rank)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.commit_grace_s = max(0.0, float(commit_grace_s))
@@ -688,6 +698,22 @@ class Producer:
 # -- helpers -----------------------------------------------------------------------------
 
 
+def _utf8(name: str, value: Any) -> str:
+    """``value`` if it is a str that UTF-8 can encode (what every ring entry carries), else
+    :class:`CaptureConfigError` at construction: until 2026-12-05 a model path with an
+    undecodable byte (a surrogate from the environment) started a producer that then failed
+    every capture."""
+    if type(value) is not str:
+        raise CaptureConfigError(f"{name}: expected str, found {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CaptureConfigError(
+            f"{name} {value[:60]!r}: expected text UTF-8 can encode, found an undecodable "
+            f"character at index {exc.start}") from None
+    return value
+
+
 def _layout(layers: Sequence[int], layer_kinds: Sequence[str] | None,
             blocks: list[torch.Tensor], layer_map: Any
             ) -> tuple[list[int], list[str], list[int], list[list[int]] | None]:
@@ -698,6 +724,11 @@ def _layout(layers: Sequence[int], layer_kinds: Sequence[str] | None,
         raise CaptureConfigError(
             f"expected at least one layer and one kind per layer: {len(layers)} layers, "
             f"{len(kinds)} kinds")
+    if min(layers) < -rec.I32 or max(layers) >= rec.I32:
+        # the protocol's range (a subscriber rejects the entry as corrupt: every sample of
+        # it lost unnamed, until 2026-12-05); refused here, before a number is taken
+        raise CaptureConfigError(
+            f"layers: expected ids in {-rec.I32}..{rec.I32 - 1}, found {layers}")
     block_cols = [int(b.shape[1]) for b in blocks]
     if layer_map is not None:
         layer_map = [[int(b), int(c)] for b, c in layer_map]

@@ -86,6 +86,8 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 _I63 = 1 << 63
 _U64 = 1 << 64
 _I32 = 1 << 31
+#: int32 fields on the wire (layer ids, dp_rank, hidden) lie in -I32 <= x < I32
+I32 = _I32
 _ZEROS = bytes(ALIGN)
 
 _COMMON_KEYS = ("v", "kind", "producer", "epoch", "seq", "dp_rank")

@@ -6,7 +6,7 @@ real path (``HiddenStateCapture`` → ``Producer`` → ring → notices). The SG
 tested against SGLang's real classes in ``tests/sglang``. Captures only rids with the opt-in
 prefix, like the SGLang plugin, and honours ``sampling_params.custom_params.hscapture_loss_mask``
 and ``hscapture_meta`` exactly as the SGLang hook does (parsed by the hook's own
-``CaptureConfig.fields_for`` / ``sample_extra``): the mask travels with the sample as its
+``CaptureConfig.loss_mask_of`` / ``sample_extra``): the mask travels with the sample as its
 ``loss_mask`` field, the meta as its ``extra["meta"]``.
 
     python generate_standin.py ENDPOINT  → prints "PORT <n>" once ready, serves until
@@ -59,8 +59,11 @@ def main(endpoint: str, delay_s: float = 0.0, request_log: str | None = None,
             rid = body.get("rid")
             custom = (body.get("sampling_params") or {}).get("custom_params")
             req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
-            fields = config.fields_for(req, 0, ids.shape[1]) if config.fields else None
-            extra, _ = config.sample_extra(req)      # the hook's own meta handling
+            extra, _ = config.sample_extra(req)      # the hook's own meta and mask handling
+            mask, bad = config.loss_mask_of(req, ids.shape[1])
+            fields = None if mask is None else {"loss_mask": mask}
+            if bad is not None:
+                extra = {**extra, "mask_error": bad}
             with lock, torch.no_grad():
                 if log is not None:
                     log.write(f"{rid}\n")

@@ -4,7 +4,8 @@
 process and captures ``spec["requests"]`` (``[rid, tokens, chunk, custom_params]``) in chunks.
 Each sample's row ``extra`` and ``loss_mask`` field come from the SGLang hook's own
 :class:`~hscapture.sglang.config.CaptureConfig` (``sample_extra`` once per sample, reused by
-every chunk, and ``fields_for`` per chunk), so what arrives is what the hook would publish.
+every chunk, and ``loss_mask_of`` once per sample, sliced per chunk), so what arrives is what
+the hook would publish.
 Layers: residual ``LAYERS`` and ``final_norm`` after decoder layer ``NUM_LAYERS - 1`` (so both
 exports can be made). Tensors are :func:`capture_support.source` of the rid (regenerable).
 
@@ -45,12 +46,15 @@ def produce(spec: dict) -> None:
         tensors, ids = source(rid, tokens, HIDDEN, len(ALL_LAYERS))
         req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
         extra, _ = config.sample_extra(req)
+        mask, bad = config.loss_mask_of(req, tokens)
+        if bad is not None:
+            extra = {**extra, "mask_error": bad}
         for s in range(0, tokens, chunk):
             e = min(tokens, s + chunk)
             p.capture(rid, [t[s:e] for t in tensors], layers=ALL_LAYERS, layer_kinds=KINDS,
                       token_start=s, is_last_chunk=e == tokens, token_ids=ids[s:e],
-                      extra=extra, fields={k: list(v) for k, v in
-                                           (config.fields_for(req, s, e) or {}).items()})
+                      extra=extra,
+                      fields={} if mask is None else {"loss_mask": list(mask[s:e])})
     p.flush()
     p.close()
     print(json.dumps({"event": "done"}), flush=True)

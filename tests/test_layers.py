@@ -35,7 +35,7 @@ PRODUCER_LAYERS: list[list[str]] = [
     ["_staging"],
 ]
 PRODUCER_FOUNDATIONS = {"record", "notice", "endpoint", "errors", "_cuda_copy", "_ring", "ring",
-                        "pinning", "_subscriptions", "_leftover"}
+                        "pinning", "_subscriptions", "_leftover", "limits"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -42,7 +42,8 @@ milliseconds of forwards are written as one ring entry (``0``: one entry per for
 Per request (``sampling_params.custom_params``; they travel with the sample):
 
 - ``hscapture_loss_mask``: one 0/1 per prompt token, stored as the sample's ``loss_mask``
-  field (:meth:`CaptureConfig.fields_for`);
+  field (:meth:`CaptureConfig.loss_mask_of`: any other is not stored, and the sample says
+  why in ``extra["mask_error"]``);
 - ``hscapture_meta``: small per-sample metadata (a dataset row id, a split), a flat map that
   obeys :func:`check_meta`; it reaches every reader as ``extra["meta"]``
   (:meth:`CaptureConfig.sample_extra`).
@@ -58,6 +59,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
 from ..errors import CaptureConfigError, InvalidMetaError
+from ..limits import MAX_WAIT_TIMEOUT_S
+from ..record import I32
+
+#: the largest byte count a size variable takes (HSCAPTURE_RING_BYTES): 1 TiB
+MAX_BYTES = 1 << 40
 
 __all__ = ["CaptureConfig", "load_config", "endpoint_for_dp_rank", "parse_layers",
            "check_meta", "META_PARAM", "MAX_META_KEYS", "MAX_META_KEY_CHARS",
@@ -219,8 +225,9 @@ def _size(env: Mapping[str, str], name: str, default: int) -> int:
         raise CaptureConfigError(f"{name}: expected a byte count like 1073741824 or 1G, found {raw!r}")
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
     value = int(m.group(1)) * mult
-    if value <= 0:
-        raise CaptureConfigError(f"{name}: must be positive, found {raw!r}")
+    if not 0 < value <= MAX_BYTES:
+        raise CaptureConfigError(f"{name}: expected 1 byte to {MAX_BYTES >> 30} GiB, found "
+                                 f"{raw!r}")
     return value
 
 
@@ -232,9 +239,9 @@ def parse_layers(raw: str | None) -> tuple[int, ...] | None:
         layers = [int(x) for x in re.split(r"[,\s]+", raw.strip()) if x]
     except ValueError as exc:
         raise CaptureConfigError(f"HSCAPTURE_LAYERS: expected integers, found {raw!r}") from exc
-    if not layers or any(x < 0 for x in layers) or len(set(layers)) != len(layers):
+    if not layers or any(not 0 <= x < I32 for x in layers) or len(set(layers)) != len(layers):
         raise CaptureConfigError(
-            f"HSCAPTURE_LAYERS: expected distinct non-negative layer ids, found {raw!r}")
+            f"HSCAPTURE_LAYERS: expected distinct layer ids from 0 to {I32 - 1}, found {raw!r}")
     return tuple(sorted(layers))
 
 
@@ -280,24 +287,39 @@ class CaptureConfig:
     meta: bool = True
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
-    def fields_for(self, req: object, start: int, end: int, *, custom: Any = _UNREAD
-                   ) -> dict[str, bytes] | None:
-        """The request's per-token fields for positions ``[start, end)``: a client sends
-        ``sampling_params.custom_params.hscapture_loss_mask`` (one 0/1 per prompt token) and
-        it travels with the sample. None when the request has none; a malformed mask is
-        ignored here and reported by the sample missing its field (never a server error).
+    def loss_mask_of(self, req: object, tokens: int, *, custom: Any = _UNREAD
+                     ) -> tuple[bytes | None, str | None]:
+        """The request's loss mask for its ``tokens`` prompt tokens, checked once per sample:
+        ``(mask, None)`` with one byte 0 or 1 per token; ``(None, None)`` when the request
+        sends none (or fields are off); ``(None, why)`` when it breaks the rule (exactly one
+        0 or 1 per prompt token, ``sampling_params.custom_params.hscapture_loss_mask``): the
+        sample is then captured without it and says why (``extra["mask_error"]``). Never
+        raises. Until 2026-12-05 each chunk took its slice unchecked: values 2 or 255 were
+        stored as loss weights, a mask one too long was cut off by one without a word, and a
+        short one left some chunks without a field, which cost the sample its mask silently.
         ``custom``: :func:`custom_params` of ``req``, where the caller read it already."""
         if custom is _UNREAD:
             custom = custom_params(req)
-        if custom is None:
-            return None
-        mask = custom.get(f"{DEFAULT_PARAM}_loss_mask")
-        if not isinstance(mask, (list, bytes)) or len(mask) < end:
-            return None
+        if custom is None or not self.fields:
+            return None, None
+        raw = custom.get(f"{DEFAULT_PARAM}_loss_mask")
+        if raw is None:
+            return None, None
+        rule = f"{DEFAULT_PARAM}_loss_mask: expected {tokens} values 0 or 1 (one per prompt token)"
+        if not isinstance(raw, (list, tuple, bytes, bytearray)):
+            return None, f"{rule}, found {type(raw).__name__}"
         try:
-            return {"loss_mask": bytes(mask[start:end])}
+            mask = bytes(raw)
         except (TypeError, ValueError):
-            return None
+            bad = next((x for x in raw if type(x) not in (int, bool) or not 0 <= x <= 255),
+                       None)
+            return None, f"{rule}, found {bad!r:.40}"
+        if len(mask) != tokens:
+            return None, f"{rule}, found {len(mask)} values"
+        rest = mask.translate(None, b"\x00\x01")
+        if rest:
+            return None, f"{rule}, found {rest[0]} at index {mask.index(rest[:1])}"
+        return mask, None
 
     def meta_for(self, req: object, *, custom: Any = _UNREAD) -> dict[str, MetaValue] | None:
         """The request's per-sample metadata ``sampling_params.custom_params.hscapture_meta``
@@ -355,10 +377,14 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
     policy = env.get("HSCAPTURE_FULL_POLICY", "drop").strip() or "drop"
     if policy not in ("drop", "wait"):
         raise CaptureConfigError(f"HSCAPTURE_FULL_POLICY: expected drop or wait, found {policy!r}")
+    raw_wait = env.get("HSCAPTURE_WAIT_TIMEOUT_S", "0") or "0"
     try:
-        wait_s = float(env.get("HSCAPTURE_WAIT_TIMEOUT_S", "0") or 0)
-    except ValueError as exc:
-        raise CaptureConfigError("HSCAPTURE_WAIT_TIMEOUT_S: expected seconds") from exc
+        wait_s = float(raw_wait)
+    except ValueError:
+        wait_s = math.nan
+    if not 0.0 <= wait_s <= MAX_WAIT_TIMEOUT_S:   # (nan fails too; inf hung the scheduler)
+        raise CaptureConfigError(f"HSCAPTURE_WAIT_TIMEOUT_S: expected seconds from 0 to "
+                                 f"{MAX_WAIT_TIMEOUT_S:g}, found {raw_wait!r}")
     interval_ms = _millis(env, "HSCAPTURE_PUBLISH_INTERVAL_MS", DEFAULT_PUBLISH_INTERVAL_MS)
     stage_ms = _millis(env, "HSCAPTURE_STAGE_INTERVAL_MS", DEFAULT_STAGE_INTERVAL_MS)
     log_ms = _millis(env, "HSCAPTURE_PASS_LOG_MS", DEFAULT_PASS_LOG_MS)
@@ -381,10 +407,24 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         publish_interval_s=interval_ms / 1e3,
         stage_interval_s=stage_ms / 1e3,
         pass_log_interval_s=log_ms / 1e3,
-        model=env.get("HSCAPTURE_MODEL") or None,
-        convention=env.get("HSCAPTURE_CONVENTION", DEFAULT_CONVENTION) or DEFAULT_CONVENTION,
+        model=_text(env, "HSCAPTURE_MODEL", None),
+        convention=_text(env, "HSCAPTURE_CONVENTION", DEFAULT_CONVENTION),
         env=env,
     )
+
+
+def _text(env: Mapping[str, str], name: str, default: str | None) -> str | None:
+    """``env[name]`` (``default`` when unset or empty) if UTF-8 can encode it (every ring
+    entry carries it); a byte the environment could not decode refuses the configuration
+    (until 2026-12-05 the server started and every capture then failed)."""
+    value = env.get(name) or default
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CaptureConfigError(f"{name}: expected UTF-8 text, found an undecodable "
+                                     f"byte at index {exc.start} of {value[:60]!r}") from None
+    return value
 
 
 def _millis(env: Mapping[str, str], name: str, default: float) -> float:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 
 from ..errors import InvalidRidError
 from ..notice import check_rid
-from .config import CaptureConfig, custom_params
+from .config import MAX_META_ERROR_CHARS, CaptureConfig, custom_params
 
 __all__ = ["Inflight", "SampleTracker", "MAX_DONE"]
 
@@ -58,6 +58,8 @@ class Inflight:
     pending_end: int = 0      # end of the chunk handed to the producer in this forward
     #: the sample's row ``extra`` (attempt, meta), built at its first chunk, reused by the rest
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the sample's loss mask (one byte 0/1 per prompt token), checked at its first chunk
+    mask: bytes | None = None
 
 
 def _ref(obj: Any) -> Callable[[], Any]:
@@ -170,10 +172,20 @@ class SampleTracker:
                 self._log_once("invalid_meta", logging.WARNING, "hscapture: rid %r is captured "
                                "without its metadata: %s (further invalid metas are counted)",
                                rid, bad_meta)
+            # the loss mask too, checked whole once per sample: a bad one costs the mask
+            # (the sample says why), never the sample
+            mask, bad_mask = self.config.loss_mask_of(req, total, custom=custom) \
+                if custom is not None else (None, None)
+            if bad_mask is not None:
+                extra = {**extra, "mask_error": bad_mask[:MAX_META_ERROR_CHARS]}
+                self.counters["invalid_loss_masks"] += 1
+                self._log_once("invalid_mask", logging.WARNING, "hscapture: rid %r is "
+                               "captured without its loss mask: %s (further invalid masks are "
+                               "counted)", rid, bad_mask)
             if not is_last:   # a sample of several chunks: followed until its last one
                 self.inflight[rid] = Inflight(attempt=attempt, next_start=prefix,
                                               cached_prefix=prefix, ref=_ref(req),
-                                              pending_end=end, extra=extra)
+                                              pending_end=end, extra=extra, mask=mask)
         elif prefix != st.next_start:
             self.fail(rid, attempt, f"chunk starts at token {prefix}, expected "
                                     f"{st.next_start}", req)
@@ -182,11 +194,10 @@ class SampleTracker:
             cached = st.cached_prefix
             st.pending_end = end
             extra = st.extra
-        fields = self.config.fields_for(req, prefix, end, custom=custom) \
-            if custom is not None and self.config.fields else None
+            mask = st.mask
         return ({"rid": rid, "token_start": prefix, "token_count": ext, "last": is_last,
                  "cached_prefix": cached, "extra": extra,
-                 "fields": fields or {}},
+                 "fields": {"loss_mask": mask[prefix:end]} if mask is not None else {}},
                 (rid, attempt, req, is_last))
 
     def _continues(self, st: Inflight, rid: str, attempt: int, req: Any) -> Inflight | None:

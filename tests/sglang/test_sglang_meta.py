@@ -135,3 +135,33 @@ def test_the_meta_goes_from_the_hook_through_a_drain_to_the_reader_and_the_specf
     for i, rid in enumerate(ss.rids):
         raw = load_feature_file(str(sf / "rows_0-2000" / f"data_{i}.ckpt"))
         assert raw.get(META_KEY) == metas[rid]
+
+
+@pytest.mark.parametrize("mask, why", [
+    ([2] * 25, "found 2 at index 0"),
+    ([1] * 24 + [255], "found 255 at index 24"),
+    ([0] + [1] * 25, "found 26 values"),
+    ([1] * 24, "found 24 values"),
+    ([1] * 12, "found 12 values"),
+    ([1.0] * 25, "found 1.0"),
+    ([1] * 12 + [-1] + [1] * 12, "found -1"),
+    ("1" * 25, "found str"),
+])
+def test_a_loss_mask_that_is_not_one_0_or_1_per_prompt_token_is_left_out_and_the_sample_says_why(
+        rig, mask, why):
+    # fault hunt 5 (2026-12-05): values 2 or 255 were stored (as loss weights), a mask one
+    # too long was cut off by one, a short one cost the sample its mask in silence
+    hook, sub, srv = rig()
+    r = srv.new_req("hscap-bad-mask", 25, custom_params={"hscapture": True,
+                                                        "hscapture_loss_mask": mask})
+    good = srv.new_req("hscap-good-mask", 25, custom_params={
+        "hscapture_loss_mask": [int(i % 2 == 0) for i in range(25)]})
+    for start, size in chunks(25, 10):
+        srv.extend([(r, start, size), (good, start, size)])
+    s = sub.get(r.rid, timeout=10)
+    assert "loss_mask" not in s.fields and why in s.extra["mask_error"], s.extra
+    assert "hscapture_loss_mask: expected 25 values 0 or 1" in s.extra["mask_error"]
+    g = sub.get(good.rid, timeout=10)
+    assert g.fields["loss_mask"].tolist() == [int(i % 2 == 0) for i in range(25)]
+    assert "mask_error" not in g.extra
+    assert hook.counters["invalid_loss_masks"] == 1

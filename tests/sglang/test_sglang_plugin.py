@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,40 @@ def test_config_values_and_errors():
         with pytest.raises(CaptureConfigError, match=r"HSCAPTURE_PASS_LOG_MS: expected "
                                                      r"milliseconds from 0 to 10000, found"):
             load_config({"HSCAPTURE_PASS_LOG_MS": raw})
+
+
+@pytest.mark.parametrize("env, says", [
+    # fault hunt 5 (2026-12-05): each was accepted, then hung the scheduler (inf), behaved
+    # as no wait (nan, -3), lost every sample unnamed (a layer id past int32), failed every
+    # capture (an undecodable byte), or failed untyped in the ring's constructor (a size)
+    ({"HSCAPTURE_WAIT_TIMEOUT_S": "inf"}, "HSCAPTURE_WAIT_TIMEOUT_S: expected seconds from 0 to 60"),
+    ({"HSCAPTURE_WAIT_TIMEOUT_S": "nan"}, "HSCAPTURE_WAIT_TIMEOUT_S"),
+    ({"HSCAPTURE_WAIT_TIMEOUT_S": "-3"}, "HSCAPTURE_WAIT_TIMEOUT_S"),
+    ({"HSCAPTURE_LAYERS": "2,16,2147483648"}, "HSCAPTURE_LAYERS: expected distinct layer ids from 0 to 2147483647"),
+    ({"HSCAPTURE_MODEL": "/models/caf\udce9-llama"}, "HSCAPTURE_MODEL: expected UTF-8 text"),
+    ({"HSCAPTURE_CONVENTION": "x\udcff"}, "HSCAPTURE_CONVENTION: expected UTF-8 text"),
+    ({"HSCAPTURE_RING_BYTES": "99999999999999999999999"}, "HSCAPTURE_RING_BYTES: expected 1 byte to 1024 GiB"),
+])
+def test_a_setting_out_of_range_is_refused_at_start_naming_its_variable(env, says):
+    with pytest.raises(CaptureConfigError, match=re.escape(says)):
+        load_config(env)
+
+
+def test_a_producer_refuses_what_no_ring_entry_can_carry(tmp_path):
+    import torch
+
+    from hscapture import Producer
+
+    ep = f"ipc://{tmp_path}/p.sock"
+    for kw, says in (({"wait_timeout_s": float("inf")}, "wait_timeout_s: expected seconds"),
+                     ({"model": "caf\udce9"}, "model 'caf"),
+                     ({"convention": "\udcff"}, "convention")):
+        with pytest.raises(CaptureConfigError, match=says):
+            Producer(ep, producer_id="bad-settings", capacity=1 << 20, **kw)
+    with Producer(ep, producer_id="bad-layers", capacity=1 << 20) as p:
+        with pytest.raises(CaptureConfigError, match="layers: expected ids in"):
+            p.capture("hscap-x", [torch.zeros(2, 8)], layers=[1 << 31],
+                      token_ids=torch.arange(2))
 
 
 def test_endpoint_per_dp_rank():
