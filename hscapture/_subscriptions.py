@@ -25,11 +25,11 @@ subscriber process is gone and which no subscriber attached for longer than
 ``HSCAPTURE_DURABLE_KEEP_S`` (default 7 days), so that a forgotten drain does not pin every
 future ring. A live subscriber is always kept.
 
-The files, in ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``), mode 0600, each rewritten whole
-under an ``flock`` of ``<file>.lock``, keyed by the endpoint (:func:`endpoint_key`):
-``hscapture.subs-<uid>-ep-<key>``, one line per name: ``name<TAB>pid<TAB>unix time of the
-last attach``; ``hscapture.rings-<uid>-ep-<key>``, one segment name per line (a segment that
-no longer exists is dropped at the next write).
+The files, mode 0600, each rewritten whole under an ``flock`` of ``<file>.lock``, keyed by
+the endpoint (:func:`endpoint_key`): ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``)
+``/hscapture.subs-<uid>-ep-<key>``, one line per name: ``name<TAB>pid<TAB>unix time of the
+last attach``; ``/dev/shm/hscapture.rings-<uid>-ep-<key>`` (beside the segments), one segment
+name per line (a segment that no longer exists is dropped at the next write).
 """
 
 from __future__ import annotations
@@ -126,8 +126,10 @@ def endpoint_registry_path(endpoint: str) -> Path:
 
 
 def segments_path(endpoint: str) -> Path:
-    """The segments producers made for an endpoint (what its durable subscribers may adopt)."""
-    return _dir() / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
+    """The segments producers made for an endpoint (what its durable subscribers may adopt):
+    in ``/dev/shm`` beside the segments themselves, whatever ``HSCAPTURE_SUBS_DIR`` says (a
+    server and a trainer that disagreed on it would otherwise never adopt a kept ring)."""
+    return Path(SHM_DIR) / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
 
 
 def _parse(text: str) -> dict[str, tuple[int, float]]:
