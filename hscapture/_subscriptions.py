@@ -50,10 +50,12 @@ log = logging.getLogger("hscapture")
 
 __all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
            "endpoint_registry_path", "segments_path", "entries", "remember",
-           "forget", "record_segment", "segments_of", "reserve_places", "KEEP_S"]
+           "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
+           "KEEP_S"]
 
 _FILE_PREFIX = "hscapture.subs-"
 _RINGS_PREFIX = "hscapture.rings-"
+_WHO_PREFIX = "hscapture.who-"
 #: how long a name whose subscriber is gone keeps places in new incarnations (seconds)
 KEEP_S = 7 * 24 * 3600.0
 #: consumer slots a new incarnation leaves free for subscribers that attach (reserve_places
@@ -96,7 +98,14 @@ def check_name(name: object) -> str:
 
 
 def _dir() -> Path:
-    return Path(os.environ.get("HSCAPTURE_SUBS_DIR") or SHM_DIR)
+    """``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``), created (mode 0700) when missing."""
+    d = Path(os.environ.get("HSCAPTURE_SUBS_DIR") or SHM_DIR)
+    if not d.is_dir():
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            pass            # the write that needs it says why
+    return d
 
 
 def _keep_s() -> float:
@@ -313,3 +322,36 @@ def reserve_places(segment: str, endpoint: str) -> list[str]:
                     "drops (named by rid); `hscapture drain --unsubscribe -e ENDPOINT -o DIR` "
                     "(Subscriber.unsubscribe()) ends one for good", segment, ", ".join(away))
     return done
+
+
+def _who_path(name: str) -> Path:
+    digest = hashlib.sha1(name.encode()).hexdigest()[:16]
+    return _dir() / f"{_WHO_PREFIX}{os.geteuid()}-{digest}"
+
+
+def describe(name: str, **info: Any) -> None:
+    """Record what the durable subscription ``name`` is (a drain: its output directory and
+    endpoints), so that a message about a place kept for it (``hscapture cleanup``) can say
+    how to end it. Best effort (logged at debug level)."""
+    import json
+
+    path = _who_path(name)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"name": name, **info}, f)
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError) as exc:
+        log.debug("hscapture: cannot describe durable subscription %r: %s", name, exc)
+
+
+def who(name: str) -> dict[str, Any] | None:
+    """What :func:`describe` recorded for ``name`` (None: nothing, or unreadable)."""
+    import json
+
+    try:
+        got = json.loads(_who_path(name).read_text())
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) and got.get("name") == name else None

@@ -391,11 +391,13 @@ def inspect(out_dir: str, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2, default=str))
     else:
         click.echo(f"{out_dir}: {report['samples']} samples, {report['tokens']} tokens, "
-                   f"{report['shards']} shard(s), {format_size(report['bytes'])}")
+                   f"{report['shards']} shard(s), {format_size(report['bytes'])} of shard "
+                   f"files (their headers included)")
         stored, logical = report.get("stored_bytes", 0), report.get("logical_bytes", 0)
         if stored != logical and logical:
-            click.echo(f"  stored: {format_size(stored)} of {format_size(logical)} logical "
-                       f"({stored / logical:.2f} of the uncompressed size)")
+            click.echo(f"  hidden states stored: {format_size(stored)} of "
+                       f"{format_size(logical)} ({stored / logical:.2f} of their "
+                       f"uncompressed size)")
         for sch in report["schemas"]:
             click.echo(f"  model: {sch['model'] or '(unknown)'}")
             click.echo(f"  convention: {sch['convention'] or '(none)'}")
@@ -566,14 +568,33 @@ def cleanup(prefix: str, force: bool) -> None:
         why = a.reason.replace("pass force=True to remove it anyway", "`hscapture cleanup "
                                "--force` removes it anyway")
         click.echo(f"kept stale segment {a.name}: {why}")
-        if "'drain-" in why:
-            click.echo("  (a `drain-...` subscription is a drain's: `hscapture drain "
-                       "--unsubscribe -e ENDPOINT -o DIR` ends it, its samples given up)")
+        for name in dict.fromkeys(re.findall(r"durable subscription '([^']+)'", a.reason)):
+            click.echo(f"  {_whose(name)}")
     sockets = cleanup_sockets()
     for path in sockets:
         click.echo(f"removed stale socket file {path}")
-    log.info("%d stale segment(s) and %d socket file(s) in %s removed", len(removed),
-             len(sockets), socket_dir())
+    log.info("%d stale segment(s) removed from /dev/shm, %d socket file(s) from %s",
+             len(removed), len(sockets), socket_dir())
+
+
+def _whose(name: str) -> str:
+    """How to end the durable subscription ``name`` (what its drain recorded of itself)."""
+    import shlex
+
+    from ._subscriptions import who
+
+    info = who(name) or {}
+    out, eps = info.get("out_dir"), info.get("endpoints")
+    if info.get("kind") == "drain" and isinstance(out, str) and isinstance(eps, list) and eps:
+        cmd = "hscapture drain --unsubscribe " + " ".join(
+            f"-e {shlex.quote(str(e))}" for e in eps) + f" -o {shlex.quote(out)}"
+        gone = "" if os.path.isdir(out) else " (that directory no longer exists)"
+        return f"'{name}' is the drain into {out}{gone}: `{cmd}` ends it, its samples given up"
+    if name.startswith("drain-"):
+        return (f"'{name}' is a drain's: `hscapture drain --unsubscribe -e ENDPOINT -o DIR` "
+                f"(its endpoints and output directory) ends it, its samples given up")
+    return (f"'{name}' is a durable subscriber's: its Subscriber(name=...).unsubscribe() ends "
+            f"it, its samples given up")
 
 
 # -- bench ----------------------------------------------------------------------------------

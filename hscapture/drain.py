@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ._report_log import ReportLog
+from ._subscriptions import describe
 from .errors import SampleTimeoutError, ShardError
 from .sample import Sample
 from .shards import SampleRefusedError, ShardWriter
@@ -122,6 +123,10 @@ def drain(
     # shard data is durable; rids already in the index are skipped in the subscriber.
     sub = Subscriber(endpoints, name=resume_name(out_dir), zero_copy=True,
                      skip_rid=lambda rid: writer.seen(rid) or rid in pending)
+    # what `hscapture cleanup` says of a segment kept for this name: whose it is, and how
+    # to end it (a drain-<hash> name alone told the user nothing)
+    describe(sub.name, kind="drain", out_dir=os.path.abspath(out_dir),
+             endpoints=list(sub.endpoints))
     start = time.monotonic()
     reports = ReportLog(out_dir)
     # a killed predecessor's failures are named in this report; every recorded one, read

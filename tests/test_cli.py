@@ -455,6 +455,41 @@ def test_cleanup_keeps_a_segment_a_drain_has_not_read_and_says_how_to_let_it_go(
             os.unlink(f"/dev/shm/{name}")
 
 
+def test_cleanup_names_the_directory_and_endpoints_of_the_drain_it_keeps_a_segment_for(
+        tmp_path, endpoint):
+    # "drain-<hash>" alone told a newcomer nothing: which drain, which endpoint? (newcomer
+    # walk 2, 2026-12-05). A drain records what it is; cleanup prints the command that ends it.
+    import torch
+
+    from hscapture import Producer
+
+    out = tmp_path / "my shards"
+    p = Producer(endpoint, producer_id=f"clidrain{uuid.uuid4().hex[:6]}", capacity=1 << 20,
+                 heartbeat_interval_s=0.05)
+    try:
+        d = subprocess.Popen([sys.executable, "-m", "hscapture", "drain", "-e", endpoint,
+                              "-o", str(out), "-n", "1", "-q"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.wait_for_consumers(1, timeout_s=60), d.communicate(timeout=10)
+        for rid in ("hscap-a", "hscap-b"):      # the drain takes one, leaves one unread
+            assert p.capture(rid, [torch.zeros(2, 8, dtype=torch.bfloat16)], layers=[0],
+                             token_ids=torch.arange(2))
+        p.flush()
+        assert d.wait(timeout=60) == 0, d.communicate()
+        segment = p.segment
+    finally:
+        p.close()
+    try:
+        res = _run("cleanup", "--prefix", segment, cwd=tmp_path)
+        assert f"kept stale segment {segment}" in res.stdout, res.stdout
+        assert f"is the drain into {out}" in res.stdout, res.stdout
+        assert f"hscapture drain --unsubscribe -e {endpoint} -o '{out}'" in res.stdout, \
+            res.stdout
+    finally:
+        _run("drain", "--unsubscribe", "-e", endpoint, "-o", str(out), cwd=tmp_path)
+        _run("cleanup", "--prefix", segment, "--force", cwd=tmp_path)
+
+
 def test_cleanup_removes_dead_producers_segments_and_sockets_only(tmp_path, sock_dir):
     prefix = f"hscapture-clitest-{uuid.uuid4().hex[:8]}-"
     code = ("import sys, time; from hscapture import _ring; "

@@ -186,3 +186,11 @@ def test_every_name_the_rule_accepts_is_recorded_and_read_back_as_itself(name):
     finally:
         subs.forget(name, [ep])
     assert name not in subs.entries(ep)
+
+
+def test_a_subscriptions_folder_that_does_not_exist_yet_is_made(tmp_path, monkeypatch):
+    # it only warned, on every write (newcomer walk 2, 2026-12-05)
+    monkeypatch.setenv("HSCAPTURE_SUBS_DIR", str(tmp_path / "not" / "yet"))
+    subs.remember("trainer", endpoint="ipc:///tmp/hsc-made.sock")
+    assert list(subs.entries("ipc:///tmp/hsc-made.sock")) == ["trainer"]
+    assert (tmp_path / "not" / "yet").stat().st_mode & 0o777 == 0o700
