@@ -551,6 +551,11 @@ class SGLangCaptureHook:
             producer.close(timeout_s=timeout_s)
 
     def stats(self) -> dict[str, Any]:
+        """The hook's counters and its producer's stats (``"producer"``). The hook counts
+        what it handed to the producer (``samples``, ``chunks``: rows taken for capture);
+        what reached the ring is the producer's (``producer["captured_rows"]``; drops in
+        ``producer["dropped"]`` and the like, once there are any), and every sample that
+        did not reach it is named by rid to the subscribers."""
         out: dict[str, Any] = dict(self.counters)
         out.update(inflight=len(self._samples.inflight), disabled=self.disabled,
                    logged_passes=len(self._log),
