@@ -409,14 +409,14 @@ def test_inspect_shows_the_codec_and_stored_vs_logical_bytes(tmp_path, comp):
     assert res.exit_code == 0, res.output
     assert f"compression: {comp}" in res.output
     assert ("LOSSY" in res.output) == (comp == "fp8")
-    assert "stored:" in res.output and "logical" in res.output
+    assert "hidden states stored:" in res.output and "of their uncompressed size" in res.output
     rep = json.loads(CliRunner().invoke(main, ["inspect", str(tmp_path), "--json"]).output)
     assert rep["schemas"][0]["codec"]["name"] == comp
     assert rep["stored_bytes"] < rep["logical_bytes"]
     plain = tmp_path / "plain"
     write(plain, [make_sample(0)])
     res = CliRunner().invoke(main, ["inspect", str(plain)])
-    assert "compression: none" in res.output and "stored:" not in res.output
+    assert "compression: none" in res.output and "hidden states stored:" not in res.output
 
 
 def test_verify_dir_catches_a_damaged_codec_record(tmp_path):
