@@ -116,11 +116,13 @@ def _keep_s() -> float:
 
 
 def endpoint_key(endpoint: str) -> str:
-    """What names an endpoint in the files: ``ipc://PATH`` by its absolute path;
+    """What names an endpoint in the files: ``ipc://PATH`` by its real path (symbolic links
+    resolved: a trainer that reached the server's socket through a linked folder kept its
+    name under another key until 2026-12-05, and a restarted server kept no place for it);
     ``tcp://HOST:PORT`` by its port (the producer binds ``0.0.0.0`` or ``*`` where the
     subscriber connects to an address); the first 16 hex digits of its SHA-1."""
     if endpoint.startswith("ipc://"):
-        key = "ipc://" + os.path.abspath(endpoint[len("ipc://"):])
+        key = "ipc://" + os.path.realpath(endpoint[len("ipc://"):])
     elif endpoint.startswith("tcp://"):
         key = "tcp:" + endpoint.rsplit(":", 1)[-1]
     else:
@@ -336,6 +338,12 @@ def describe(name: str, **info: Any) -> None:
     import json
 
     path = _who_path(name)
+    old = who(name) or {}
+    if isinstance(old.get("endpoints"), list) and isinstance(info.get("endpoints"), list) \
+            and old.get("out_dir") == info.get("out_dir"):
+        # every endpoint the name was ever used at: its places may be in any of their rings
+        # (a drain run with -e A -e B, then with -e A alone, still holds B's ring)
+        info["endpoints"] = list(dict.fromkeys([*old["endpoints"], *info["endpoints"]]))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

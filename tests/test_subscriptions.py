@@ -194,3 +194,21 @@ def test_a_subscriptions_folder_that_does_not_exist_yet_is_made(tmp_path, monkey
     subs.remember("trainer", endpoint="ipc:///tmp/hsc-made.sock")
     assert list(subs.entries("ipc:///tmp/hsc-made.sock")) == ["trainer"]
     assert (tmp_path / "not" / "yet").stat().st_mode & 0o777 == 0o700
+
+
+def test_an_ipc_endpoint_reached_through_a_linked_folder_is_the_same_endpoint(tmp_path):
+    # fault hunt 6 (2026-12-05): the name was kept under the link's key, the server's ring
+    # and places under the real path's, and a restarted server kept no place for it
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert subs.endpoint_key(f"ipc://{tmp_path}/link/x.sock") == \
+        subs.endpoint_key(f"ipc://{tmp_path}/real/x.sock")
+
+
+def test_what_a_name_is_keeps_every_endpoint_a_drain_into_its_directory_used():
+    # fault hunt 6: a drain with -e A -e B, then with -e A alone: cleanup advised ending
+    # the subscription at A only, while B's ring held its place
+    name = f"drain-test-{os.getpid()}"
+    subs.describe(name, kind="drain", out_dir="/x", endpoints=["ipc:///a", "ipc:///b"])
+    subs.describe(name, kind="drain", out_dir="/x", endpoints=["ipc:///a"])
+    assert subs.who(name)["endpoints"] == ["ipc:///a", "ipc:///b"]
