@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ._delivery import Delivery
 from ._leftover import read as read_leftover
@@ -285,14 +285,7 @@ class SourceRegistry:
         subscription of a dead producer is then ended and the segment removed if unused."""
         if not src.retired or len(src.borrowed) or src.consumer is None:
             return
-        dead = not src.consumer.producer_alive()
-        src.detach(unsubscribe=bool(self.name) and dead)
-        if dead:
-            from .ring import cleanup_stale
-            try:
-                cleanup_stale(src.segment)
-            except Exception:
-                pass
+        _detach(src, lambda dead: bool(self.name) and dead)
         self.sources.pop(src.epoch, None)
 
     # -- the rings -------------------------------------------------------------------------
@@ -375,19 +368,8 @@ class SourceRegistry:
 
     def close(self, unsubscribe: bool) -> None:
         """Detach from every ring (``unsubscribe``: give durable places up for good)."""
-        from .ring import cleanup_stale
-
         for src in list(self.sources.values()):
-            consumer = src.consumer
-            dead = consumer is not None and not consumer.producer_alive()
-            src.detach(unsubscribe=unsubscribe and bool(self.name))
-            if dead:
-                # a segment its producer left for us (a leftover file we did not read yet):
-                # gone unless another subscriber still needs it, not left to the next start
-                try:
-                    cleanup_stale(src.segment)
-                except Exception:
-                    pass
+            _detach(src, lambda dead: unsubscribe and bool(self.name))
 
     # -- reports ---------------------------------------------------------------------------
 
@@ -411,3 +393,22 @@ class SourceRegistry:
             if c is not None and c.capacity:
                 out = max(out, (c.position - c.released) / c.capacity)
         return out
+
+
+def _detach(src: Source, unsubscribe: Callable[[bool], bool]) -> None:
+    """Detach from ``src``'s ring (``unsubscribe(producer_dead)``: whether to give a durable
+    place up for good); a ring whose producer is dead is then removed unless another
+    subscriber still needs it (a segment its producer left for us, with a leftover file:
+    not left to the next start)."""
+    from .ring import cleanup_stale
+
+    consumer = src.consumer
+    if consumer is None:
+        return
+    dead = not consumer.producer_alive()
+    src.detach(unsubscribe=unsubscribe(dead))
+    if dead:
+        try:
+            cleanup_stale(src.segment)
+        except Exception:     # vanished meanwhile, or not ours to judge
+            pass
