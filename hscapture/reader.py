@@ -19,12 +19,12 @@ Guarantees:
   became durable); a rid that appears twice keeps its first line, like
   :func:`hscapture.shards.read_index`.
 * Each shard file is opened with ``safetensors.safe_open`` on first use and kept open; its
-  tensors are read from the memory map. At most :func:`max_open_shards` shards are kept open
-  at once (a quarter of the process's open-file limit, at most 512; each holds a file
-  descriptor), the least recently used closed first; a tensor already returned keeps its own
-  map (and descriptor) alive until it is freed. (Until 2026-12-05 every shard stayed open:
-  a directory of more shards than the limit failed with "Too many open files", and an export
-  of it could never finish its resume.) A :class:`ShardSet` is picklable (handles are not
+  tensors are read from the memory map, which holds no file descriptor. At most
+  :data:`MAX_OPEN_SHARDS` (4,096) shards are kept open at once, the least recently used
+  closed first; a tensor already returned keeps its own map alive until it is freed. (Until
+  2026-12-05 every shard stayed open with a descriptor of its own: a directory of more
+  shards than the open-file limit failed with "Too many open files", and an export of it
+  could never finish its resume.) A :class:`ShardSet` is picklable (handles are not
   pickled but reopened lazily) and reopens its handles in a forked child, so it can be handed
   to ``DataLoader`` workers.
 * A sample is returned only if every tensor its index line names is in its shard
@@ -41,10 +41,11 @@ Guarantees:
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import mmap
 import os
-import resource
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -138,22 +139,37 @@ _FORK_GEN = [0]   # bumped in every forked child: handles opened before the fork
 os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
 
 
-#: the most shard files a ShardSet keeps open (None: from the open-file limit)
-MAX_OPEN_SHARDS: int | None = None
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _private_map(fd: int, size: int) -> Any:
+    """A private (copy-on-write), lazily paged map of ``size`` bytes of ``fd``: a buffer
+    object, unmapped once nothing references it (its tensors included). It holds no file
+    descriptor: Python's ``mmap`` keeps a duplicate of the file's for its whole life, so
+    every map a kept tensor held cost one, and a reader that reopened evicted shards ran out
+    of descriptors where the one before eviction did not (fault hunt 7, 2026-12-05)."""
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, _libc.munmap, addr, size)
+    return buf
+
+
+#: the most shard files a ShardSet keeps open at once: each holds two memory maps (its
+#: safe_open's and ours; no file descriptor), and a process may have ~65,000 (vm.max_map_count)
+MAX_OPEN_SHARDS = 4096
 
 
 def max_open_shards() -> int:
-    """How many shards a :class:`ShardSet` keeps open at once: :data:`MAX_OPEN_SHARDS` when
-    set, else a quarter of this process's soft open-file limit, between 8 and 512."""
-    if MAX_OPEN_SHARDS is not None:
-        return max(1, MAX_OPEN_SHARDS)
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (OSError, ValueError):
-        soft = 1024
-    if soft == resource.RLIM_INFINITY:
-        return 512
-    return max(8, min(512, soft // 4))
+    """How many shards a :class:`ShardSet` keeps open at once (:data:`MAX_OPEN_SHARDS`)."""
+    return max(1, int(MAX_OPEN_SHARDS))
 
 
 class _Handle:
@@ -197,7 +213,7 @@ class _Handle:
             raise ShardError(f"shard {path} does not open with safetensors: {e}") from e
         self.meta: dict[str, str] = self.f.metadata() or {}
         self._field_map: dict[str, list[str]] | None = None
-        self._mapped: mmap.mmap | None = None
+        self._mapped: Any = None
         self._spans: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] | None = None
 
     def tensor(self, name: str) -> torch.Tensor:
@@ -228,7 +244,7 @@ class _Handle:
                 # memory to torch (moved to shared memory like any other when sent to another
                 # process: a torch.UntypedStorage.from_file storage is not, and a DataLoader
                 # worker sending such a tensor hung in tests/test_compact.py)
-                mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if st.st_size else None
+                mapped = _private_map(fh.fileno(), st.st_size) if st.st_size else None
             if _identity(os.stat(self.path)) != self._stat:
                 return {}
         except (OSError, ValueError, RuntimeError):
