@@ -531,8 +531,9 @@ class SampleStream:
         for kind, rid, _reason, _event in new:
             by_kind.setdefault(kind, []).append(rid)
         for kind, rids in by_kind.items():
-            log.warning("hscapture: stream %r: %d sample(s) %s (report()[%r]; acknowledged: "
-                        "not named again by the next stream of this name): %s", sub.name,
+            log.warning("hscapture: stream %r: %d sample(s) %s (report()[%r]; acknowledged "
+                        "right after this line: the next stream of this name names them "
+                        "again only if this one dies first): %s", sub.name,
                         len(rids), kind, kind, ", ".join(rids))
         self._named += len(new)
         sub.acknowledge_failures(self._named)
