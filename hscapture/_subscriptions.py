@@ -35,10 +35,12 @@ name per line (a segment that no longer exists is dropped at the next write).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -48,7 +50,7 @@ from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
+__all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key", "endpoint_keys",
            "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
            "KEEP_S"]
@@ -115,32 +117,66 @@ def _keep_s() -> float:
         return KEEP_S
 
 
-def endpoint_key(endpoint: str) -> str:
-    """What names an endpoint in the files: ``ipc://PATH`` by its real path (symbolic links
-    resolved: a trainer that reached the server's socket through a linked folder kept its
-    name under another key until 2026-12-05, and a restarted server kept no place for it);
-    ``tcp://HOST:PORT`` by its port (the producer binds ``0.0.0.0`` or ``*`` where the
-    subscriber connects to an address); the first 16 hex digits of its SHA-1."""
+#: tcp hosts that mean "every interface" in a bind
+_WILDCARDS = frozenset({"*", "0.0.0.0", "::", "[::]", "[*]"})
+
+
+@functools.lru_cache(maxsize=256)
+def _tcp_host(host: str) -> str:
+    """``host`` as an address (``"*"`` for a wildcard): a name is resolved once
+    (``localhost`` is ``127.0.0.1``), an address or an interface name kept as it is."""
+    if host in _WILDCARDS:
+        return "*"
+    if host.startswith("[") or re.fullmatch(r"[0-9.]+", host):
+        return host
+    try:
+        return socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        return host
+
+
+def endpoint_keys(endpoint: str, bound: bool = False) -> list[str]:
+    """What names an endpoint in the files, as the first 16 hex digits of a SHA-1.
+
+    ``ipc://PATH``: its real path (symbolic links resolved: a trainer that reached the
+    server's socket through a linked folder kept its name under another key until
+    2026-12-05, and a restarted server kept no place for it). ``tcp://HOST:PORT``: a
+    producer (``bound``) that binds a wildcard (``*``, ``0.0.0.0``) is keyed by its port, one
+    that binds an address by address and port; a subscriber, which connects to an address
+    and cannot know which the producer bound, by both (it records its name under both and
+    adopts rings recorded under either). Two servers on one port of two addresses are two
+    endpoints (until 2026-12-05 both were keyed by the port: GUARANTEES gap 7)."""
     if endpoint.startswith("ipc://"):
-        key = "ipc://" + os.path.realpath(endpoint[len("ipc://"):])
-    elif endpoint.startswith("tcp://"):
-        key = "tcp:" + endpoint.rsplit(":", 1)[-1]
+        texts = ["ipc://" + os.path.realpath(endpoint[len("ipc://"):])]
+    elif endpoint.startswith("tcp://") and ":" in endpoint[len("tcp://"):]:
+        host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+        addr = _tcp_host(host)
+        if bound:
+            texts = ["tcp:" + port if addr == "*" else f"tcp:{addr}:{port}"]
+        else:
+            texts = ["tcp:" + port] + ([] if addr == "*" else [f"tcp:{addr}:{port}"])
     else:
-        key = endpoint
-    return hashlib.sha1(key.encode()).hexdigest()[:16]
+        texts = [endpoint]
+    return [hashlib.sha1(t.encode()).hexdigest()[:16] for t in texts]
 
 
-def endpoint_registry_path(endpoint: str) -> Path:
+def endpoint_key(endpoint: str) -> str:
+    """The key a producer bound to ``endpoint`` reads and writes (:func:`endpoint_keys`)."""
+    return endpoint_keys(endpoint, bound=True)[0]
+
+
+def endpoint_registry_path(endpoint: str, key: str | None = None) -> Path:
     """The durable names recorded at an endpoint (by subscribers, before or after they
-    attached), read by every producer that binds it."""
-    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
+    attached), read by every producer that binds it (``key``: one of its
+    :func:`endpoint_keys`; default: the producer's)."""
+    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{key or endpoint_key(endpoint)}"
 
 
-def segments_path(endpoint: str) -> Path:
+def segments_path(endpoint: str, key: str | None = None) -> Path:
     """The segments producers made for an endpoint (what its durable subscribers may adopt):
     in ``/dev/shm`` beside the segments themselves, whatever ``HSCAPTURE_SUBS_DIR`` says (a
     server and a trainer that disagreed on it would otherwise never adopt a kept ring)."""
-    return Path(SHM_DIR) / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
+    return Path(SHM_DIR) / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{key or endpoint_key(endpoint)}"
 
 
 def _parse(text: str) -> dict[str, tuple[int, float]]:
@@ -203,7 +239,8 @@ def remember(name: str, *, endpoint: str) -> None:
     def add(d: dict[str, tuple[int, float]]) -> None:
         d[name] = (os.getpid(), time.time())
     try:
-        _update(endpoint_registry_path(endpoint), add)
+        for key in endpoint_keys(endpoint):
+            _update(endpoint_registry_path(endpoint, key), add)
     except OSError as exc:   # best effort: the places in the rings it attached exist anyway
         log.warning("hscapture subscriber: cannot record durable subscription %r for the "
                     "next incarnations at %s: %s", name, endpoint, exc)
@@ -214,7 +251,8 @@ def forget(name: str, endpoints: Iterable[str]) -> None:
     another endpoint is another subscription, and stays."""
     for endpoint in endpoints:
         try:
-            _update(endpoint_registry_path(endpoint), lambda d: d.pop(name, None))
+            for key in endpoint_keys(endpoint):
+                _update(endpoint_registry_path(endpoint, key), lambda d: d.pop(name, None))
         except OSError as exc:
             log.warning("hscapture subscriber: cannot remove %r from the durable "
                         "subscriptions at %s: %s", name, endpoint, exc)
@@ -244,10 +282,11 @@ def segments_of(endpoints: Iterable[str]) -> set[str]:
     """The segments producers made for any of ``endpoints`` (:func:`record_segment`)."""
     out: set[str] = set()
     for endpoint in endpoints:
-        try:
-            out.update(_segment_lines(segments_path(endpoint).read_text()))
-        except FileNotFoundError:
-            continue
+        for key in endpoint_keys(endpoint):
+            try:
+                out.update(_segment_lines(segments_path(endpoint, key).read_text()))
+            except FileNotFoundError:
+                continue
     return out
 
 

@@ -17,12 +17,17 @@ from hscapture import _subscriptions as subs
 
 
 def test_an_endpoints_file_matches_a_tcp_bind_address_with_the_address_connected_to():
-    assert subs.endpoint_registry_path("tcp://0.0.0.0:5557") == \
-        subs.endpoint_registry_path("tcp://127.0.0.1:5557")
-    assert subs.endpoint_registry_path("tcp://127.0.0.1:5557") != \
-        subs.endpoint_registry_path("tcp://127.0.0.1:5558")
-    assert subs.endpoint_registry_path("ipc:///tmp/a/x.sock") != \
-        subs.endpoint_registry_path("ipc:///tmp/b/x.sock")
+    keys = subs.endpoint_keys
+    # a wildcard bind is found by a subscriber of any address on its port
+    for connected in ("tcp://127.0.0.1:5557", "tcp://localhost:5557"):
+        assert subs.endpoint_key("tcp://0.0.0.0:5557") in keys(connected)
+        assert subs.endpoint_key("tcp://*:5557") in keys(connected)
+        # ... a bind to an address by a subscriber of that address (by name or number)
+        assert subs.endpoint_key("tcp://127.0.0.1:5557") in keys(connected)
+    # ... and never by one of another address or port (gap 7: two servers on one port)
+    assert subs.endpoint_key("tcp://127.0.0.2:5557") not in keys("tcp://127.0.0.1:5557")
+    assert subs.endpoint_key("tcp://0.0.0.0:5558") not in keys("tcp://127.0.0.1:5557")
+    assert subs.endpoint_key("ipc:///tmp/a/x.sock") != subs.endpoint_key("ipc:///tmp/b/x.sock")
 
 
 def _add(args: tuple[str, str, str]) -> None:
@@ -110,12 +115,25 @@ def _read_all(endpoint: str, name: str) -> list[str]:
     return sorted(got)
 
 
-def test_a_durable_name_reads_only_the_rings_of_its_own_endpoints(tmp_path):
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["ipc", "tcp"])
+def test_a_durable_name_reads_only_the_rings_of_its_own_endpoints(tmp_path, kind):
     # Two servers (same producer id, as every SGLang server's first rank) each with a trainer
     # of the same durable name: each trainer resumes only its own server's kept ring. Until
     # 2026-12-05 the first to return took both rings' samples, and the other found nothing,
     # without a word (and each server reserved places for the other's trainer).
-    a, b = f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"
+    # tcp: one port on two addresses of this host (fault hunt 6: both were keyed by the
+    # port, GUARANTEES gap 7)
+    port = _free_port()
+    a, b = ((f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock") if kind == "ipc" else
+            (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.2:{port}"))
     for ep in (a, b):                    # both trainers registered, then away
         import hscapture
         hscapture.Subscriber(ep, name="trainer-1").close()
