@@ -35,12 +35,10 @@ name per line (a segment that no longer exists is dropped at the next write).
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import logging
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -117,47 +115,26 @@ def _keep_s() -> float:
         return KEEP_S
 
 
-#: tcp hosts that mean "every interface" in a bind
-_WILDCARDS = frozenset({"*", "0.0.0.0", "::", "[::]", "[*]"})
-
-
-@functools.lru_cache(maxsize=256)
-def _tcp_host(host: str) -> str:
-    """``host`` as an address (``"*"`` for a wildcard): a name is resolved once
-    (``localhost`` is ``127.0.0.1``), an address or an interface name kept as it is."""
-    if host in _WILDCARDS:
-        return "*"
-    if host.startswith("[") or re.fullmatch(r"[0-9.]+", host):
-        return host
-    try:
-        return socket.gethostbyname(host)
-    except (OSError, UnicodeError):
-        return host
-
-
 def endpoint_keys(endpoint: str, bound: bool = False) -> list[str]:
-    """What names an endpoint in the files, as the first 16 hex digits of a SHA-1.
+    """What names an endpoint in the files, as the first 16 hex digits of a SHA-1 (a list:
+    one key today, for every endpoint; ``bound``: as the producer that binds it sees it).
 
     ``ipc://PATH``: its real path (symbolic links resolved: a trainer that reached the
     server's socket through a linked folder kept its name under another key until
-    2026-12-05, and a restarted server kept no place for it). ``tcp://HOST:PORT``: a
-    producer (``bound``) that binds a wildcard (``*``, ``0.0.0.0``) is keyed by its port, one
-    that binds an address by address and port; a subscriber, which connects to an address
-    and cannot know which the producer bound, by both (it records its name under both and
-    adopts rings recorded under either). Two servers on one port of two addresses are two
-    endpoints (until 2026-12-05 both were keyed by the port: GUARANTEES gap 7)."""
+    2026-12-05, and a restarted server kept no place for it). ``tcp://HOST:PORT``: its port
+    alone. A producer binds ``*``, ``0.0.0.0``, an address, a host name or an interface name
+    where its subscriber connects to an address or a name; keyed by address too, every
+    spelling the two did not share (an interface name, ``127.1``, a name that does not
+    resolve) lost the subscriber's samples without a word (fault hunt 8, 2026-12-05), so two
+    servers on one port of two addresses share a key instead (GUARANTEES gap 7)."""
+    del bound   # (the same key on both sides)
     if endpoint.startswith("ipc://"):
-        texts = ["ipc://" + os.path.realpath(endpoint[len("ipc://"):])]
-    elif endpoint.startswith("tcp://") and ":" in endpoint[len("tcp://"):]:
-        host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-        addr = _tcp_host(host)
-        if bound:
-            texts = ["tcp:" + port if addr == "*" else f"tcp:{addr}:{port}"]
-        else:
-            texts = ["tcp:" + port] + ([] if addr == "*" else [f"tcp:{addr}:{port}"])
+        text = "ipc://" + os.path.realpath(endpoint[len("ipc://"):])
+    elif endpoint.startswith("tcp://"):
+        text = "tcp:" + endpoint.rsplit(":", 1)[-1]
     else:
-        texts = [endpoint]
-    return [hashlib.sha1(t.encode()).hexdigest()[:16] for t in texts]
+        text = endpoint
+    return [hashlib.sha1(text.encode()).hexdigest()[:16]]
 
 
 def endpoint_key(endpoint: str) -> str:

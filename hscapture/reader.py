@@ -27,6 +27,10 @@ Guarantees:
   could never finish its resume.) A :class:`ShardSet` is picklable (handles are not
   pickled but reopened lazily) and reopens its handles in a forked child, so it can be handed
   to ``DataLoader`` workers.
+* The tensors returned are writable views of a private (copy-on-write) map shared with the
+  rest of their shard in this set: writing into one never reaches the file, but changes
+  what a later read of that sample through the same set returns. Clone a tensor before
+  changing it in place (docs/GUARANTEES.md, known gap 9).
 * A sample is returned only if every tensor its index line names is in its shard
   (:class:`~hscapture.errors.ShardError` otherwise, naming rid, shard and tensor).
 * Compressed shards (``ShardWriter(compression="zstd"|"fp8")``) are decoded transparently from
@@ -158,7 +162,9 @@ def _private_map(fd: int, size: int) -> Any:
         err = ctypes.get_errno()
         raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
     buf = (ctypes.c_char * size).from_address(addr)
-    weakref.finalize(buf, _libc.munmap, addr, size)
+    # not at interpreter exit: a thread still reading a tensor of it would fault (fault
+    # hunt 8, 4 of 15 runs); the process's end unmaps it anyway
+    weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
     return buf
 
 
