@@ -37,8 +37,17 @@ def main() -> int:
         rng = random.Random(seed)
         reqs = requests(a.requests, seed=seed, tokens=(1, 6, 20, 48, 130), chunks=(4, 16, 64))
         per = max(1, a.requests // (a.restarts + 1))
-        stops = [(rng.randint(1, 2 * per), rng.choice(("kill", "kill", "close")))
-                 for _ in range(a.restarts)]
+        # each trainer stops after at most what is left for it (every later one gets at
+        # least one sample): drawn unbounded, the stops of seed 0 at 4,000/40 added up past
+        # the requests, and trainer 34, told to stop after 115 of the 63 left, idled out
+        stops, left = [], a.requests
+        for i in range(a.restarts):
+            room = left - (a.restarts - i)
+            n, how = rng.randint(1, 2 * per), rng.choice(("kill", "kill", "close"))
+            if room < 1:
+                break
+            stops.append((min(n, room), how))
+            left -= min(n, room)
         ep, d = new_endpoint()
         tmp = Path(tempfile.mkdtemp(prefix="hsc-stream-faults-"))
         try:
