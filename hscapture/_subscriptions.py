@@ -48,7 +48,7 @@ from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key", "endpoint_keys",
+__all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
            "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
            "KEEP_S"]
@@ -115,45 +115,39 @@ def _keep_s() -> float:
         return KEEP_S
 
 
-def endpoint_keys(endpoint: str, bound: bool = False) -> list[str]:
-    """What names an endpoint in the files, as the first 16 hex digits of a SHA-1 (a list:
-    one key today, for every endpoint; ``bound``: as the producer that binds it sees it).
+def endpoint_key(endpoint: str) -> str:
+    """What names an endpoint in the files (producers and subscribers alike): the first 16
+    hex digits of a SHA-1 of
 
-    ``ipc://PATH``: its real path (symbolic links resolved: a trainer that reached the
-    server's socket through a linked folder kept its name under another key until
-    2026-12-05, and a restarted server kept no place for it). ``tcp://HOST:PORT``: its port
-    alone. A producer binds ``*``, ``0.0.0.0``, an address, a host name or an interface name
-    where its subscriber connects to an address or a name; keyed by address too, every
-    spelling the two did not share (an interface name, ``127.1``, a name that does not
-    resolve) lost the subscriber's samples without a word (fault hunt 8, 2026-12-05), so two
-    servers on one port of two addresses share a key instead (GUARANTEES gap 7)."""
-    del bound   # (the same key on both sides)
+    - ``ipc://PATH``: its real path (symbolic links resolved: a trainer that reached the
+      server's socket through a linked folder kept its name under another key until
+      2026-12-05, and a restarted server kept no place for it);
+    - ``tcp://HOST:PORT``: its port alone. A producer binds ``*``, ``0.0.0.0``, an address, a
+      host name or an interface name where its subscriber connects to an address or a name
+      spelled its own way; keyed by address too, every pair of spellings the two did not
+      share (an interface name, ``127.1``, a name that does not resolve) lost the
+      subscriber's samples without a word (fault hunt 8, 2026-12-05), so two servers on one
+      port of two addresses share a key instead (GUARANTEES gap 7)."""
     if endpoint.startswith("ipc://"):
         text = "ipc://" + os.path.realpath(endpoint[len("ipc://"):])
     elif endpoint.startswith("tcp://"):
         text = "tcp:" + endpoint.rsplit(":", 1)[-1]
     else:
         text = endpoint
-    return [hashlib.sha1(text.encode()).hexdigest()[:16]]
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def endpoint_key(endpoint: str) -> str:
-    """The key a producer bound to ``endpoint`` reads and writes (:func:`endpoint_keys`)."""
-    return endpoint_keys(endpoint, bound=True)[0]
-
-
-def endpoint_registry_path(endpoint: str, key: str | None = None) -> Path:
+def endpoint_registry_path(endpoint: str) -> Path:
     """The durable names recorded at an endpoint (by subscribers, before or after they
-    attached), read by every producer that binds it (``key``: one of its
-    :func:`endpoint_keys`; default: the producer's)."""
-    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{key or endpoint_key(endpoint)}"
+    attached), read by every producer that binds it."""
+    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
 
 
-def segments_path(endpoint: str, key: str | None = None) -> Path:
+def segments_path(endpoint: str) -> Path:
     """The segments producers made for an endpoint (what its durable subscribers may adopt):
     in ``/dev/shm`` beside the segments themselves, whatever ``HSCAPTURE_SUBS_DIR`` says (a
     server and a trainer that disagreed on it would otherwise never adopt a kept ring)."""
-    return Path(SHM_DIR) / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{key or endpoint_key(endpoint)}"
+    return Path(SHM_DIR) / f"{_RINGS_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
 
 
 def _parse(text: str) -> dict[str, tuple[int, float]]:
@@ -216,8 +210,7 @@ def remember(name: str, *, endpoint: str) -> None:
     def add(d: dict[str, tuple[int, float]]) -> None:
         d[name] = (os.getpid(), time.time())
     try:
-        for key in endpoint_keys(endpoint):
-            _update(endpoint_registry_path(endpoint, key), add)
+        _update(endpoint_registry_path(endpoint), add)
     except OSError as exc:   # best effort: the places in the rings it attached exist anyway
         log.warning("hscapture subscriber: cannot record durable subscription %r for the "
                     "next incarnations at %s: %s", name, endpoint, exc)
@@ -228,8 +221,7 @@ def forget(name: str, endpoints: Iterable[str]) -> None:
     another endpoint is another subscription, and stays."""
     for endpoint in endpoints:
         try:
-            for key in endpoint_keys(endpoint):
-                _update(endpoint_registry_path(endpoint, key), lambda d: d.pop(name, None))
+            _update(endpoint_registry_path(endpoint), lambda d: d.pop(name, None))
         except OSError as exc:
             log.warning("hscapture subscriber: cannot remove %r from the durable "
                         "subscriptions at %s: %s", name, endpoint, exc)
@@ -259,11 +251,10 @@ def segments_of(endpoints: Iterable[str]) -> set[str]:
     """The segments producers made for any of ``endpoints`` (:func:`record_segment`)."""
     out: set[str] = set()
     for endpoint in endpoints:
-        for key in endpoint_keys(endpoint):
-            try:
-                out.update(_segment_lines(segments_path(endpoint, key).read_text()))
-            except FileNotFoundError:
-                continue
+        try:
+            out.update(_segment_lines(segments_path(endpoint).read_text()))
+        except FileNotFoundError:
+            continue
     return out
 
 
