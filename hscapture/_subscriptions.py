@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -342,8 +343,6 @@ def describe(name: str, **info: Any) -> None:
     """Record what the durable subscription ``name`` is (a drain: its output directory and
     endpoints), so that a message about a place kept for it (``hscapture cleanup``) can say
     how to end it. Best effort (logged at debug level)."""
-    import json
-
     path = _who_path(name)
     old = who(name) or {}
     if isinstance(old.get("endpoints"), list) and isinstance(info.get("endpoints"), list) \
@@ -363,8 +362,6 @@ def describe(name: str, **info: Any) -> None:
 
 def who(name: str) -> dict[str, Any] | None:
     """What :func:`describe` recorded for ``name`` (None: nothing, or unreadable)."""
-    import json
-
     try:
         got = json.loads(_who_path(name).read_text())
     except (OSError, ValueError):
