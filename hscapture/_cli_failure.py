@@ -7,6 +7,7 @@ traceback under ``--debug``. Its own module so that the commands defined outside
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 import click
@@ -35,12 +36,19 @@ class Refusal(Failure):
     exit_code = EXIT_REFUSED
 
 
+#: a remedy the library words for both audiences, ``overwrite=True (--overwrite)`` or
+#: ``loss_mask='all' (--loss-mask all)``: on the command line only the flag is said
+_BOTH_FORMS = re.compile(r"\b\w+=(?:True|'[^']*'|\d+) \((--[a-z][a-z0-9-]*(?: [^()\s]+)?)\)")
+
+
 def describe(exc: BaseException) -> str:
-    """The one-line message of an error a command stops on (an OS error: its file and why)."""
+    """The one-line message of an error a command stops on (an OS error: its file and why),
+    worded for the command line: a remedy the library names as a Python argument and a flag
+    is said as the flag alone."""
     if isinstance(exc, OSError) and not isinstance(exc, HSCaptureError):
         where = f"{exc.filename}: " if exc.filename else ""
         return f"{where}{exc.strerror or exc}"
-    return str(exc)
+    return _BOTH_FORMS.sub(r"\1", str(exc))
 
 
 def json_error_too(as_json: bool, call: Callable[[], Any]) -> Any:

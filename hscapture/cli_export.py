@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ._cli_failure import Refusal, json_error_too
+from ._cli_failure import Refusal, describe, json_error_too
 
 __all__ = ["export"]
 
@@ -75,7 +75,7 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
     except ExportWriteError:
         raise                   # hscapture: error: ..., exit 1 (cli._Group, --debug: traceback)
     except ExportError as e:
-        raise Refusal(str(e)) from e
+        raise Refusal(describe(e)) from e
     if as_json:
         click.echo(json.dumps(r.as_dict()))
         return

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .errors import ShardError
+from .errors import MissingExtraError, ShardError
 
 __all__ = ["CODECS", "DEFAULT_ZSTD_LEVEL", "FP8_MAX", "Compression", "CodecError",
            "CodecUnavailableError", "resolve", "encode", "decode", "shuffle_compress",
@@ -61,7 +61,7 @@ class CodecError(ShardError):
     """A compressed tensor cannot be written or read (unknown codec, damaged payload)."""
 
 
-class CodecUnavailableError(CodecError):
+class CodecUnavailableError(CodecError, MissingExtraError):
     """The codec's package is not installed (``pip install 'hscapture[compress]'``)."""
 
 

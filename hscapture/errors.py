@@ -42,6 +42,7 @@ __all__ = [
     "UnsupportedEngineError",
     "ExportError",
     "ExportWriteError",
+    "MissingExtraError",
 ]
 
 
@@ -191,3 +192,13 @@ class ExportError(HSCaptureError):
 class ExportWriteError(ExportError):
     """An export failed while writing (a full disk, an unwritable or vanished directory):
     every file already in place is complete, and a rerun resumes."""
+
+
+class MissingExtraError(HSCaptureError, ImportError):
+    """What was asked needs an optional package that is not installed.
+
+    The message names the package and the extra that installs it
+    (``pip install 'hscapture[EXTRA]'``). Nothing was written. The CLI exits 1: the
+    environment lacks something, unlike a refusal (exit 2), where the input cannot produce
+    what was asked.
+    """

@@ -78,7 +78,7 @@ from typing import Any, Sequence
 import torch
 
 from ._tensor_files import _join, _Joined, _materialized, _Sink, _torch_save, _write_tensor
-from .errors import ExportError, ExportWriteError, HSCaptureError
+from .errors import ExportError, ExportWriteError, HSCaptureError, MissingExtraError
 from .reader import ShardSet, StoredSample
 from .sample import layer_name
 
@@ -489,7 +489,8 @@ def _read_manifest(out_dir: str) -> dict | None:
     except FileNotFoundError:
         return None
     except ValueError as e:
-        raise ExportError(f"{p} is not valid JSON ({e}); remove it or pass overwrite=True") \
+        raise ExportError(f"{p} is not valid JSON ({e}); remove it or pass overwrite=True "
+                          f"(--overwrite)") \
             from None
 
 
@@ -652,9 +653,9 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     if not mixed_models:
         _check_one_model(ss)
     if os.path.realpath(out) == os.path.realpath(src):
-        raise ExportError(f"out_dir {out} is the shard directory itself")
+        raise ExportError(f"the output directory {out} is the shard directory itself")
     if fmt == "speculators" and importlib.util.find_spec("datasets") is None:
-        raise ExportError("the speculators layout is an Arrow dataset written with the "
+        raise MissingExtraError("the speculators layout is an Arrow dataset written with the "
                           "'datasets' package, which is not installed: pip install "
                           "'hscapture[export]' (or datasets)")
     os.makedirs(out, exist_ok=True)
@@ -681,7 +682,8 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
         old_rids = old.get("rids") or []
         if plan.rids[:len(old_rids)] != old_rids:
             raise ExportError(f"{out} holds an export of {len(old_rids)} samples that is not a "
-                              f"prefix of {src}'s {len(plan.rids)} samples; pass overwrite=True")
+                              f"prefix of {src}'s {len(plan.rids)} samples; pass overwrite=True "
+                              f"(--overwrite)")
         _check_origins(old, plan, out, src)
     counts = {"mode": loss_mask, "stored": len(plan.rids) - len(plan.no_mask),
               "all_ones": len(plan.no_mask),

@@ -428,6 +428,20 @@ def test_an_export_into_a_directory_of_other_files_is_refused_and_writes_nothing
     assert export(shard_dir, good, "specforge", progress=False, fsync=False).skipped == N
 
 
+def test_a_remedy_is_worded_as_a_flag_on_the_command_line_and_as_an_argument_in_python(
+        shard_dir, tmp_path):
+    out = tmp_path / "sf"
+    export(shard_dir, out, "specforge", progress=False, fsync=False)
+    (out / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ExportError, match=r"pass overwrite=True \(--overwrite\)"):
+        export(shard_dir, out, "specforge", progress=False, fsync=False)
+    res = CliRunner().invoke(export_cmd, ["-f", "specforge", str(shard_dir), str(out)])
+    assert res.exit_code == 2, res.output
+    assert "pass --overwrite" in res.output and "overwrite=True" not in res.output, res.output
+    res = CliRunner().invoke(export_cmd, ["-f", "specforge", str(shard_dir), str(shard_dir)])
+    assert res.exit_code == 2 and "out_dir" not in res.output, res.output
+
+
 def test_export_failures_are_one_line_hscapture_errors_and_debug_shows_the_traceback(
         shard_dir, tmp_path):
     args = ["export", "-f", "specforge", str(shard_dir), str(tmp_path / "o"), "--layers", "1,99",
@@ -451,14 +465,17 @@ def test_export_failures_are_one_line_hscapture_errors_and_debug_shows_the_trace
         missing.stderr
 
 
-def test_a_speculators_export_without_the_datasets_package_says_what_to_install_first(
+def test_a_speculators_export_without_the_datasets_package_says_what_to_install_and_exits_1(
         shard_dir, tmp_path):
+    # exit 1 (an error), not 2 (a refusal): the environment lacks a package, the shards can
+    # produce the export (README, exit codes)
     out = tmp_path / "sp"
     code = ("import sys; sys.modules['datasets'] = None\n"
             "from hscapture.cli import main\n"
             f"main(['export', '-f', 'speculators', {str(shard_dir)!r}, {str(out)!r}])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.startswith("hscapture: error:"), res.stderr
     assert "pip install 'hscapture[export]'" in res.stderr and "Traceback" not in res.stderr
     assert not out.exists() or not any(out.iterdir())      # nothing written
