@@ -7,6 +7,10 @@
 #
 # Run 1: SGLang's defaults (CUDA graphs and the overlap scheduler on).
 # Run 2: --disable-cuda-graph --disable-overlap-schedule.
+# Run "retract" (only when CONFIGS names it): SGLang's defaults with SGLANG_TEST_RETRACT=1 in the
+# server's (and client's) environment, SGLang's own test switch: it retracts a decoding request
+# every third decode step, as KV pressure would (a real retraction, re-prefilled from prompt +
+# output). CONFIGS="graphs-overlap eager-no-overlap" (the default) picks the runs, in order.
 # Both: the tiny random Llama of .sgl/bin/make_tiny.py (MODEL=path for another), capture-only
 # EAGLE-3 mode with aux layers 0 1 2, 256-token chunks, radix cache off. OUT_DIR (default
 # /tmp/hsc-real-server) gets each run's pytest output and server log. Exit 1 if a run failed.
@@ -44,6 +48,12 @@ run() {  # run NAME DEADLINE_S [extra SGLang flags...]
   echo "--- $name: exit $r"
   [ "$r" = 0 ] || rc=1
 }
-run graphs-overlap "$DEADLINE_S"
-run eager-no-overlap "$DEADLINE_S" --disable-cuda-graph --disable-overlap-schedule
+for config in ${CONFIGS:-graphs-overlap eager-no-overlap}; do
+  case $config in
+    graphs-overlap) run graphs-overlap "$DEADLINE_S" ;;
+    eager-no-overlap) run eager-no-overlap "$DEADLINE_S" --disable-cuda-graph --disable-overlap-schedule ;;
+    retract) SGLANG_TEST_RETRACT=1 run retract "$DEADLINE_S" ;;
+    *) echo "unknown config $config (graphs-overlap, eager-no-overlap, retract)" >&2; exit 90 ;;
+  esac
+done
 exit $rc

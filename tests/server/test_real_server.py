@@ -15,7 +15,10 @@ computed from position 0). A :class:`hscapture.Subscriber` in this (client) proc
 the samples while a thread pool sends, concurrently:
 
 - opted-in requests (rid prefix ``hscap-``) of random lengths across chunk boundaries, some
-  with a per-token loss mask in ``custom_params``;
+  with a per-token loss mask in ``custom_params``, a quarter of them decoding 8-40 tokens
+  (decoding requests are what SGLang retracts under KV pressure: with
+  ``SGLANG_TEST_RETRACT=1`` in the server's environment, SGLang's own test switch, it
+  retracts one every third decode step, and each must still arrive once, with its prompt);
 - requests that do not opt in (rid prefix ``plain-``): nothing may arrive for them;
 - requests with ``n > 1`` (opted in through ``custom_params``: SGLang gives each copy a new
   rid, so their samples are matched by their token ids);
@@ -109,6 +112,7 @@ class Run:
     aborted: dict[str, list[int]] = field(default_factory=dict)      # mid-prefill
     queued: dict[str, list[int]] = field(default_factory=dict)       # aborted while waiting
     abort_answers: dict[str, str] = field(default_factory=dict)
+    retractions: dict[str, int] = field(default_factory=dict)   # rid -> SGLang's count
     chunk_seen: set[str] = field(default_factory=set)   # aborted after a chunk arrived
     samples: dict[str, list[Any]] = field(default_factory=dict)    # rid -> samples
     stats: dict = field(default_factory=dict)
@@ -202,7 +206,7 @@ def run() -> Run:
             mask = [rng.randint(0, 1) for _ in ids]
             r.masks[rid] = mask
             custom = {"hscapture_loss_mask": mask}
-        jobs.append((ids, rid, 1, custom))
+        jobs.append((ids, rid, rng.randint(8, 40) if i % 4 == 1 else 1, custom))
     for i in range(10):
         ids = prompt(5, 1200)
         r.plain[f"plain-{i}"] = ids
@@ -227,8 +231,10 @@ def run() -> Run:
     collector.start()
 
     def send(job: tuple) -> None:
-        ids, rid, n, custom = job
-        _generate(ids, rid, custom=custom)
+        ids, rid, max_new, custom = job
+        out = _generate(ids, rid, max_new=max_new, custom=custom)
+        if rid in r.sent:
+            r.retractions[rid] = int((out.get("meta_info") or {}).get("num_retractions") or 0)
 
     def send_multi(key: str) -> None:
         ids, n = r.multi[key]
@@ -331,6 +337,7 @@ def run() -> Run:
         "samples": sum(map(len, r.samples.values())), "abort_answers": r.abort_answers,
         "dropped": r.stats["dropped"], "incomplete": r.stats["incomplete"],
         "greedy_equal": [a == b for _, a, b in r.greedy],
+        "retracted": {k: v for k, v in r.retractions.items() if v},
         "slow_polls": r.slow_polls}, default=str))
     return r
 
@@ -355,6 +362,24 @@ def test_nothing_is_lost_rejected_or_unresolved(run: Run) -> None:
     assert st["rejected"] == {}
     assert set(st["dropped"]) | set(st["incomplete"]) <= set(run.aborted) | set(run.queued), \
         (st["dropped"], st["incomplete"])
+
+
+def test_a_request_retracted_after_its_prefill_arrives_once_with_its_prompt(run: Run) -> None:
+    # SGLang retracts decoding requests (their KV freed, prefilled again later from prompt +
+    # output so far, retraction_count + 1): the prompt's sample was complete before, so the
+    # re-prefill must publish nothing more, and what arrived is the prompt's alone
+    retracted = {rid: n for rid, n in run.retractions.items() if n}
+    if os.environ.get("SGLANG_TEST_RETRACT", "").lower() in ("1", "true"):
+        assert retracted, "SGLANG_TEST_RETRACT is on, yet no opted-in request was retracted"
+    elif not retracted:
+        pytest.skip("no request was retracted in this run (scripts/real_server_test.sh's "
+                    "'retract' run forces some with SGLANG_TEST_RETRACT=1)")
+    for rid, n in retracted.items():
+        got = run.samples.get(rid, [])
+        assert len(got) == 1, f"{rid} (retracted {n}x): {len(got)} samples"
+        assert got[0].token_ids.to(torch.int64).tolist() == run.sent[rid], \
+            f"{rid} (retracted {n}x): token ids differ from its prompt"
+    assert not set(retracted) & _reported(run), "a retracted, complete sample was reported"
 
 
 def test_requests_that_did_not_opt_in_are_never_captured(run: Run) -> None:
