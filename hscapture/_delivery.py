@@ -121,12 +121,41 @@ class Delivery:
                               "attached (start the subscriber first, or use "
                               "Producer(wait_for_subscribers=1))", "dropped",
                               _event(src, row["seq"]))
+                    if src.continuing:   # named: not lost as a number too
+                        src.seqs.add(row["seq"], 1)
             if len(self.ledger.failure_log) > failed:
                 self.hold_failure(src, record.position)
-            if entry.meta["overflow"]:
+            # (a continuing source reports the numbers no row names as lost, by range)
+            if entry.meta["overflow"] and not src.continuing:
                 self.ledger.lost.append(LostRange(
                     src.producer or "?", src.epoch, -1, entry.meta["overflow"],
                     "committed before any subscriber attached (not named)"))
+
+    def on_unreadable_entry(self, src: Source, entry: Any, why: str) -> None:
+        """An entry of ``src`` this subscriber will never read (it lies before its place in
+        the ring), known from its notice alone: each of its rows is reported by rid, as
+        reading it would have (a batch's rows as dropped, with ``why``); nothing is held (there
+        is no record to hold). Its numbers count as seen: reported once."""
+        kind = entry.kind
+        if kind == "batch":
+            for r, row in enumerate(entry.rows):
+                if self.wants(row["rid"]) and not src.seqs.seen(entry.seq + r):
+                    self.fail((src.epoch, row["rid"]), why, "dropped", _event(src, entry.seq + r))
+        elif kind == "drop":
+            for r, row in enumerate(entry.rows):
+                if not src.seqs.seen(entry.seq + r):
+                    self.ledger.counts["dropped_rows"] += 1
+                    self.fail((src.epoch, row["rid"]), f"dropped by producer: "
+                              f"{entry.meta['reason']}", "dropped", _event(src, entry.seq + r))
+        elif kind == "abort" and not src.seqs.seen(entry.seq):
+            key = (src.epoch, entry.meta["rid"])
+            if entry.meta["restart"]:
+                self.pop_partial(key)
+            else:
+                self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
+                          _event(src, entry.seq))
+        if entry.n:
+            src.seqs.add(entry.seq, entry.n)
 
     def wants(self, rid: str) -> bool:
         """Whether a row of ``rid`` would be assembled (neither ``rid_filter`` nor

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ._delivery import Delivery
 from ._leftover import read as read_leftover
 from ._ledger import Ledger, LostRange
+from . import record as rec
 from ._source import Source
 from ._subscriptions import remember, segments_of
 from .errors import NoticeError, RingError, SubscriptionInUseError, SubscriptionNotFoundError
@@ -78,6 +79,9 @@ class SourceRegistry:
         #: producer whose samples, drops and reports this subscriber reads (ready_producers)
         self._resumed_ended: dict[str, Source] = {}
         self._last_adopt = time.monotonic()
+        #: producer ids of which this subscriber read an incarnation: the next incarnation of
+        #: one is promised from its first number, wherever our place in its ring begins
+        self._followed: set[str] = set()
         delivery.on_released = self.maybe_finish
 
     # -- notices -------------------------------------------------------------------------
@@ -92,12 +96,34 @@ class SourceRegistry:
         kind = msg["kind"]
         if kind == "entry":
             src.take_entry_notice(msg)
+            if src.continuing and msg["offset"] < src.start:
+                self._name_unreadable(src, msg)
         elif kind == "heartbeat":
             src.take_heartbeat(msg)
         elif kind == "bye":
             src.ended = True
             # every number the producer took: those never read are reported lost on retire
             src.bye_next_seq = max(src.bye_next_seq, int(msg["next_seq"]))
+
+    def _name_unreadable(self, src: Source, msg: dict[str, Any]) -> None:
+        """An entry notice of a new incarnation of a producer we read, for an entry before
+        our place in its ring (committed before we attached to it): its rows are named by rid
+        now, from the notice (validated as the entry would be), since the ring will never
+        show them to us. A notice that does not validate is counted; its numbers are then
+        reported lost by range (:meth:`Source.lost_reason`)."""
+        notice = src.notices.pop(msg["seq"], None)
+        if notice is None:
+            return          # a late notice: the ring or a report already settled it
+        try:
+            entry = rec.notice_entry(notice, epoch=src.epoch, producer=src.producer)
+        except NoticeError as exc:
+            self.ledger.error(f"entry notice of {src.key} before our place in its ring: {exc}",
+                              "corrupt_notices")
+            return
+        self.delivery.on_unreadable_entry(src, entry, (
+            f"committed before this subscriber attached to the producer's new incarnation "
+            f"{src.epoch:#x} (it restarted): the entry lies at ring position "
+            f"{notice['offset']}, before this subscriber's place ({src.start})"))
 
     def _source_for(self, msg: dict[str, Any]) -> Source | None:
         producer, epoch = msg["producer"], msg["epoch"]
@@ -206,6 +232,11 @@ class SourceRegistry:
                      resumed=bool(getattr(consumer, "resumed", False)))
         self.sources[src.epoch] = src
         self.ledger.counts["attached"] += 1
+        if producer is not None:
+            if producer in self._followed and not src.resumed:
+                # a restarted producer we read: its samples are ours from its first one
+                src.follow_from_start(int(consumer.position))
+            self._followed.add(producer)
         if getattr(consumer, "expired", False):
             lost = consumer.lost_to - consumer.lost_from
             self.ledger.error(f"durable subscription {self.name!r} on {segment} expired while "
@@ -250,7 +281,10 @@ class SourceRegistry:
         hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high,
                       self._leftovers(src))
         for a, b in src.seqs.missing_below(hb_next):
-            src.report_lost(a, b - a, f"{reason}: never recorded in the ring")
+            src.report_lost(a, b - a, src.lost_reason(a, f"{reason}: never recorded in the "
+                                                         f"ring"))
+        if src.producer:
+            self._followed.add(src.producer)
         for p in self.delivery.partials_of(src.epoch):
             self.delivery.fail(p.key, f"{reason}; missing {p.describe_gaps()}", "incomplete")
         self.retired.add(src.epoch)

@@ -110,6 +110,11 @@ class Source:
         self.borrowed = PositionHolds()
         self.pid = 0
         self.attach_head = 0      # producer head when we attached: older notices are gone
+        #: a later incarnation of a producer this subscriber read (:meth:`follow_from_start`):
+        #: every number from 0 is promised, those before :attr:`start` cannot be read
+        self.continuing = False
+        self.start = 0            # (continuing) our first ring position
+        self.first_read: int | None = None   # the sequence number of the first entry read
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
         #: durable: the acknowledgements a resumer of this place reads (what an earlier owner
@@ -119,6 +124,26 @@ class Source:
         #: called (no arguments) just before the ring is unmapped: a reader that registered
         #: :meth:`data_region` with CUDA unregisters it here (hscapture.stream, device=)
         self.on_detach: list[Callable[[], None]] = []
+
+    def follow_from_start(self, position: int) -> None:
+        """This incarnation succeeds one of a producer this subscriber read (it restarted):
+        its samples are promised from its first sequence number, not from where this
+        subscriber's place in its ring begins (``position``, the ring's head when it
+        attached). The numbers before that place are named by rid from their notices
+        (``SourceRegistry``) or, with no notice, reported lost (:meth:`lost_reason`)."""
+        self.continuing = True
+        self.start = position
+        if self.seqs.base is None:
+            self.seqs.base = 0
+
+    def lost_reason(self, first: int, reason: str) -> str:
+        """Why numbers from ``first`` on are lost: ``reason``, unless they came before this
+        (continuing) subscriber's place in the ring."""
+        if self.continuing and (self.first_read is None or first < self.first_read):
+            return ("committed before this subscriber attached to the producer's new "
+                    "incarnation (it restarted), before its place in the ring, and named by no "
+                    "notice it received")
+        return reason
 
     @property
     def key(self) -> str:
@@ -191,6 +216,8 @@ class Source:
                 continue
             if self.producer is None:
                 self.producer = entry.meta["producer"]
+            if self.first_read is None:
+                self.first_read = entry.seq
             notice = self.notices.pop(entry.seq, None) if entry.kind != "unheard" else None
             if notice is None and entry.kind != "unheard" and not final and \
                     not self.notice_lost(entry.seq, record):
@@ -323,8 +350,8 @@ class Source:
         if hb is not None and self.consumer is not None and \
                 self.consumer.position >= hb["head"] and self.held is None:
             for a, b in self.seqs.missing_below(hb["recorded_through"]):
-                self.report_lost(a, b - a, "not recorded: the ring and the producer's "
-                                           "backlog were full")
+                self.report_lost(a, b - a, self.lost_reason(
+                    a, "not recorded: the ring and the producer's backlog were full"))
 
     def report_lost(self, first: int, count: int, reason: str) -> None:
         self.ledger.lost.append(LostRange(self.producer or "?", self.epoch, first, count,

@@ -66,6 +66,7 @@ __all__ = [
     "control_payload",
     "entry_tag",
     "read_entry",
+    "notice_entry",
     "notice_mismatches",
 ]
 
@@ -545,6 +546,28 @@ def read_entry(payload: Any, *, payload_len: int, epoch: int, producer: str | No
     if tag is not None and tag != entry.tag:
         raise _fail(f"ring record tag: expected {entry.tag:#018x} for this {kind} entry, "
                     f"found {tag:#018x}")
+    return entry
+
+
+def notice_entry(notice: Mapping[str, Any], *, epoch: int, producer: str | None = None) -> Entry:
+    """The entry a decoded ``entry`` notice announces, from the notice alone: its ``meta``
+    validated as :func:`read_entry` validates a ring entry's (the notice's ``length`` as the
+    payload's), and its ``seq``, ``n`` and ``entry_kind`` checked against that meta. For a
+    subscriber that cannot read the entry in the ring (it lies before the subscriber's place)
+    and names its rows by rid instead: the rows, never the data. Raises
+    :class:`RecordFormatError` for anything wrong and nothing else."""
+    meta_bytes = bytes(notice["meta"])
+    length = notice["length"]
+    if type(length) is not int or not 4 + len(meta_bytes) <= length:
+        raise _fail(f"notice 'length': expected at least {4 + len(meta_bytes)} (the meta and "
+                    f"its length), found {_brief(length)}")
+    meta = _unpack(meta_bytes)
+    kind = _check_meta(meta, len(meta_bytes), length, epoch, producer)
+    entry = Entry(kind, meta, meta_bytes)
+    if (entry.seq, entry.n, entry.kind) != (notice["seq"], notice["n"], notice["entry_kind"]):
+        raise _fail(f"notice: seq {notice['seq']!r}, n {notice['n']!r}, entry_kind "
+                    f"{notice['entry_kind']!r} disagree with its meta ({entry.seq}, {entry.n}, "
+                    f"{entry.kind!r})")
     return entry
 
 
