@@ -8,7 +8,7 @@
         print(len(ss), ss.rids[:3])
         s = ss.get("hscap-000042")          # or ss[0], ss[-1]
         s.token_ids                          # int64/int32 [T]
-        s.tensors["layer_15"]                # [T, H], memory-mapped
+        s.tensors["layer_15"]                # [T, H], this read's own memory
         s.fields.get("loss_mask")            # uint8 [T] or None
         s.layer(15), s.final_norm            # by layer id / kind
 
@@ -18,19 +18,25 @@ Guarantees:
   format requires); later lookups touch no index. Samples are in index order (the order they
   became durable); a rid that appears twice keeps its first line, like
   :func:`hscapture.shards.read_index`.
-* Each shard file is opened with ``safetensors.safe_open`` on first use and kept open; its
-  tensors are read from the memory map, which holds no file descriptor. At most
-  :data:`MAX_OPEN_SHARDS` (4,096) shards are kept open at once, the least recently used
-  closed first; a tensor already returned keeps its own map alive until it is freed. (Until
+* Each shard file is opened with ``safetensors.safe_open`` on first use and kept open (its
+  header; no file descriptor is held). At most :data:`MAX_OPEN_SHARDS` (4,096) shards are
+  kept open at once, the least recently used closed first; a tensor already returned keeps
+  its own memory alive until it is freed. (Until
   2026-12-05 every shard stayed open with a descriptor of its own: a directory of more
   shards than the open-file limit failed with "Too many open files", and an export of it
   could never finish its resume.) A :class:`ShardSet` is picklable (handles are not
   pickled but reopened lazily) and reopens its handles in a forked child, so it can be handed
   to ``DataLoader`` workers.
-* The tensors returned are writable views of a private (copy-on-write) map shared with the
-  rest of their shard in this set: writing into one never reaches the file, but changes
-  what a later read of that sample through the same set returns. Clone a tensor before
-  changing it in place (docs/GUARANTEES.md, known gap 9).
+* Every read of a sample (``ss[i]``, ``ss.get(rid)``, :class:`ShardDataset`,
+  :func:`load_sample`, an export) returns writable tensors in memory of that read's own,
+  which no other read shares: a private (copy-on-write), lazily paged map of the sample's
+  pages for a sample of :data:`MAP_AT_LEAST` (1 MiB) or more, else a copy of its bytes.
+  Writing into one (a transform that normalizes in place) never reaches the file nor any
+  other read, earlier or later, of that sample or any other. (Until 2026-12-05 they were
+  views of one map of the whole shard kept by the set, and such a write changed what later
+  reads of that sample through the same set returned: docs/GUARANTEES.md, gap 9.) Each
+  map counts against the process's ~65,000 (vm.max_map_count) while a tensor of it lives;
+  past that, reads are copied.
 * A sample is returned only if every tensor its index line names is in its shard
   (:class:`~hscapture.errors.ShardError` otherwise, naming rid, shard and tensor).
 * Compressed shards (``ShardWriter(compression="zstd"|"fp8")``) are decoded transparently from
@@ -53,9 +59,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
-from .codec import CODECS, decode
+from .codec import CODECS, SCALE_PREFIX, decode
 from .errors import ShardError
 from . import shard_index as _index
 from .sample import layer_name
@@ -151,25 +158,65 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _private_map(fd: int, size: int) -> Any:
-    """A private (copy-on-write), lazily paged map of ``size`` bytes of ``fd``: a buffer
-    object, unmapped once nothing references it (its tensors included). It holds no file
-    descriptor: Python's ``mmap`` keeps a duplicate of the file's for its whole life, so
-    every map a kept tensor held cost one, and a reader that reopened evicted shards ran out
-    of descriptors where the one before eviction did not (fault hunt 7, 2026-12-05)."""
-    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+#: a read of at least this many bytes (a sample's tensors, as they lie in its shard) is
+#: served from a private map of its own; a smaller one is copied into fresh memory with one
+#: ``preadv``, which uses none of the process's ~65,000 maps (vm.max_map_count) and was the
+#: cheaper below ~1 MiB on the 2-core CPU machine (2026-12-05: 32 KiB samples read and
+#: touched 141 us a sample copied, 179 mapped; 512 KiB 172 / 194; 1 MiB 197 / 183; 2 MiB
+#: 284 / 195)
+MAP_AT_LEAST = 1 << 20
+
+#: a read's map reaches from its first byte's offset rounded down to a multiple of this (2
+#: MiB) to its end rounded up (or the file's end). The kernel places a map that holds a whole
+#: aligned 2 MiB of the file at an address congruent to its offset, so the page cache's large
+#: folios map whole, a fault each: a map of just the read's pages took 24 faults a 2 MiB
+#: sample against 14, ~22 us more a sample (same machine and day).
+MAP_ALIGN = 2 << 20
+
+
+def _private_map(fd: int, offset: int, size: int, file_size: int) -> tuple[Any, int]:
+    """A private (copy-on-write), lazily paged map of bytes ``[offset, offset + size)`` of
+    ``fd``, a file of ``file_size`` bytes (the map reaches from ``offset`` rounded down to
+    :data:`MAP_ALIGN` to the end rounded up, or the file's end): ``(buffer, file offset of
+    its first byte)``. The buffer object is unmapped once nothing references it (its
+    tensors included). It holds no file descriptor: Python's ``mmap`` keeps a duplicate of
+    the file's for its whole life, so every map a kept tensor held cost one, and a reader
+    that reopened evicted shards ran out of descriptors where the one before eviction did
+    not (fault hunt 7, 2026-12-05)."""
+    start = offset - offset % MAP_ALIGN
+    end = min(max(file_size, offset + size), -(-(offset + size) // MAP_ALIGN) * MAP_ALIGN)
+    length = end - start
+    addr = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd,
+                      start)
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
-        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
-    buf = (ctypes.c_char * size).from_address(addr)
+        raise OSError(err, f"mmap of {length} bytes failed: {os.strerror(err)}")
+    buf = (ctypes.c_char * length).from_address(addr)
     # not at interpreter exit: a thread still reading a tensor of it would fault (fault
     # hunt 8, 4 of 15 runs); the process's end unmaps it anyway
-    weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
-    return buf
+    weakref.finalize(buf, _libc.munmap, addr, length).atexit = False
+    return buf, start
 
 
-#: the most shard files a ShardSet keeps open at once: each holds two memory maps (its
-#: safe_open's and ours; no file descriptor), and a process may have ~65,000 (vm.max_map_count)
+def _private_copy(fd: int, offset: int, size: int) -> tuple[Any, int]:
+    """Bytes ``[offset, offset + size)`` of ``fd`` copied into fresh memory (a numpy buffer
+    placed so that each byte has the alignment modulo 64 it has in the file): ``(buffer, file
+    offset its first byte stands for)``."""
+    arr = np.empty(size + 64, np.uint8)
+    pad = (offset - arr.ctypes.data) % 64
+    view = memoryview(arr)[pad:pad + size]
+    done = 0
+    while done < size:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"{size - done} bytes short at offset {offset + done}: the file "
+                          f"shrank")
+        done += n
+    return arr, offset - pad
+
+
+#: the most shard files a ShardSet keeps open at once: each holds one memory map (its
+#: safe_open's; no file descriptor), and a process may have ~65,000 (vm.max_map_count)
 MAX_OPEN_SHARDS = 4096
 
 
@@ -178,26 +225,38 @@ def max_open_shards() -> int:
     return max(1, int(MAX_OPEN_SHARDS))
 
 
+#: name -> (dtype, shape, byte offset in the file, element count, end offset in the file)
+_Spans = dict[str, tuple[torch.dtype, tuple[int, ...], int, int, int]]
+
+
 class _Handle:
     """One shard file opened with safe_open, plus what its header says.
 
-    ``tensor(name)`` serves a tensor straight from one private (copy-on-write), lazily paged
-    memory map of the file, by one ``torch.frombuffer`` of its bytes (and a ``view`` to its
-    shape): ~2.3 us a tensor against ~11 us for ``get_tensor``'s slicing and casting
-    (safe_open maps the file the same way). Each tensor has a storage of its own, of its own
-    bytes, which keeps the map alive: sending one to another process (a DataLoader worker's
-    queue moves it to shared memory, in the queue's feeder thread) copies that tensor alone
-    and touches no other. (Until 2026-12-04 every tensor of a shard was a ``set_`` view of ONE
-    storage over the whole map: the first send copied the whole file into shared memory and
-    swapped that storage's memory while the worker's main thread made views of it for the
-    next sample; a DataLoader worker died of a segmentation fault in
-    ``tests/test_compact.py``.) The spans come from the header safe_open has already
-    validated, read again from the same file (same inode and size before and after the map,
-    else no span is used). A tensor whose span is not usable that way (an unknown dtype, an
-    offset not a multiple of its item size) is read by ``get_tensor``, as is a name the header
-    does not have (which raises there)."""
+    ``read(rid, names)`` reads the bytes of one sample's tensors (they lie together in the
+    file), or of the named ones, into memory of that read's own: a private (copy-on-write),
+    lazily paged map of their pages (:data:`MAP_AT_LEAST` bytes or more; see
+    :data:`MAP_ALIGN`), else a copy made with one ``preadv``; the file is opened for the
+    read and closed before it returns (a handle holds no descriptor). Its ``get(name)``
+    serves each tensor by one ``torch.frombuffer`` of its bytes (and a ``view`` to its
+    shape): ~2.3 us a tensor against ~11 us for ``get_tensor``'s slicing and casting. So no two reads share memory: writing into a
+    tensor served changes no other read of that sample or of its shard (until 2026-12-05
+    every read was a view of one map of the whole shard kept by the handle, and a write into
+    a tensor showed in every later read of that sample through the same set: GUARANTEES,
+    gap 9). Each tensor has a storage of its own, of its own bytes, which keeps its read's
+    memory alive: sending one to another process (a DataLoader worker's queue moves it to
+    shared memory, in the queue's feeder thread) copies that tensor alone and touches no
+    other. (Until 2026-12-04 every tensor of a shard was a ``set_`` view of ONE storage over
+    the whole map: the first send copied the whole file into shared memory and swapped that
+    storage's memory while the worker's main thread made views of it for the next sample; a
+    DataLoader worker died of a segmentation fault in ``tests/test_compact.py``.) The spans
+    come from the header safe_open has already validated, read again from the same file
+    (same inode, size and mtime; each read checks them again on its own descriptor, else
+    no span is used). A tensor whose span is not usable that way (an
+    unknown dtype, an offset not a multiple of its item size, a file changed since it was
+    opened) is a copy of what ``get_tensor`` returns (safe_open's tensors are views of its
+    one map), as is a name the header does not have (which raises there)."""
 
-    __slots__ = ("path", "f", "meta", "_field_map", "_stat", "_mapped", "_spans")
+    __slots__ = ("path", "f", "meta", "_field_map", "_stat", "_spans", "_extents")
 
     def codecs(self, rid: str) -> dict[str, dict]:
         """The per-tensor codec records of ``rid`` (``{}``: stored uncompressed)."""
@@ -219,47 +278,91 @@ class _Handle:
             raise ShardError(f"shard {path} does not open with safetensors: {e}") from e
         self.meta: dict[str, str] = self.f.metadata() or {}
         self._field_map: dict[str, list[str]] | None = None
-        self._mapped: Any = None
-        self._spans: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] | None = None
+        self._spans: _Spans | None = None
+        self._extents: dict[str, tuple[int, int]] = {}
 
-    def tensor(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` of this shard, memory-mapped (see the class docstring)."""
+    def read(self, rid: str, names: Sequence[str] | None = None
+             ) -> Callable[[str], torch.Tensor]:
+        """``get(name)`` of the tensors of one read of sample ``rid``: those named in
+        ``names`` (every tensor of the sample when None) come from one map or copy of their
+        bytes made now, any other name from a read of its own."""
+        if self._spans is None:
+            self._spans, self._extents = self._read_spans()
         spans = self._spans
-        if spans is None:
-            spans = self._spans = self._map()
-        span = spans.get(name)
-        if span is None:
-            return self.f.get_tensor(name)
-        dtype, shape, offset, numel = span
-        if not numel:
-            return torch.empty(shape, dtype=dtype)
-        t = torch.frombuffer(self._mapped, dtype=dtype, count=numel, offset=offset)
-        return t if len(shape) == 1 else t.view(shape)
+        if names is None:
+            lo, hi = self._extents.get(rid, (-1, -1))
+        else:
+            lo = hi = -1
+            for n in names:
+                span = spans.get(n)
+                if span is not None and span[3]:
+                    if lo < 0 or span[2] < lo:
+                        lo = span[2]
+                    if span[4] > hi:
+                        hi = span[4]
+        got = self._bytes(lo, hi) if lo >= 0 else None
+        tensor_copy = self._copy
 
-    def _map(self) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
-        """name -> (dtype, shape, byte offset in the file, element count) of every tensor
-        served from the map; ``{}`` when the file is no longer the one safe_open opened."""
+        def get(name: str) -> torch.Tensor:
+            span = spans.get(name)
+            if span is None:
+                return tensor_copy(name)
+            dtype, shape, offset, numel, end = span
+            if not numel:
+                return torch.empty(shape, dtype=dtype)
+            mem = got if lo <= offset and end <= hi else self._bytes(offset, end)
+            if mem is None:
+                return tensor_copy(name)
+            t = torch.frombuffer(mem[0], dtype=dtype, count=numel, offset=offset - mem[1])
+            return t if len(shape) == 1 else t.view(shape)
+
+        return get
+
+    def _copy(self, name: str) -> torch.Tensor:
+        return self.f.get_tensor(name).clone()
+
+    def _bytes(self, lo: int, hi: int) -> tuple[Any, int] | None:
+        """Bytes ``[lo, hi)`` of this shard in memory of their own (see the class docstring):
+        ``(buffer, file offset of its first byte)``; None if the file is no longer the one
+        opened (or no longer opens)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if _identity(st) != self._stat:
+                return None
+            if hi - lo >= MAP_AT_LEAST:
+                try:
+                    return _private_map(fd, lo, hi - lo, st.st_size)
+                except OSError:     # out of maps (vm.max_map_count): a copy needs none
+                    pass
+            return _private_copy(fd, lo, hi - lo)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _read_spans(self) -> tuple[_Spans, dict[str, tuple[int, int]]]:
+        """name -> (dtype, shape, byte offset in the file, element count, end offset) of every
+        tensor served by :meth:`read`, and rid -> (first, end) byte offsets of the non-empty
+        ones of each sample; ``{}`` when the file is no longer the one safe_open opened."""
         try:
             with open(self.path, "rb") as fh:
                 st = os.fstat(fh.fileno())
                 if _identity(st) != self._stat:
-                    return {}
+                    return {}, {}
                 n = int.from_bytes(fh.read(8), "little")
                 raw = fh.read(n)
                 # headers are padded with spaces (64 KiB in ours): parsed, the padding cost
                 # ~100 us a shard opened; the JSON object ends at its last "}"
                 header = json.loads(raw[:raw.rfind(b"}") + 1])
-                # a private, writable, lazily paged map; its tensors' storages are process
-                # memory to torch (moved to shared memory like any other when sent to another
-                # process: a torch.UntypedStorage.from_file storage is not, and a DataLoader
-                # worker sending such a tensor hung in tests/test_compact.py)
-                mapped = _private_map(fh.fileno(), st.st_size) if st.st_size else None
-            if _identity(os.stat(self.path)) != self._stat:
-                return {}
         except (OSError, ValueError, RuntimeError):
-            return {}
+            return {}, {}
         base, size = 8 + n, st.st_size
         spans = {}
+        extents: dict[str, tuple[int, int]] = {}
         for name, info in header.items():
             try:
                 dtype = _TORCH_OF.get(info["dtype"])
@@ -276,11 +379,13 @@ class _Handle:
             if (base + begin) % item or not 0 <= begin <= end or base + end > size or \
                     end - begin != numel * item or min(shape, default=0) < 0:
                 continue
-            if numel and mapped is None:
-                continue
-            spans[name] = (dtype, shape, base + begin, numel)
-        self._mapped = mapped
-        return spans
+            spans[name] = (dtype, shape, base + begin, numel, base + end)
+            if numel:
+                rid = name.rpartition("/")[0]
+                ext = extents.get(rid)
+                extents[rid] = (base + begin, base + end) if ext is None else \
+                    (min(ext[0], base + begin), max(ext[1], base + end))
+        return spans, extents
 
     def field_names(self, rid: str) -> list[str]:
         """Field names of ``rid`` found by scanning the header once (old index lines)."""
@@ -449,7 +554,6 @@ class ShardSet(Sequence):
             if missing:
                 raise KeyError(f"rid {rid!r}: layers {missing} not captured; captured: "
                                f"{all_names}")
-        get = h.tensor
         prefix = rid + "/"
         codec = h.meta.get("codec")
         if codec and codec not in CODECS:
@@ -457,16 +561,29 @@ class ShardSet(Sequence):
                              f"hscapture (known: {', '.join(CODECS)})")
         recs = h.codecs(rid) if codec and want else {}
         try:
+            fnames = ent.get("fields") if fields else ()
+            if fnames is None:
+                fnames = h.field_names(rid)
+            # every tensor this read serves, in one read of their bytes (which lie together):
+            # the whole sample's, else the named ones' (an fp8 layer's scales by the name its
+            # record gives); a name left out would get a read of its own
+            if names is None and fields:
+                get = h.read(rid)
+            else:
+                stored = [prefix + n for n in want]
+                stored += [prefix + str(r.get("scale", SCALE_PREFIX + n))
+                           for n, r in recs.items()
+                           if n in want and isinstance(r, dict) and r.get("codec") == "fp8"]
+                stored.append(prefix + "token_ids")
+                stored += [prefix + "field." + n for n in fnames]
+                get = h.read(rid, stored)
             tensors = {}
             for n in want:
                 rec = recs.get(n)
                 tensors[n] = get(prefix + n) if rec is None else \
                     decode(rec, n, lambda m: get(prefix + m), f"rid {rid!r} {n} in {h.path}")
             token_ids = get(prefix + "token_ids")
-            fnames = ent.get("fields")
-            if fnames is None:
-                fnames = h.field_names(rid)
-            flds = {n: get(prefix + "field." + n) for n in fnames} if fields else {}
+            flds = {n: get(prefix + "field." + n) for n in fnames}
         except ShardError:
             raise
         except Exception as e:  # safetensors raises SafetensorError for a missing name

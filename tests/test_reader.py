@@ -234,6 +234,31 @@ def test_samples_of_different_layer_sets_read_back_each_with_its_own_and_never_s
     assert_same(ss[1], mixed[1])
 
 
+def _every_tensor(s: StoredSample) -> list[torch.Tensor]:
+    return [s.token_ids, *s.tensors.values(), *s.fields.values()]
+
+
+@pytest.fixture(params=["copied", "mapped", "out_of_maps"])
+def read_path(request, monkeypatch):
+    """How the reader gets a read's bytes: copied (samples under reader.MAP_AT_LEAST, all of
+    these tests' by default), a private map of their own (every sample here), or copied
+    because no map can be made (vm.max_map_count reached). Yields the count of maps made."""
+    made = [0]
+    real = reader._private_map
+
+    def counted(*a):
+        made[0] += 1
+        if request.param == "out_of_maps":
+            raise OSError(12, "Cannot allocate memory")
+        return real(*a)
+
+    monkeypatch.setattr(reader, "_private_map", counted)
+    if request.param != "copied":
+        monkeypatch.setattr(reader, "MAP_AT_LEAST", 0)
+    yield made
+    assert (made[0] > 0) == (request.param != "copied"), (request.param, made)
+
+
 def test_each_served_tensor_has_a_storage_of_its_own_bytes_that_outlives_the_reader(
         shard_dir, samples):
     """The reader serves tensors from a memory map of the shard, each with a storage of its
@@ -268,6 +293,90 @@ def test_each_served_tensor_has_a_storage_of_its_own_bytes_that_outlives_the_rea
     del ss
     for s, want in zip(got, samples):
         assert_same(s, want)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd", "fp8"])
+def test_writing_into_a_served_tensor_changes_no_later_read_of_it_or_its_shard(
+        tmp_path, samples, compression, read_path):
+    """A delivered sample's bytes never change: a tensor the reader returns is memory no other
+    read shares, so writing into it in place (a transform that normalizes in place, a
+    DataLoader without workers) changes no later read of that sample, by position or by rid,
+    through the same set, ``load_sample``'s cached set or a ``ShardDataset``, nor any other
+    sample of its shard, nor what an export reads. (Until 2026-12-05 every read of a shard
+    was a view of one private map of it kept by the set: the write showed in every later read
+    of that sample through the same set, GUARANTEES known gap 9.) Compressed shards decode
+    their layers into fresh memory; their token ids and fields are stored as they are."""
+    from hscapture.export import export
+
+    d = tmp_path / "shards"
+    with ShardWriter(d, max_shard_bytes=4096, fsync=False, compression=compression,
+                     metadata={"convention": "test-convention"}) as w:
+        for s in samples:
+            w.add(s)
+    fresh = open_shards(d)                  # the file's bytes, as a new set reads them
+    want = [fresh[i] for i in range(len(fresh))]
+    ss = open_shards(d)
+    by_shard: dict[str, list[int]] = {}
+    for i in range(len(ss)):
+        by_shard.setdefault(ss.entry(i)["shard"], []).append(i)
+    i, j = next(v for v in by_shard.values() if len(v) >= 3)[1:3]   # neighbours in one shard
+    other = ss[j]                           # read before the write, kept
+
+    def scribble(s: StoredSample) -> None:
+        for t in _every_tensor(s):
+            t.view(torch.uint8).fill_(0xA5)
+
+    def assert_file(s: StoredSample, k: int) -> None:
+        assert s.rid == want[k].rid
+        for got, exp in zip(_every_tensor(s), _every_tensor(want[k]), strict=True):
+            assert got.dtype == exp.dtype and torch.equal(bits(got), bits(exp)), s.rid
+
+    got = ss[i]
+    scribble(got)
+    assert all(torch.equal(bits(t), torch.full_like(bits(t), 0xA5)) for t in _every_tensor(got))
+    assert_file(ss[i], i)
+    assert_file(ss.get(ss.rids[i]), i)
+    assert torch.equal(bits(ss.load(i, names=["layer_3"]).tensors["layer_3"]),
+                       bits(want[i].tensors["layer_3"]))
+    assert_file(ss[j], j)
+    assert_file(other, j)
+    for k in range(len(ss)):                # and nothing else in the directory moved
+        assert_file(ss[k], k)
+
+    # load_sample keeps one set per directory between calls
+    rid = ss.rids[j]
+    first = load_sample(d, rid)
+    for t in first.values():
+        t.view(torch.uint8).fill_(0x5A)
+    again = load_sample(d, rid)
+    assert torch.equal(again["token_ids"], want[j].token_ids)
+    assert torch.equal(bits(again["layer_3"]), bits(want[j].tensors["layer_3"]))
+    assert torch.equal(again["field.loss_mask"], want[j].fields["loss_mask"])
+
+    # a transform that normalizes in place, a DataLoader without workers, two epochs
+    def normalize(s: StoredSample) -> StoredSample:
+        for t in s.tensors.values():
+            t.sub_(t.float().mean().to(t.dtype))
+        s.token_ids.zero_()
+        return s
+
+    ds = ShardDataset(ss, transform=normalize)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0,
+                                         collate_fn=lambda s: s)
+    epochs = [[bits(s.tensors["layer_3"]).clone() for s in loader] for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*epochs, strict=True))
+    for k in range(len(ss)):
+        assert_file(ss[k], k)
+
+    # the export reads the file's bytes, whatever was written into tensors served before
+    scribble(ss[0])
+    out = tmp_path / "sf"
+    r = export(d, out, "specforge", progress=False, fsync=False)
+    assert r.written == len(samples)
+    for k, s in enumerate(want):
+        raw = torch.load(out / "rows_0-2000" / f"data_{k}.ckpt", weights_only=True)
+        assert torch.equal(raw["input_ids"], s.token_ids.to(torch.int64))
+        assert torch.equal(raw["hidden_state"][0], s.tensors["final_norm"])
 
 
 def test_dataloader_workers_send_every_sample_exact_through_several_epochs(shard_dir, samples):
@@ -329,3 +438,4 @@ def test_a_directory_of_more_shards_than_open_files_allowed_reads_and_exports_wh
     r = subprocess.run([sys.executable, "-c", FEW_FDS, str(tmp_path / "src"),
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.split() == ["ok", "120"], r.stderr[-3000:]
+
