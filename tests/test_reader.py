@@ -260,7 +260,7 @@ def read_path(request, monkeypatch):
 
 
 def test_each_served_tensor_has_a_storage_of_its_own_bytes_that_outlives_the_reader(
-        shard_dir, samples):
+        shard_dir, samples, read_path):
     """The reader serves tensors from a memory map of the shard, each with a storage of its
     own bytes: sending one to another process (a DataLoader worker's queue moves it to shared
     memory, in the queue's feeder thread) copies that tensor alone and changes no other
@@ -379,10 +379,12 @@ def test_writing_into_a_served_tensor_changes_no_later_read_of_it_or_its_shard(
         assert torch.equal(raw["hidden_state"][0], s.tensors["final_norm"])
 
 
-def test_dataloader_workers_send_every_sample_exact_through_several_epochs(shard_dir, samples):
+def test_dataloader_workers_send_every_sample_exact_through_several_epochs(shard_dir, samples,
+                                                                         read_path):
     """Two DataLoader workers reading and sending whole samples (every layer, the token ids,
     the fields), three epochs: every sample arrives each epoch, bit for bit."""
     ds = ShardDataset(shard_dir)
+    assert_same(ds[0], samples[0])                 # (read here too: read_path counts maps)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
                                          collate_fn=lambda s: s)
     want = {s.rid: s for s in samples}
@@ -410,9 +412,11 @@ with open_shards(src) as ss:
 r = export(src, out, "speculators", progress=False, fsync=False, workers=2)
 assert r.written == n, r
 # shards closed and reopened (4 open at most) while every tensor read stays kept: a map per
-# reopening, none holding a descriptor (Python's mmap held one each: fault hunt 7)
+# read (each read is mapped here), none holding a descriptor (Python's mmap held one each:
+# fault hunt 7)
 import hscapture.reader as reader
 reader.MAX_OPEN_SHARDS = 4
+reader.MAP_AT_LEAST = 0
 with open_shards(src) as ss:
     kept = [(i % n, ss[i % n].tensors) for i in range(3 * n)]
     again = open_shards(src)
@@ -439,3 +443,23 @@ def test_a_directory_of_more_shards_than_open_files_allowed_reads_and_exports_wh
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.split() == ["ok", "120"], r.stderr[-3000:]
 
+
+def test_a_shard_replaced_under_an_open_set_is_still_read_from_the_file_it_opened(tmp_path,
+                                                                                  samples):
+    """Each read opens the shard again and checks it is the file the set opened (inode, size,
+    mtime): a file renamed over it (another capture's) is not read through the old header's
+    offsets; the sample comes from the file first opened (safe_open's map of it), copied, so
+    a write into it still changes no later read."""
+    write_shards(tmp_path / "a", samples)
+    others = [make_sample(100 + i, rid=s.rid) for i, s in enumerate(samples)]
+    write_shards(tmp_path / "b", others)
+    ss = open_shards(tmp_path / "a")
+    assert_same(ss[0], samples[0])
+    shard = ss.entry(0)["shard"]
+    os.replace(tmp_path / "b" / shard, tmp_path / "a" / shard)
+    got = ss[0]
+    assert_same(got, samples[0])
+    for t in _every_tensor(got):
+        t.view(torch.uint8).fill_(0xA5)
+    assert_same(ss[0], samples[0])
+    assert_same(open_shards(tmp_path / "a")[0], others[0])     # a new set reads the new file
