@@ -19,12 +19,15 @@ from ._ledger import Ledger, LostRange
 from . import record as rec
 from ._source import Source
 from ._subscriptions import remember, segments_of
-from .errors import NoticeError, RingError, SubscriptionInUseError, SubscriptionNotFoundError
+from .errors import (NoticeError, RingError, SegmentNotFoundError, SubscriptionInUseError,
+                     SubscriptionNotFoundError)
 
 log = logging.getLogger("hscapture")
 
 #: how often (seconds) a durable subscriber looks for rings that kept a place for it unheard
 ADOPT_S = 1.0
+#: the place of a source whose ring was gone before it attached: every entry lies before it
+_BEYOND_THE_RING = 1 << 64
 
 __all__ = ["SourceRegistry"]
 
@@ -217,6 +220,9 @@ class SourceRegistry:
         except RingError as exc:
             self.ledger.error(f"cannot attach to segment {segment!r} of producer {producer!r}: "
                               f"{type(exc).__name__}: {exc}", "attach_errors")
+            if producer is not None and producer in self._followed and not resume_only and \
+                    isinstance(exc, SegmentNotFoundError):
+                return self._unreadable(producer, epoch, segment)
             if producer is not None and self.current.get(producer) == epoch:
                 del self.current[producer]
             return None
@@ -254,6 +260,18 @@ class SourceRegistry:
             log.log(logging.INFO if consumer.position else logging.DEBUG,
                     "hscapture subscriber: resumed %r at ring position %d", segment,
                     consumer.position)
+        return src
+
+    def _unreadable(self, producer: str, epoch: int, segment: str) -> Source:
+        """A new incarnation of a producer we read whose ring is gone before we could attach
+        (it ended, and no one kept the segment): a source without a ring, every entry of which
+        lies before our place. Its notices name their rows by rid; at its end (bye, or silence)
+        the numbers they did not name are reported lost. Until 2026-12-05 nothing was said
+        but an ``attach_errors`` count (fault hunt A: 300 of 300)."""
+        src = Source(epoch, producer, segment, None, self.ledger,
+                     notice_grace_s=self.notice_grace_s, order=next(self._attach_order))
+        src.follow_from_start(_BEYOND_THE_RING)
+        self.sources[epoch] = src
         return src
 
     def ready_producers(self) -> int:
@@ -317,9 +335,9 @@ class SourceRegistry:
     def maybe_finish(self, src: Source) -> None:
         """Detach from a retired incarnation once no borrowed sample needs its ring; a durable
         subscription of a dead producer is then ended and the segment removed if unused."""
-        if not src.retired or len(src.borrowed) or src.consumer is None:
+        if not src.retired or len(src.borrowed):
             return
-        _detach(src, lambda dead: bool(self.name) and dead)
+        _detach(src, lambda dead: bool(self.name) and dead)   # (none left: nothing to do)
         self.sources.pop(src.epoch, None)
 
     # -- the rings -------------------------------------------------------------------------

@@ -392,7 +392,7 @@ def _take(sub, got: dict, until, what: str, timeout: float = 30.0) -> None:
     wait_until(step, timeout, what, step=0)
 
 
-@pytest.mark.parametrize("b_hears", ["every notice", "no notice"])
+@pytest.mark.parametrize("b_hears", ["every notice", "no notice", "every notice, ring gone"])
 def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnation_or_a_report(
         endpoint, b_hears):
     # Two anonymous subscribers read incarnation 1; the producer restarts and incarnation 2
@@ -401,9 +401,10 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
     # incarnation 2 must reach B or be reported to it: by rid from the notices B holds for
     # entries before its place ("every notice": B's socket had reconnected before the
     # captures), by number (a lost range of events) where no notice reached it ("no
-    # notice": the captures came before B's socket reconnected to the new producer). Until
-    # 2026-12-05 B got the samples committed after it attached and heard of nothing else
-    # (fault hunt A, F1: 22-300 of 300 named nowhere).
+    # notice": the captures came before B's socket reconnected to the new producer; "ring
+    # gone": B polls only once incarnation 2 has ended and its ring is removed, so it can
+    # attach to nothing). Until 2026-12-05 B got the samples committed after it attached and
+    # heard of nothing else (fault hunt A, F1: 22-300 of 300 named nowhere).
     a_got: dict = {}
     b_got: dict = {}
     a, b = Subscriber(endpoint), Subscriber(endpoint)
@@ -422,14 +423,14 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
         with Producer(endpoint, producer_id="g1n", capacity=1 << 20,
                       heartbeat_interval_s=0.05) as p:
             _take(a, a_got, lambda: p.stats()["ring"]["live_consumers"] >= 1, "A to attach")
-            if b_hears == "every notice":
+            if b_hears.startswith("every notice"):
                 # a heartbeat of incarnation 2 waits in B's socket: B hears what follows
                 wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
             for r in rids:
                 assert all(_capture(p, r, 4, chunk=3))
             p.flush()
             _take(a, a_got, lambda: set(rids) <= set(a_got), "A to get incarnation 2's samples")
-            epoch = p.epoch
+            epoch, segment = p.epoch, p.segment
 
             def accounted() -> tuple[set, set, int]:
                 st = b.stats()
@@ -441,6 +442,13 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
             def settled() -> bool:
                 got, told, lost = accounted()
                 return len(got | told) + lost // 2 >= len(rids) and not b.stats()["in_flight"]
+
+            if not b_hears.endswith("ring gone"):     # B reads now, the producer alive
+                _take(b, b_got, settled, "B to account for incarnation 2", timeout=60)
+        if b_hears.endswith("ring gone"):
+            # A reads the bye and lets the ring go (the segment goes with it); then B reads
+            _take(a, a_got, lambda: not os.path.exists(f"/dev/shm/{segment}"),
+                  "incarnation 2's ring to be removed")
             _take(b, b_got, settled, "B to account for incarnation 2", timeout=60)
         got, told, lost = accounted()
         assert not got & told, "a delivered sample was also reported"
@@ -448,7 +456,7 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
         assert len(got) + len(told) + lost // 2 == len(rids) and lost % 2 == 0, \
             (b.stats()["lost"], sorted(told))
         assert told or lost, "B attached late but nothing was reported: the test did not test"
-        if b_hears == "every notice":
+        if b_hears.startswith("every notice"):
             assert len(got | told) == len(rids) and lost == 0, (b.stats()["lost"], sorted(told))
         for r in got:
             check_exact(b_got[r].tensors, b_got[r].token_ids, r, 4)
