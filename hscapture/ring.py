@@ -181,9 +181,13 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
     A segment is stale when no process holds its producer OFD lock (the kernel drops it when
     the producer dies, even by SIGKILL). A stale segment in which an ACTIVE durable slot has
     ``released < head`` (committed records its subscriber has not read) is KEPT, so that
-    subscriber can still resume and drain it; ``force=True`` removes it anyway. A stale segment
-    this build cannot read (another layout version) is removed. Consumers still attached keep
-    their mapping; only the name goes away.
+    subscriber can still resume and drain it; ``force=True`` removes it anyway. A segment that
+    a live process still reads (an ACTIVE slot whose process is alive) is kept whatever
+    ``force`` says: that subscriber removes it once it has read it, and removed under it, the
+    producer's leftover file went too, and the drops it names were reported by number instead
+    of by rid (fault hunt, 2026-12-05: a test session's clean-up run beside another one). A
+    stale segment this build cannot read (another layout version) is removed. Consumers still
+    attached keep their mapping; only the name goes away.
 
     Returns one :class:`CleanupAction` ``(name, action, reason)`` per stale segment, sorted by
     name, ``action`` being ``"removed"`` or ``"kept"``; segments with a live producer (or that
@@ -200,9 +204,15 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
         try:
             info = segment_info(name)
             unread = _unread_durable(info) + leftover_unread(name, info)
+            readers = [f"slot {c['slot']} is read by live process {c['pid']}"
+                       for c in info["consumers"] if c["state"] == "active" and c["alive"]]
         except Exception as e:  # noqa: BLE001 - unreadable (another layout): nothing to resume
-            unread = []
+            unread = readers = []
             reason += f" (header unreadable: {e})"
+        if readers:
+            out.append(CleanupAction(name, "kept", "; ".join(readers) + ": it removes the "
+                                     "segment once it has read it"))
+            continue
         if unread and not force:
             out.append(CleanupAction(name, "kept", "; ".join(unread) + ": pass force=True to remove it anyway"))
             continue

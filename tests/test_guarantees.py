@@ -280,13 +280,16 @@ def test_drops_left_by_a_producer_reach_a_drain_that_had_read_its_whole_ring(
     assert not rep["lost"] and not first["lost"], (first["lost"], rep["lost"])
 
 
-def test_drops_a_producer_closed_with_reach_a_live_anonymous_subscriber_by_rid(endpoint):
+@pytest.mark.parametrize("cleanup", ["none", "forced by another process"])
+def test_drops_a_producer_closed_with_reach_a_live_anonymous_subscriber_by_rid(endpoint, cleanup):
     # A live anonymous subscriber that does not read keeps the small ring full; the producer
     # drops, and drop entries queue in its backlog once even the control headroom is full;
     # then it closes. Until 2026-12-05 the leftover file went with the segment at the close,
     # before the subscriber retired the incarnation, so those drops reached it only as a lost
-    # range of numbers (GUARANTEES gap 5), not by rid.
-    from hscapture.ring import leftover_path
+    # range of numbers (GUARANTEES gap 5), not by rid. The same happened when another process
+    # ran ``cleanup_stale(force=True)`` on the segment meanwhile (a second test session's
+    # clean-up did, fault hunt F2 of 2026-12-05): a segment a live process reads is kept now.
+    from hscapture.ring import cleanup_stale, leftover_path
 
     p = Producer(endpoint, producer_id="g2a", capacity=256 << 10, full_policy="drop",
                  heartbeat_interval_s=0.05)
@@ -300,6 +303,9 @@ def test_drops_a_producer_closed_with_reach_a_live_anonymous_subscriber_by_rid(e
         segment = p.segment
     finally:
         p.close()
+    if cleanup != "none":
+        assert [a.action for a in cleanup_stale(segment, force=True)] == ["kept"]
+        assert os.path.exists(leftover_path(segment))
     got = set()
     while (s := sub.poll(timeout=3.0)) is not None:
         got.add(s.rid)
@@ -441,7 +447,7 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
 
             def settled() -> bool:
                 got, told, lost = accounted()
-                return len(got | told) + lost // 2 >= len(rids) and not b.stats()["in_flight"]
+                return 2 * len(set(rids) - got - told) <= lost and not b.stats()["in_flight"]
 
             if not b_hears.endswith("ring gone"):     # B reads now, the producer alive
                 _take(b, b_got, settled, "B to account for incarnation 2", timeout=60)
@@ -452,9 +458,12 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
             _take(b, b_got, settled, "B to account for incarnation 2", timeout=60)
         got, told, lost = accounted()
         assert not got & told, "a delivered sample was also reported"
-        # each sample is 2 chunks, 2 events: a lost range counts events
-        assert len(got) + len(told) + lost // 2 == len(rids) and lost % 2 == 0, \
-            (b.stats()["lost"], sorted(told))
+        # each sample is 2 chunks, 2 events, and a lost range counts events: a sample neither
+        # delivered nor named lost both of its events; a delivered one, none (a sample named
+        # by one chunk's notice may have lost the other's: named, so reported)
+        silent = set(rids) - got - told
+        assert 2 * len(silent) <= lost <= 2 * (len(rids) - len(got)), \
+            (sorted(silent), b.stats()["lost"], sorted(told))
         assert told or lost, "B attached late but nothing was reported: the test did not test"
         if b_hears.startswith("every notice"):
             assert len(got | told) == len(rids) and lost == 0, (b.stats()["lost"], sorted(told))
