@@ -124,3 +124,70 @@ def test_zero_copy_samples_of_one_entry_give_the_ring_back_when_the_last_is_rele
         assert torch.equal(last.tensors["layer_0"][0], block[int(last.rid[1:])])
         last.release()
         assert src.consumer.released == src.consumer.position   # all of it given back
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_copy, dtype):
+    """Rows that are whole samples are read from their entry's columns and arrays
+    (Delivery._on_batch); every other row, and every row under a rid filter, one by one
+    (Delivery._on_row). Either way a sample is the same: tensors (names, dtype, shape,
+    layout, bytes), token ids, fields, meta, and the counts. Two layers side by side in one
+    block, a third in a block of its own; whole rows of one and several tokens, with extra
+    and fields, beside a sample in two chunks of two entries."""
+    hidden = 4
+    t = 5
+    wide = torch.arange(t * 2 * hidden, dtype=torch.float32).reshape(t, 2 * hidden).to(dtype)
+    last = (100 + torch.arange(t * hidden, dtype=torch.float32)).reshape(t, hidden).to(dtype)
+    ids = torch.arange(1000, 1000 + t, dtype=torch.int32)
+    kw = dict(layers=[2, 5, 7], layer_kinds=["residual", "residual", "final_norm"],
+              token_ids=ids, layer_map=[[0, 0], [0, hidden], [1, 0]], hidden=hidden)
+    with Producer(endpoint, producer_id="paths", capacity=8 << 20) as p, \
+            Subscriber(endpoint, zero_copy=zero_copy) as direct, \
+            Subscriber(endpoint, zero_copy=zero_copy, rid_filter=lambda rid: True) as by_row:
+        for sub in (direct, by_row):
+            sub.wait_ready(10)
+        p.wait_for_consumers(2, 10)
+        assert p.capture_batch([Row("one", 0, 1, extra={"t": 1, "ph": "x"}),
+                                Row("three", 1, 3, fields={"loss_mask": b"\x00\x01\x01"}),
+                                Row("split", 4, 1, last=False)], [wide, last], **kw)
+        assert p.capture_batch([Row("split", 0, 2, token_start=1, extra={"k": "v"}),
+                                Row("cached", 2, 2, token_start=3, cached_prefix=3),
+                                Row("tail", 4, 1, fields={"m": b"\x07"})], [wide, last], **kw)
+        p.flush()
+        got = {}
+        for name, sub in (("direct", direct), ("by_row", by_row)):
+            got[name] = {}
+            deadline = time.monotonic() + 10
+            while len(got[name]) < 4 and time.monotonic() < deadline:
+                s = sub.poll(timeout=0.2)
+                if s is not None:
+                    got[name][s.rid] = s
+            sub.pump(0.1)
+        assert sorted(got["direct"]) == sorted(got["by_row"]) == ["one", "split", "tail",
+                                                                  "three"]
+        for rid, a in got["direct"].items():
+            b = got["by_row"][rid]
+            for k in ("producer_id", "epoch", "num_tokens", "layers", "layer_kinds", "dtype",
+                      "hidden", "meta", "borrowed"):
+                assert getattr(a, k) == getattr(b, k), (rid, k)
+            for x, y in [(a.token_ids, b.token_ids), *zip(a.tensors.values(),
+                                                          b.tensors.values()),
+                         *zip(a.fields.values(), b.fields.values())]:
+                assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride()), rid
+                assert torch.equal(x, y), rid
+            assert list(a.tensors) == list(b.tensors) == ["layer_2", "layer_5", "final_norm"]
+            assert list(a.fields) == list(b.fields)
+        one = got["direct"]["one"]
+        assert torch.equal(one.tensors["layer_5"], wide[0:1, hidden:])
+        assert torch.equal(one.tensors["final_norm"], last[0:1])
+        assert one.meta["extra"] == {"t": 1, "ph": "x"} and one.token_ids.tolist() == [1000]
+        assert got["direct"]["three"].fields["loss_mask"].tolist() == [0, 1, 1]
+        assert torch.equal(got["direct"]["split"].tensors["layer_2"], torch.cat(
+            [wide[4:5, :hidden], wide[0:2, :hidden]]))
+        sa, sb = direct.stats(), by_row.stats()
+        for k in ("samples", "sample_bytes", "entries"):
+            assert sa[k] == sb[k], k
+        assert sa["incomplete"] == sb["incomplete"] and "cached" in sa["incomplete"]
+        for s in [*got["direct"].values(), *got["by_row"].values()]:
+            s.release()
