@@ -164,16 +164,17 @@ class Delivery:
         return shape
 
     def _on_batch(self, src: Source, record: Any, entry: Any) -> None:
-        """Every row of a batch entry, in order. A row that is a whole sample (from token 0,
-        ``last``) of a rid with no partial and no failure, read without a rid filter, goes
-        straight to :meth:`_whole`, from the entry's columns and arrays; any other row goes
-        through :meth:`_on_row` (the same decision :meth:`_on_row` makes, per row, as the
-        state stands when the row is reached)."""
+        """Every row of a batch entry, in order, as :meth:`_on_row` takes it. A row that
+        ``rid_filter`` and ``skip_rid`` keep and that is a whole sample (from token 0,
+        ``last``) of a rid with no partial and no failure goes straight to :meth:`_whole`,
+        from the entry's columns and arrays; any other kept row goes through
+        :meth:`_on_kept_row` (the decisions :meth:`_on_row` makes, in its order, per row, as
+        the state stands when the row is reached)."""
         meta = entry.meta
         shape = self._shape(meta)
         ids, layers, blocks = entry.arrays(record.payload)
         rids, starts, counts, lasts, cached, extras, fields = entry.row_columns()
-        direct = self.rid_filter is None and self.skip_rid is None
+        filtering = self.rid_filter is not None or self.skip_rid is not None
         has_failed = self.ledger.has_failed
         partials = self.asm.partials
         epoch, seq = src.epoch, entry.seq
@@ -181,7 +182,9 @@ class Delivery:
         try:
             for r, rid in enumerate(rids):
                 count = counts[r]
-                if direct and lasts[r] and not starts[r] and (epoch, rid) not in partials and \
+                if filtering and self._turned_away(rid):
+                    pass
+                elif lasts[r] and not starts[r] and (epoch, rid) not in partials and \
                         not has_failed((epoch, rid)):
                     got = self._whole(src, record, meta, shape, rid, seq + r, count, cached[r],
                                       extras[r], fields[r], layers, ids, r0)
@@ -189,9 +192,9 @@ class Delivery:
                         delivered += 1
                         nbytes += got
                 else:
-                    self._on_row(src, record, meta, shape,
-                                 rec.RowView(entry.rows[r], seq + r, r0, ids, blocks,
-                                             meta["layer_map"], meta["hidden"]))
+                    self._on_kept_row(src, record, meta, shape,
+                                      rec.RowView(entry.rows[r], seq + r, r0, ids, blocks,
+                                                  meta["layer_map"], meta["hidden"]))
                 r0 += count
         finally:   # the samples _whole queued, counted once per entry
             if delivered:
@@ -205,19 +208,31 @@ class Delivery:
 
     def _on_row(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape,
                 rv: Any) -> None:
+        """One row of a batch entry (``rv``: its :class:`~hscapture.record.RowView`)."""
+        if not self._turned_away(rv.rid):
+            self._on_kept_row(src, record, meta, shape, rv)
+
+    def _turned_away(self, rid: str) -> bool:
+        """Whether ``rid_filter`` or ``skip_rid`` turns a row of ``rid`` away (counted)."""
         counts = self.ledger.counts
-        schema = shape.schema
-        rid = rv.rid
-        key = (src.epoch, rid)
         if self.rid_filter is not None and not self.rid_filter(rid):
             counts["filtered"] += 1
-            return
+            return True
         if self.skip_rid is not None and self.skip_rid(rid):
             counts["already_written"] += 1
             skipped = self.ledger.skipped
             if rid not in skipped and len(skipped) < MAX_SKIPPED:
                 skipped[rid] = None
-            return
+            return True
+        return False
+
+    def _on_kept_row(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape,
+                     rv: Any) -> None:
+        """A row that neither ``rid_filter`` nor ``skip_rid`` turned away."""
+        counts = self.ledger.counts
+        schema = shape.schema
+        rid = rv.rid
+        key = (src.epoch, rid)
         if self.ledger.has_failed(key):
             if rv.token_start != rv.cached_prefix and rv.token_start != 0:
                 counts["discarded_chunks"] += 1     # the failed sample's: nothing of it

@@ -126,15 +126,29 @@ def test_zero_copy_samples_of_one_entry_give_the_ring_back_when_the_last_is_rele
         assert src.consumer.released == src.consumer.position   # all of it given back
 
 
-@pytest.mark.parametrize("zero_copy", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_copy, dtype):
-    """Rows that are whole samples are read from their entry's columns and arrays
-    (Delivery._on_batch); every other row, and every row under a rid filter, one by one
-    (Delivery._on_row). Either way a sample is the same: tensors (names, dtype, shape,
-    layout, bytes), token ids, fields, meta, and the counts. Two layers side by side in one
-    block, a third in a block of its own; whole rows of one and several tokens, with extra
-    and fields, beside a sample in two chunks of two entries."""
+def _row_by_row(sub: Subscriber) -> Subscriber:
+    """``sub``, its batch entries taken one RowView at a time (Delivery._on_row), as before
+    whole rows were read from their entry's columns."""
+    d = sub._delivery
+
+    def on_batch(src, record, entry):
+        for rv in entry.row_views(record.payload):
+            d._on_row(src, record, entry.meta, d._shape(entry.meta), rv)
+    d._on_batch = on_batch
+    return sub
+
+
+@pytest.mark.parametrize("zero_copy,dtype,turn_away", [
+    (False, torch.bfloat16, None), (False, torch.float16, None), (True, torch.bfloat16, None),
+    (False, torch.bfloat16, "rid_filter"), (False, torch.bfloat16, "skip_rid")])
+def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_copy, dtype,
+                                                              turn_away):
+    """Whole rows are read from their entry's columns and arrays (Delivery._on_batch), the
+    other rows one by one; the same entries read one RowView at a time give the same
+    samples: tensors (names, dtype, shape, layout, bytes), token ids, fields, meta, and the
+    same counts, with a rid filter or skip_rid too. Two layers side by side in one block, a
+    third in a block of its own; whole rows of one and several tokens, with extra and
+    fields, beside a sample in two chunks of two entries and a prefix-cache hit."""
     hidden = 4
     t = 5
     wide = torch.arange(t * 2 * hidden, dtype=torch.float32).reshape(t, 2 * hidden).to(dtype)
@@ -142,9 +156,12 @@ def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_co
     ids = torch.arange(1000, 1000 + t, dtype=torch.int32)
     kw = dict(layers=[2, 5, 7], layer_kinds=["residual", "residual", "final_norm"],
               token_ids=ids, layer_map=[[0, 0], [0, hidden], [1, 0]], hidden=hidden)
+    away = {turn_away: (lambda rid: rid != "three") if turn_away == "rid_filter"
+            else (lambda rid: rid == "three")} if turn_away else {}
+    want = ["one", "split", "tail"] + ([] if turn_away else ["three"])
     with Producer(endpoint, producer_id="paths", capacity=8 << 20) as p, \
-            Subscriber(endpoint, zero_copy=zero_copy) as direct, \
-            Subscriber(endpoint, zero_copy=zero_copy, rid_filter=lambda rid: True) as by_row:
+            Subscriber(endpoint, zero_copy=zero_copy, **away) as direct, \
+            _row_by_row(Subscriber(endpoint, zero_copy=zero_copy, **away)) as by_row:
         for sub in (direct, by_row):
             sub.wait_ready(10)
         p.wait_for_consumers(2, 10)
@@ -159,13 +176,12 @@ def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_co
         for name, sub in (("direct", direct), ("by_row", by_row)):
             got[name] = {}
             deadline = time.monotonic() + 10
-            while len(got[name]) < 4 and time.monotonic() < deadline:
+            while len(got[name]) < len(want) and time.monotonic() < deadline:
                 s = sub.poll(timeout=0.2)
                 if s is not None:
                     got[name][s.rid] = s
             sub.pump(0.1)
-        assert sorted(got["direct"]) == sorted(got["by_row"]) == ["one", "split", "tail",
-                                                                  "three"]
+        assert sorted(got["direct"]) == sorted(got["by_row"]) == sorted(want)
         for rid, a in got["direct"].items():
             b = got["by_row"][rid]
             for k in ("producer_id", "epoch", "num_tokens", "layers", "layer_kinds", "dtype",
@@ -182,12 +198,16 @@ def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_co
         assert torch.equal(one.tensors["layer_5"], wide[0:1, hidden:])
         assert torch.equal(one.tensors["final_norm"], last[0:1])
         assert one.meta["extra"] == {"t": 1, "ph": "x"} and one.token_ids.tolist() == [1000]
-        assert got["direct"]["three"].fields["loss_mask"].tolist() == [0, 1, 1]
+        if not turn_away:
+            assert got["direct"]["three"].fields["loss_mask"].tolist() == [0, 1, 1]
         assert torch.equal(got["direct"]["split"].tensors["layer_2"], torch.cat(
             [wide[4:5, :hidden], wide[0:2, :hidden]]))
         sa, sb = direct.stats(), by_row.stats()
-        for k in ("samples", "sample_bytes", "entries"):
-            assert sa[k] == sb[k], k
+        for k in ("samples", "sample_bytes", "entries", "filtered", "already_written"):
+            assert sa.get(k) == sb.get(k), k
+        assert (sa.get("filtered"), sa.get("already_written")) == (
+            (1, None) if turn_away == "rid_filter" else (None, 1) if turn_away else (None, None))
+        assert sa["skipped"] == sb["skipped"]
         assert sa["incomplete"] == sb["incomplete"] and "cached" in sa["incomplete"]
         for s in [*got["direct"].values(), *got["by_row"].values()]:
             s.release()
