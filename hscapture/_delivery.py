@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 import warnings
 from typing import Any, Callable
@@ -34,6 +35,9 @@ _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
 #: is not the sample's dtype (bf16, fp8 travel as raw ints), the tensor is reinterpreted
 _FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
                for name, dt in rec.NUMPY_DTYPES.items()}
+
+#: a tensor that owns a DLPack capsule's memory (record.Entry.row_capsules)
+_from_dlpack = torch.from_dlpack
 
 Holds = list[tuple[Source, int]]
 
@@ -178,6 +182,9 @@ class Delivery:
         has_failed = self.ledger.has_failed
         partials = self.asm.partials
         epoch, seq = src.epoch, entry.seq
+        caps, slots = None, None
+        if not self.zero_copy:
+            caps, slots = self._owned_copies(src, record, entry, shape)
         r0 = delivered = nbytes = 0
         try:
             for r, rid in enumerate(rids):
@@ -187,7 +194,8 @@ class Delivery:
                 elif lasts[r] and not starts[r] and (epoch, rid) not in partials and \
                         not has_failed((epoch, rid)):
                     got = self._whole(src, record, meta, shape, rid, seq + r, count, cached[r],
-                                      extras[r], fields[r], layers, ids, r0)
+                                      extras[r], fields[r], layers, ids, r0, caps,
+                                      slots[r] if slots is not None else None)
                     if got:
                         delivered += 1
                         nbytes += got
@@ -199,6 +207,34 @@ class Delivery:
         finally:   # the samples _whole queued, counted once per entry
             if delivered:
                 self._count_samples(delivered, nbytes)
+
+    def _owned_copies(self, src: Source, record: Any, entry: Any,
+                      shape: _Shape) -> tuple[list[Any] | None, Any]:
+        """The owned copies of an entry's rows that may become whole samples (from token 0,
+        ``last``, not acknowledged by an earlier owner), made in one native call
+        (:meth:`Entry.row_capsules <hscapture.record.Entry.row_capsules>`): ``(capsules,
+        slots)``, ``slots[r]`` the index of row ``r``'s first capsule (None: not copied);
+        ``(None, None)`` where the rows are copied one by one instead. A row that is copied
+        and then goes another way (turned away, a failure's new attempt, expect()) leaves its
+        copy unused, freed with the list."""
+        rids, starts, counts, lasts = entry.row_columns()[:4]
+        seq, n = entry.seq, len(rids)
+        width = 1 + len(shape.names)
+        ack_below = src.settlement.acknowledged_below
+        r0s = list(itertools.accumulate(counts, initial=0))
+        if all(lasts) and not any(starts) and seq >= ack_below:   # the common entry
+            ranges = list(itertools.chain.from_iterable(zip(r0s, counts)))
+            slots: Any = range(0, n * width, width)
+        else:
+            ranges, slots = [], [None] * n
+            for r in range(n):
+                if lasts[r] and not starts[r] and seq + r >= ack_below:
+                    slots[r] = len(ranges) // 2 * width
+                    ranges += (r0s[r], counts[r])
+            if not ranges:
+                return None, None
+        caps = entry.row_capsules(record.payload, ranges)
+        return (caps, slots) if caps is not None else (None, None)
 
     def wants(self, rid: str) -> bool:
         """Whether a row of ``rid`` would be assembled (neither ``rid_filter`` nor
@@ -331,9 +367,10 @@ class Delivery:
     def _whole(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape, rid: str,
                seq: int, total: int, cached_prefix: int, extra: dict[str, Any],
                fields: dict[str, bytes], layers: list[np.ndarray], ids: np.ndarray,
-               r0: int) -> int:
+               r0: int, caps: list[Any] | None = None, slot: int | None = None) -> int:
         """A sample that came in one row (``seq``): tokens ``[r0, r0 + total)`` of ``layers``
-        (one array per layer, ``[tokens, hidden]``) and ``ids``; a borrowed view, or a copy.
+        (one array per layer, ``[tokens, hidden]``) and ``ids``; a borrowed view, or a copy
+        (``caps[slot:]``, when given: the row's owned copies, :meth:`_owned_copies`).
         Returns its payload bytes once it is queued in :attr:`ready` (the caller counts it:
         :meth:`_count_samples`), 0 when it is not."""
         if self.expected and not self._check_expected(src, rid, total, seq):
@@ -351,6 +388,15 @@ class Delivery:
         if borrow:
             token_ids = _torch_view(ids[r0:end], None)
             tensors = {n: _torch_view(a[r0:end], dtype) for n, a in zip(shape.names, layers)}
+        elif slot is not None:
+            # owned copies made natively for the whole entry: each capsule already holds the
+            # sample's dtype (bf16 too), so one tensor creation each
+            token_ids = _from_dlpack(caps[slot])
+            if len(layers) == 1:
+                tensors = {shape.names[0]: _from_dlpack(caps[slot + 1])}
+            else:
+                tensors = {n: _from_dlpack(caps[slot + 1 + i])
+                           for i, n in enumerate(shape.names)}
         elif len(layers) == 1:
             # owned, writable copies (_copy's, inline): torch.from_numpy has nothing to warn
             # about

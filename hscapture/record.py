@@ -75,6 +75,9 @@ __all__ = [
 ALIGN = 64
 if _native is not None and _native.ALIGN != ALIGN:   # a stale build: never mix two layouts
     _native = None
+#: the subscriber's native copy of whole rows (Entry.row_capsules), and the dtypes it takes
+_copy_rows = getattr(_native, "copy_rows", None)
+_ROW_DTYPES: frozenset[str] = getattr(_native, "ROW_DTYPES", frozenset())
 
 #: meta dtype → numpy dtype of the views :meth:`RowView.layer` returns (bf16/fp8 as raw ints).
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -529,6 +532,27 @@ class Entry:
         layers = [blocks[b] if c == 0 and blocks[b].shape[1] == hidden
                   else blocks[b][:, c:c + hidden] for b, c in meta["layer_map"]]
         return ids, layers, blocks
+
+    def row_capsules(self, payload: Any, ranges: list[int]) -> list[Any] | None:
+        """Owned copies of some rows of a batch entry, as DLPack capsules
+        (``torch.from_dlpack`` takes each; never taken, each frees its copy): ``ranges`` is
+        ``[r0, count, r0, count, ...]``, the token ranges of the rows (``r0`` as in
+        :meth:`arrays`), and each row gives ``1 + len(layers)`` capsules: its int32 token ids
+        ``[count]``, then each layer ``[count, hidden]``, C-contiguous, of the entry's dtype
+        itself (bfloat16 too): the bytes of :meth:`arrays`' views of those tokens, copied in
+        one native call per entry (``hscapture._meta.copy_rows``). None where that cannot
+        be (an uncompiled checkout, an fp8 dtype): the caller copies the views."""
+        meta = self.meta
+        dtype = meta["dtype"]
+        if _copy_rows is None or dtype not in _ROW_DTYPES or self.kind != "batch":
+            return None
+        itemsize = DTYPES[dtype]
+        blocks = meta["blocks"]
+        spans: list[int] = []
+        for b, c in meta["layer_map"]:   # each layer: token 0's byte offset, bytes per token
+            off, cols = blocks[b]
+            spans += (off + c * itemsize, cols * itemsize)
+        return _copy_rows(payload, ranges, spans, meta["hidden"], meta["ids_offset"], dtype)
 
     def row_views(self, payload: Any) -> list[RowView]:
         """Zero-copy views of every row of a batch entry inside ``payload`` (the bytes this
