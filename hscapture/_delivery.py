@@ -176,7 +176,6 @@ class Delivery:
         the state stands when the row is reached)."""
         meta = entry.meta
         shape = self._shape(meta)
-        ids, layers, blocks = entry.arrays(record.payload)
         rids, starts, counts, lasts, cached, extras, fields = entry.row_columns()
         filtering = self.rid_filter is not None or self.skip_rid is not None
         has_failed = self.ledger.has_failed
@@ -185,21 +184,28 @@ class Delivery:
         caps, slots = None, None
         if not self.zero_copy:
             caps, slots = self._owned_copies(src, record, entry, shape)
+        # the entry's views, made when a row needs them (none may: every row copied natively)
+        views: tuple[Any, ...] | None = None
         r0 = delivered = nbytes = 0
         try:
             for r, rid in enumerate(rids):
                 count = counts[r]
+                slot = slots[r] if slots is not None else None
+                if slot is None and views is None:
+                    views = entry.arrays(record.payload)
                 if filtering and self._turned_away(rid):
                     pass
                 elif lasts[r] and not starts[r] and (epoch, rid) not in partials and \
                         not has_failed((epoch, rid)):
                     got = self._whole(src, record, meta, shape, rid, seq + r, count, cached[r],
-                                      extras[r], fields[r], layers, ids, r0, caps,
-                                      slots[r] if slots is not None else None)
+                                      extras[r], fields[r], views, r0, caps, slot)
                     if got:
                         delivered += 1
                         nbytes += got
                 else:
+                    if views is None:
+                        views = entry.arrays(record.payload)
+                    ids, _, blocks = views
                     self._on_kept_row(src, record, meta, shape,
                                       rec.RowView(entry.rows[r], seq + r, r0, ids, blocks,
                                                   meta["layer_map"], meta["hidden"]))
@@ -282,7 +288,7 @@ class Delivery:
         if p is None and rv.token_start == 0 and rv.last:
             got = self._whole(src, record, meta, shape, rid, rv.seq, rv.token_count,
                               rv.cached_prefix, rv.extra, rv.fields,
-                              [rv.layer(i) for i in range(len(shape.names))], rv.token_ids, 0)
+                              (rv.token_ids, [rv.layer(i) for i in range(len(shape.names))]), 0)
             if got:
                 self._count_samples(1, got)
             return
@@ -366,11 +372,12 @@ class Delivery:
 
     def _whole(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape, rid: str,
                seq: int, total: int, cached_prefix: int, extra: dict[str, Any],
-               fields: dict[str, bytes], layers: list[np.ndarray], ids: np.ndarray,
-               r0: int, caps: list[Any] | None = None, slot: int | None = None) -> int:
-        """A sample that came in one row (``seq``): tokens ``[r0, r0 + total)`` of ``layers``
-        (one array per layer, ``[tokens, hidden]``) and ``ids``; a borrowed view, or a copy
-        (``caps[slot:]``, when given: the row's owned copies, :meth:`_owned_copies`).
+               fields: dict[str, bytes], views: tuple[Any, ...] | None, r0: int,
+               caps: list[Any] | None = None, slot: int | None = None) -> int:
+        """A sample that came in one row (``seq``): tokens ``[r0, r0 + total)`` of ``views``
+        (``(ids, layers, ...)``: the token ids and one array per layer, ``[tokens, hidden]``);
+        a borrowed view, or a copy: ``caps[slot:]`` when ``slot`` is given (the row's owned
+        copies, :meth:`_owned_copies`; ``views`` may then be None), else of ``views``.
         Returns its payload bytes once it is queued in :attr:`ready` (the caller counts it:
         :meth:`_count_samples`), 0 when it is not."""
         if self.expected and not self._check_expected(src, rid, total, seq):
@@ -385,6 +392,8 @@ class Delivery:
         end = r0 + total
         borrow = self.zero_copy
         dtype = shape.torch_dtype
+        if slot is None:
+            ids, layers = views[0], views[1]
         if borrow:
             token_ids = _torch_view(ids[r0:end], None)
             tensors = {n: _torch_view(a[r0:end], dtype) for n, a in zip(shape.names, layers)}
@@ -392,7 +401,7 @@ class Delivery:
             # owned copies made natively for the whole entry: each capsule already holds the
             # sample's dtype (bf16 too), so one tensor creation each
             token_ids = _from_dlpack(caps[slot])
-            if len(layers) == 1:
+            if len(shape.names) == 1:
                 tensors = {shape.names[0]: _from_dlpack(caps[slot + 1])}
             else:
                 tensors = {n: _from_dlpack(caps[slot + 1 + i])

@@ -112,6 +112,10 @@ ROW_KEYS = ("rid", "token_start", "token_count", "last", "cached_prefix", "extra
 _ROW_KEYS = frozenset(ROW_KEYS)
 #: a batch row's values in :data:`ROW_KEYS` order (one C call per row)
 _ROW_VALUES = operator.itemgetter(*ROW_KEYS)
+#: rows from which a batch's rows are checked all at once (_common_rows): its dozen passes
+#: over the rows cost more than the row-by-row checks below that (1 row: 4.0 vs 2.0 us,
+#: 8 rows: 8.3 vs 9.6 us)
+_ALL_AT_ONCE_ROWS = 6
 _ONLY_STR, _ONLY_INT = frozenset((str,)), frozenset((int,))
 _ONLY_BOOL, _ONLY_DICT = frozenset((bool,)), frozenset((dict,))
 _DROP_ROW_KEYS = frozenset(("rid", "token_start", "token_count", "last"))
@@ -887,7 +891,7 @@ def _check_batch(meta: dict[str, Any], meta_len: int,
     rows = _list("batch meta 'rows'", meta["rows"])
     if not rows:
         raise _fail("batch meta 'rows': expected at least one row, found none")
-    columns = _common_rows(rows)
+    columns = _common_rows(rows) if len(rows) >= _ALL_AT_ONCE_ROWS else None
     if columns is not None:
         total = sum(columns[2])
     else:
