@@ -718,11 +718,6 @@ def _concat(arrs: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
 
 
-def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` reinterpreted as ``dtype`` (bf16 travels as 16-bit integers: numpy has none)."""
-    return t if t.dtype == dtype else t.view(dtype)
-
-
 def _torch_view(arr: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
     """A torch tensor over a (read-only) numpy view of the ring, reinterpreted as ``dtype``.
     torch warns that it cannot protect read-only memory; that is the documented contract of

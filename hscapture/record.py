@@ -790,8 +790,8 @@ def _common_rows(rows: list[Any]) -> tuple[tuple[Any, ...], ...] | None:
     The same rules as :func:`_check_rows` (whatever this accepts, that accepts too:
     tests/test_record.py checks the two on random and mutated rows), applied to all the rows
     at once with C-level builtins (``map``, ``set``, ``min``, ``str.join``) instead of a
-    Python expression per row: an entry of 64 one-token rows is checked in a fifth of the
-    time."""
+    Python expression per row: 64 one-token rows in 0.6 of the time (40 against 70 us), their
+    columns (what the delivery reads) included."""
     if set(map(type, rows)) != _ONLY_DICT or set(map(len, rows)) != {len(ROW_KEYS)}:
         return None
     try:   # seven keys each, all of ROW_KEYS present: exactly ROW_KEYS
