@@ -1,4 +1,5 @@
-// hscapture._meta: the producer's hot-path encoder of a `batch` entry's meta (protocol v2).
+// hscapture._meta: the producer's hot-path encoder of a `batch` entry's meta (protocol v2),
+// and the subscriber's copies of whole rows out of a validated entry (copy_rows, below).
 //
 // Why native: the entry meta is planned once per forward pass on an engine's scheduler thread,
 // where a few hundred Python operations cost ~75 us cold (H200 1B server, results
@@ -17,7 +18,9 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -268,6 +271,185 @@ nb::object plan_batch(uint64_t version, nb::handle producer, nb::handle epoch, n
                           py_list(row_starts), pads);
 }
 
+// --- the subscriber's copies of whole one-row samples, as DLPack capsules ------------------
+//
+// Why native: a one-token sample's owned tensors cost the subscriber a numpy copy, a
+// torch.from_numpy and (bf16, which numpy lacks) a .view per tensor, ~2.3 us of the ~8 us a
+// sample costs; torch.from_dlpack of a capsule that already says bfloat16 is one tensor
+// creation. copy_rows copies the rows of one entry (one call per entry) into memory that each
+// tensor then owns: the bytes are those of record.RowView (same rows, same columns, the
+// layers C-contiguous as numpy's copy made them); what to copy is the caller's, from the
+// entry record.read_entry validated (every range is checked again here all the same).
+//
+// Memory ordering: the payload is a committed record of the ring, handed to this thread by
+// Consumer::poll after its acquire load of the record's state (csrc/ring.cpp), and it is not
+// released before the entry's dispatch returns (Source.pump); these plain reads run on that
+// thread inside the dispatch, so they see the producer's bytes, as numpy's copy did. The
+// copies are private heap memory from here on: no atomics.
+
+// The DLPack ABI (dlpack.h, "DLManagedTensor", unchanged since v0.2 and read by every
+// consumer as the capsule named "dltensor"), only what a CPU tensor needs.
+struct DLDevice { int32_t device_type; int32_t device_id; };
+struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
+struct DLTensor {
+    void* data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t* shape;
+    int64_t* strides;
+    uint64_t byte_offset;
+};
+struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void* manager_ctx;
+    void (*deleter)(DLManagedTensor*);
+};
+constexpr int32_t kDLCPU = 1;
+constexpr uint8_t kDLInt = 0, kDLFloat = 2, kDLBfloat = 4;
+
+// The sample dtypes (notice.DTYPES names) a capsule carries as themselves: fp8 is not here
+// (DLPack's fp8 codes are newer than some consumers), the caller copies it with numpy.
+struct RowDtype { const char* name; DLDataType dl; };
+constexpr RowDtype kRowDtypes[] = {
+    {"bfloat16", {kDLBfloat, 16, 1}}, {"float16", {kDLFloat, 16, 1}},
+    {"float32", {kDLFloat, 32, 1}}};
+
+// One allocation per tensor: this header, then the data at the next 64-byte boundary.
+struct OwnedTensor {
+    DLManagedTensor managed;
+    int64_t shape[2];
+    int64_t strides[2];
+};
+
+void free_owned(DLManagedTensor* managed) { std::free(managed->manager_ctx); }
+
+void capsule_destructor(PyObject* capsule) {
+    // a consumer renames the capsule "used_dltensor" and frees the tensor itself; one never
+    // consumed (its row went another way) is freed here. (No Python error may leak out of a
+    // destructor: the current one is kept aside.)
+    if (!PyCapsule_IsValid(capsule, "dltensor")) return;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (managed) managed->deleter(managed);
+    PyErr_Restore(type, value, traceback);
+}
+
+// A capsule of a fresh C-contiguous [rows, cols] (cols == 0: 1-D [rows]) tensor of `dtype`;
+// `data` is set to where its bytes go (rows * row_bytes of them).
+nb::object owned_capsule(DLDataType dtype, int64_t rows, int64_t cols, size_t nbytes,
+                         uint8_t** data) {
+    const size_t head = (sizeof(OwnedTensor) + 63) / 64 * 64;
+    void* base = std::malloc(head + nbytes + 64);
+    if (!base) throw std::bad_alloc();
+    auto* owned = static_cast<OwnedTensor*>(base);
+    uintptr_t at = reinterpret_cast<uintptr_t>(base) + head;
+    at = (at + 63) / 64 * 64;
+    *data = reinterpret_cast<uint8_t*>(at);
+    owned->shape[0] = rows;
+    owned->shape[1] = cols;
+    owned->strides[0] = cols ? cols : 1;
+    owned->strides[1] = 1;
+    DLTensor& t = owned->managed.dl_tensor;
+    t.data = *data;
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = cols ? 2 : 1;
+    t.dtype = dtype;
+    t.shape = owned->shape;
+    t.strides = owned->strides;
+    t.byte_offset = 0;
+    owned->managed.manager_ctx = base;
+    owned->managed.deleter = free_owned;
+    PyObject* capsule = PyCapsule_New(&owned->managed, "dltensor", capsule_destructor);
+    if (!capsule) {
+        std::free(base);
+        throw nb::python_error();
+    }
+    return nb::steal(capsule);
+}
+
+uint64_t checked_end(uint64_t first, uint64_t pitch, uint64_t tokens, uint64_t width) {
+    // first + (tokens - 1) * pitch + width, or UINT64_MAX when that overflows (tokens >= 1)
+    uint64_t span = 0, end = 0;
+    if (__builtin_mul_overflow(tokens - 1, pitch, &span) ||
+        __builtin_add_overflow(first, span, &end) || __builtin_add_overflow(end, width, &end))
+        return UINT64_MAX;
+    return end;
+}
+
+// copy_rows: see the binding's doc. Every tensor is made (and every range checked) first,
+// with the GIL; the bytes are then copied, without it once they add up to a megabyte (a
+// long prompt's rows: other Python threads of the process run meanwhile, as they did during
+// numpy's copies; the payload view is held, so the ring record stays mapped).
+nb::list copy_rows(nb::handle payload, nb::handle rows_h, nb::handle layers_h, int64_t hidden,
+                   int64_t ids_offset, const char* dtype_name) {
+    DLDataType dtype{};
+    bool known = false;
+    for (const RowDtype& d : kRowDtypes)
+        if (std::strcmp(d.name, dtype_name) == 0) { dtype = d.dl; known = true; }
+    if (!known) throw Unsupported{};
+    const uint64_t itemsize = dtype.bits / 8;
+    if (hidden < 1 || ids_offset < 0) throw nb::value_error("copy_rows: bad hidden or ids_offset");
+    const std::vector<int64_t> rows = int_list(rows_h);      // r0, count, r0, count, ...
+    const std::vector<int64_t> layers = int_list(layers_h);  // first, pitch, first, pitch, ...
+    if (rows.size() % 2 || layers.size() % 2 || layers.empty())
+        throw nb::value_error("copy_rows: rows and layers are (start, count) / (first, pitch) pairs");
+    Py_buffer view;
+    if (PyObject_GetBuffer(payload.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+    struct Release { Py_buffer* v; ~Release() { PyBuffer_Release(v); } } release{&view};
+    const auto* src = static_cast<const uint8_t*>(view.buf);
+    const uint64_t size = static_cast<uint64_t>(view.len);
+    const uint64_t width = static_cast<uint64_t>(hidden) * itemsize;   // one token of a layer
+
+    struct Copy { uint8_t* dst; const uint8_t* src; uint64_t tokens, width, pitch; };
+    std::vector<Copy> copies;
+    copies.reserve(rows.size() / 2 * (1 + layers.size() / 2));
+    uint64_t total = 0;
+    nb::list out;
+    for (size_t r = 0; r < rows.size(); r += 2) {
+        const int64_t r0 = rows[r], count = rows[r + 1];
+        if (r0 < 0 || count < 1) throw nb::value_error("copy_rows: bad row range");
+        const uint64_t first_token = static_cast<uint64_t>(r0), n = static_cast<uint64_t>(count);
+        // the token ids: int32 [count]
+        const uint64_t ids_at = static_cast<uint64_t>(ids_offset) + 4 * first_token;
+        if (first_token > (1ULL << 60) || checked_end(ids_at, 4, n, 4) > size)
+            throw nb::value_error("copy_rows: token ids past the payload");
+        uint8_t* data = nullptr;
+        out.append(owned_capsule(DLDataType{kDLInt, 32, 1}, count, 0, 4 * n, &data));
+        copies.push_back({data, src + ids_at, 1, 4 * n, 4 * n});
+        total += 4 * n;
+        // each layer: [count, hidden], C-contiguous
+        for (size_t l = 0; l < layers.size(); l += 2) {
+            if (layers[l] < 0 || layers[l + 1] < 0) throw nb::value_error("copy_rows: bad layer");
+            const uint64_t pitch = static_cast<uint64_t>(layers[l + 1]);
+            uint64_t at = 0;
+            if (__builtin_mul_overflow(first_token, pitch, &at) ||
+                __builtin_add_overflow(at, static_cast<uint64_t>(layers[l]), &at) ||
+                pitch < width || checked_end(at, pitch, n, width) > size)
+                throw nb::value_error("copy_rows: a layer past the payload");
+            out.append(owned_capsule(dtype, count, hidden, n * width, &data));
+            if (pitch == width)   // the layer fills its block: the row's tokens are one run
+                copies.push_back({data, src + at, 1, n * width, n * width});
+            else
+                copies.push_back({data, src + at, n, width, pitch});
+            total += n * width;
+        }
+    }
+    auto copy_all = [&copies] {
+        for (const Copy& c : copies)
+            for (uint64_t i = 0; i < c.tokens; ++i)
+                std::memcpy(c.dst + i * c.width, c.src + i * c.pitch, c.width);
+    };
+    if (total >= (1u << 20)) {
+        nb::gil_scoped_release unlocked;
+        copy_all();
+    } else {
+        copy_all();
+    }
+    return out;
+}
+
 }  // namespace
 
 NB_MODULE(_meta, m) {
@@ -292,6 +474,18 @@ NB_MODULE(_meta, m) {
         return nb::bytes(w.out.data(), w.out.size());
     }, "obj"_a.none(), "msgpack-python's packb(obj, use_bin_type=True) for exact builtin types; "
                 "raises Unsupported for anything else.");
+    nb::list dtypes;
+    for (const RowDtype& d : kRowDtypes) dtypes.append(d.name);
+    m.attr("ROW_DTYPES") = nb::frozenset(dtypes);   // the dtypes copy_rows takes
+    m.def("copy_rows", &copy_rows, "payload"_a, "rows"_a, "layers"_a, "hidden"_a,
+          "ids_offset"_a, "dtype"_a,
+          "Owned copies of whole rows of a batch entry's payload, as DLPack capsules "
+          "(torch.from_dlpack takes each): for each row (rows: r0, count, r0, count, ... "
+          "token ranges), its int32 token ids [count] (at ids_offset), then each layer "
+          "(layers: first, pitch, ...: the byte offset of token 0 of the layer and the bytes "
+          "from one token to the next) as a C-contiguous [count, hidden] tensor of dtype (one "
+          "of ROW_DTYPES, else Unsupported). Raises ValueError for a range outside the "
+          "payload.");
     // (every value may be None: what it packs as is the Python reference's business)
     m.def("plan_batch", &plan_batch, "version"_a, "producer"_a.none(), "epoch"_a.none(),
           "seq"_a.none(), "dp_rank"_a.none(), "layers"_a.none(), "layer_kinds"_a.none(),

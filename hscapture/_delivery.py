@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 import warnings
 from typing import Any, Callable
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from . import notice as nt
+from . import record as rec
 from ._assembly import Assembler, Chunk, Partial
 from ._ledger import MAX_SKIPPED, Ledger, LostRange
 from ._settlement import Settlement
@@ -29,8 +31,40 @@ from .sample import Sample, layer_name
 __all__ = ["Delivery"]
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
+#: the torch dtype ``torch.from_numpy`` gives a view of ``record.NUMPY_DTYPES[name]``: where it
+#: is not the sample's dtype (bf16, fp8 travel as raw ints), the tensor is reinterpreted
+_FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
+               for name, dt in rec.NUMPY_DTYPES.items()}
+
+#: a tensor that owns a DLPack capsule's memory (record.Entry.row_capsules)
+_from_dlpack = torch.from_dlpack
 
 Holds = list[tuple[Source, int]]
+
+# _whole builds each Sample positionally (half the cost of keywords for 14 fields): the order
+# it relies on, checked once here so that a reordered dataclass fails at import, not silently
+assert [f.name for f in dataclasses.fields(Sample)] == [
+    "rid", "producer_id", "epoch", "num_tokens", "token_ids", "tensors", "layers",
+    "layer_kinds", "dtype", "hidden", "meta", "fields", "_release", "borrowed"]
+
+
+class _Shape:
+    """What every row of the entries of one ``schema`` (layers, kinds, dtype, hidden) shares:
+    made once per schema (:meth:`Delivery._shape`), not per entry or row."""
+
+    __slots__ = ("schema", "layers", "kinds", "dtype", "hidden", "names", "torch_dtype",
+                 "reinterpret", "token_bytes")
+
+    def __init__(self, schema: tuple) -> None:
+        self.schema = schema
+        self.layers, self.kinds, self.dtype, self.hidden = schema
+        #: the tensor names, in layer order
+        self.names = tuple(layer_name(l, k) for l, k in zip(self.layers, self.kinds))
+        self.torch_dtype = _TORCH_DTYPES[self.dtype]
+        #: a tensor over a numpy array of the ring's dtype needs a .view(torch_dtype)
+        self.reinterpret = _FROM_NUMPY[self.dtype] != self.torch_dtype
+        #: hidden-state payload bytes per token (a sample's nbytes per token)
+        self.token_bytes = self.hidden * len(self.names) * nt.DTYPES[self.dtype]
 
 
 class Delivery:
@@ -82,6 +116,8 @@ class Delivery:
         #: (a plain dict, emptied by each sample's release: a borrowed sample must be
         #: released anyway, its record stays referenced until it is)
         self.lent: dict[int, Sample] = {}
+        #: :class:`_Shape` by schema (an engine has one or two; bounded all the same)
+        self._shapes: dict[tuple, _Shape] = {}
 
     # -- entries -------------------------------------------------------------------------
 
@@ -90,14 +126,7 @@ class Delivery:
         kind = entry.kind
         if kind == "batch":
             counts["entries"] += 1
-            meta = entry.meta
-            schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
-                      meta["hidden"])
-            # per entry, not per row: the tensor names and the torch dtype
-            names = (tuple(layer_name(l, k) for l, k in zip(schema[0], schema[1])),
-                     _TORCH_DTYPES[schema[2]])
-            for rv in entry.row_views(record.payload):
-                self._on_row(src, record, meta, schema, names, rv)
+            self._on_batch(src, record, entry)
         elif kind == "drop":
             for r, row in enumerate(entry.rows):
                 counts["dropped_rows"] += 1
@@ -157,26 +186,124 @@ class Delivery:
         if entry.n:
             src.seqs.add(entry.seq, entry.n)
 
+    def _shape(self, meta: dict[str, Any]) -> _Shape:
+        schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
+                  meta["hidden"])
+        shape = self._shapes.get(schema)
+        if shape is None:
+            if len(self._shapes) >= 64:
+                self._shapes.clear()
+            shape = self._shapes[schema] = _Shape(schema)
+        return shape
+
+    def _on_batch(self, src: Source, record: Any, entry: Any) -> None:
+        """Every row of a batch entry, in order, as :meth:`_on_row` takes it. A row that
+        ``rid_filter`` and ``skip_rid`` keep and that is a whole sample (from token 0,
+        ``last``) of a rid with no partial and no failure goes straight to :meth:`_whole`,
+        from the entry's columns and arrays; any other kept row goes through
+        :meth:`_on_kept_row` (the decisions :meth:`_on_row` makes, in its order, per row, as
+        the state stands when the row is reached)."""
+        meta = entry.meta
+        shape = self._shape(meta)
+        rids, starts, counts, lasts, cached, extras, fields = entry.row_columns()
+        filtering = self.rid_filter is not None or self.skip_rid is not None
+        has_failed = self.ledger.has_failed
+        partials = self.asm.partials
+        epoch, seq = src.epoch, entry.seq
+        caps, slots = None, None
+        if not self.zero_copy:
+            caps, slots = self._owned_copies(src, record, entry, shape)
+        # the entry's views, made when a row needs them (none may: every row copied natively)
+        views: tuple[Any, ...] | None = None
+        r0 = delivered = nbytes = 0
+        try:
+            for r, rid in enumerate(rids):
+                count = counts[r]
+                slot = slots[r] if slots is not None else None
+                if slot is None and views is None:
+                    views = entry.arrays(record.payload)
+                if filtering and self._turned_away(rid):
+                    pass
+                elif lasts[r] and not starts[r] and (epoch, rid) not in partials and \
+                        not has_failed((epoch, rid)):
+                    got = self._whole(src, record, meta, shape, rid, seq + r, count, cached[r],
+                                      extras[r], fields[r], views, r0, caps, slot)
+                    if got:
+                        delivered += 1
+                        nbytes += got
+                else:
+                    if views is None:
+                        views = entry.arrays(record.payload)
+                    ids, _, blocks = views
+                    self._on_kept_row(src, record, meta, shape,
+                                      rec.RowView(entry.rows[r], seq + r, r0, ids, blocks,
+                                                  meta["layer_map"], meta["hidden"]))
+                r0 += count
+        finally:   # the samples _whole queued, counted once per entry
+            if delivered:
+                self._count_samples(delivered, nbytes)
+
+    def _owned_copies(self, src: Source, record: Any, entry: Any,
+                      shape: _Shape) -> tuple[list[Any] | None, Any]:
+        """The owned copies of an entry's rows that may become whole samples (from token 0,
+        ``last``, not acknowledged by an earlier owner), made in one native call
+        (:meth:`Entry.row_capsules <hscapture.record.Entry.row_capsules>`): ``(capsules,
+        slots)``, ``slots[r]`` the index of row ``r``'s first capsule (None: not copied);
+        ``(None, None)`` where the rows are copied one by one instead. A row that is copied
+        and then goes another way (turned away, a failure's new attempt, expect()) leaves its
+        copy unused, freed with the list."""
+        rids, starts, counts, lasts = entry.row_columns()[:4]
+        seq, n = entry.seq, len(rids)
+        width = 1 + len(shape.names)
+        ack_below = src.settlement.acknowledged_below
+        r0s = list(itertools.accumulate(counts, initial=0))
+        if all(lasts) and not any(starts) and seq >= ack_below:   # the common entry
+            ranges = list(itertools.chain.from_iterable(zip(r0s, counts)))
+            slots: Any = range(0, n * width, width)
+        else:
+            ranges, slots = [], [None] * n
+            for r in range(n):
+                if lasts[r] and not starts[r] and seq + r >= ack_below:
+                    slots[r] = len(ranges) // 2 * width
+                    ranges += (r0s[r], counts[r])
+            if not ranges:
+                return None, None
+        caps = entry.row_capsules(record.payload, ranges)
+        return (caps, slots) if caps is not None else (None, None)
+
     def wants(self, rid: str) -> bool:
         """Whether a row of ``rid`` would be assembled (neither ``rid_filter`` nor
         ``skip_rid`` turns it away)."""
         return (self.rid_filter is None or self.rid_filter(rid)) and \
             (self.skip_rid is None or not self.skip_rid(rid))
 
-    def _on_row(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
-                names: tuple, rv: Any) -> None:
+    def _on_row(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape,
+                rv: Any) -> None:
+        """One row of a batch entry (``rv``: its :class:`~hscapture.record.RowView`)."""
+        if not self._turned_away(rv.rid):
+            self._on_kept_row(src, record, meta, shape, rv)
+
+    def _turned_away(self, rid: str) -> bool:
+        """Whether ``rid_filter`` or ``skip_rid`` turns a row of ``rid`` away (counted)."""
         counts = self.ledger.counts
-        rid = rv.rid
-        key = (src.epoch, rid)
         if self.rid_filter is not None and not self.rid_filter(rid):
             counts["filtered"] += 1
-            return
+            return True
         if self.skip_rid is not None and self.skip_rid(rid):
             counts["already_written"] += 1
             skipped = self.ledger.skipped
             if rid not in skipped and len(skipped) < MAX_SKIPPED:
                 skipped[rid] = None
-            return
+            return True
+        return False
+
+    def _on_kept_row(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape,
+                     rv: Any) -> None:
+        """A row that neither ``rid_filter`` nor ``skip_rid`` turned away."""
+        counts = self.ledger.counts
+        schema = shape.schema
+        rid = rv.rid
+        key = (src.epoch, rid)
         if self.ledger.has_failed(key):
             if rv.token_start != rv.cached_prefix and rv.token_start != 0:
                 counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
@@ -188,7 +315,11 @@ class Delivery:
             self.ledger.new_attempt(key)
         p = self.asm.get(key)
         if p is None and rv.token_start == 0 and rv.last:
-            self._whole(src, record, meta, schema, names, rv)
+            got = self._whole(src, record, meta, shape, rid, rv.seq, rv.token_count,
+                              rv.cached_prefix, rv.extra, rv.fields,
+                              (rv.token_ids, [rv.layer(i) for i in range(len(shape.names))]), 0)
+            if got:
+                self._count_samples(1, got)
             return
         if p is None:
             starts = rv.token_start == 0 or rv.token_start == rv.cached_prefix
@@ -268,51 +399,76 @@ class Delivery:
 
     # -- samples ---------------------------------------------------------------------------
 
-    def _whole(self, src: Source, record: Any, meta: dict[str, Any], schema: tuple,
-               names: tuple, rv: Any) -> None:
-        """A sample that came in one row: a borrowed view, or a copy."""
-        total = rv.token_count
-        if self.expected and not self._check_expected(src, rv.rid, total, rv.seq):
+    def _whole(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape, rid: str,
+               seq: int, total: int, cached_prefix: int, extra: dict[str, Any],
+               fields: dict[str, bytes], views: tuple[Any, ...] | None, r0: int,
+               caps: list[Any] | None = None, slot: int | None = None) -> int:
+        """A sample that came in one row (``seq``): tokens ``[r0, r0 + total)`` of ``views``
+        (``(ids, layers, ...)``: the token ids and one array per layer, ``[tokens, hidden]``);
+        a borrowed view, or a copy: ``caps[slot:]`` when ``slot`` is given (the row's owned
+        copies, :meth:`_owned_copies`; ``views`` may then be None), else of ``views``.
+        Returns its payload bytes once it is queued in :attr:`ready` (the caller counts it:
+        :meth:`_count_samples`), 0 when it is not."""
+        if self.expected and not self._check_expected(src, rid, total, seq):
             # rejected, whatever an earlier owner acknowledged (a rejected sample has no
             # place in the acknowledgements: a later acknowledged one covers it): its record
             # names the rejection to a resumer until the failure is acknowledged
             self.hold_failure(src, record.position)
-            return
-        if rv.seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
+            return 0
+        if seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
-            return
-        layer_names, dtype = names
+            return 0
+        end = r0 + total
         borrow = self.zero_copy
-        layer = rv.layer
+        dtype = shape.torch_dtype
+        if slot is None:
+            ids, layers = views[0], views[1]
         if borrow:
-            ids = _torch_view(rv.token_ids, None)
-            tensors = {n: _torch_view(layer(i), dtype) for i, n in enumerate(layer_names)}
+            token_ids = _torch_view(ids[r0:end], None)
+            tensors = {n: _torch_view(a[r0:end], dtype) for n, a in zip(shape.names, layers)}
+        elif slot is not None:
+            # owned copies made natively for the whole entry: each capsule already holds the
+            # sample's dtype (bf16 too), so one tensor creation each
+            token_ids = _from_dlpack(caps[slot])
+            if len(shape.names) == 1:
+                tensors = {shape.names[0]: _from_dlpack(caps[slot + 1])}
+            else:
+                tensors = {n: _from_dlpack(caps[slot + 1 + i])
+                           for i, n in enumerate(shape.names)}
+        elif len(layers) == 1:
+            # owned, writable copies (_copy's, inline): torch.from_numpy has nothing to warn
+            # about
+            t = torch.from_numpy(layers[0][r0:end].copy())
+            tensors = {shape.names[0]: t.view(dtype) if shape.reinterpret else t}
+            token_ids = torch.from_numpy(ids[r0:end].copy())
         else:
-            # owned, writable copies: torch.from_numpy has nothing to warn about
-            tensors = {n: _as_dtype(torch.from_numpy(_copy(layer(i))), dtype)
-                       for i, n in enumerate(layer_names)}
-            ids = torch.from_numpy(_copy(rv.token_ids))
-        fields = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
-                  rv.fields.items()} if rv.fields else {}
-        sample = Sample(rid=rv.rid, producer_id=src.producer or "", epoch=src.epoch,
-                        num_tokens=total, token_ids=ids, tensors=tensors,
-                        layers=list(schema[0]), layer_kinds=list(schema[1]), dtype=schema[2],
-                        hidden=schema[3],
-                        meta={"convention": meta["convention"], "model": meta["model"],
-                              "cached_prefix": rv.cached_prefix, "dp_rank": meta["dp_rank"],
-                              "extra": rv.extra, "chunks": 1, "seqs": [rv.seq]},
-                        fields=fields, borrowed=borrow)
-        nbytes = total * schema[3] * len(layer_names) * nt.DTYPES[schema[2]]
+            tensors = {}
+            for n, a in zip(shape.names, layers):
+                t = torch.from_numpy(a[r0:end].copy())
+                tensors[n] = t.view(dtype) if shape.reinterpret else t
+            token_ids = torch.from_numpy(ids[r0:end].copy())
+        sample_fields = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
+                         fields.items()} if fields else {}
+        # positionally (see the assert by _Shape): rid, producer_id, epoch, num_tokens,
+        # token_ids, tensors, layers, layer_kinds, dtype, hidden, meta, fields, _release,
+        # borrowed
+        sample = Sample(rid, src.producer or "", src.epoch, total, token_ids, tensors,
+                        list(shape.layers), list(shape.kinds), shape.dtype, shape.hidden,
+                        {"convention": meta["convention"], "model": meta["model"],
+                         "cached_prefix": cached_prefix, "dp_rank": meta["dp_rank"],
+                         "extra": extra, "chunks": 1, "seqs": [seq]},
+                        sample_fields, None, borrow)
         if borrow or self.durable:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)
             src.borrowed.add(record.position)
             sample._release = self._releaser([(src, record.position)],
-                                             self._ack_entry(src, rv.seq),
+                                             self._ack_entry(src, seq),
                                              id(sample) if borrow else None)
             if borrow:
                 self.lent[id(sample)] = sample
-        self._deliver(sample, nbytes)
+        self.ready.append(sample)
+        return total * shape.token_bytes
 
     def _assemble(self, src: Source, p: Partial, holds: Holds) -> None:
         chunks = sorted(p.chunks, key=lambda c: c.start)
@@ -364,13 +520,16 @@ class Delivery:
             return False
         return True
 
-    def _deliver(self, sample: Sample, nbytes: int | None = None) -> None:
-        """Count ``sample`` (``nbytes``: its payload bytes, when the caller has them) and
-        queue it for the user."""
-        counts = self.ledger.counts
-        counts["samples"] += 1
-        counts["sample_bytes"] += sample.nbytes if nbytes is None else nbytes
+    def _deliver(self, sample: Sample) -> None:
+        """Count ``sample`` and queue it for the user."""
+        self._count_samples(1, sample.nbytes)
         self.ready.append(sample)
+
+    def _count_samples(self, n: int, nbytes: int) -> None:
+        """``n`` samples of ``nbytes`` payload bytes in all were queued in :attr:`ready`."""
+        counts = self.ledger.counts
+        counts["samples"] += n
+        counts["sample_bytes"] += nbytes
 
     def _ack_entry(self, src: Source, last_seq: int) -> tuple[Settlement, list[Any]] | None:
         """Durable: this sample's place in its source's in-order acknowledgements (queued
@@ -577,18 +736,15 @@ def _copy(arr: np.ndarray) -> np.ndarray:
     pool's barrier for descheduled threads, spinning: a 6 MB copy that takes 0.2 ms alone
     took up to 270 ms wall (90 ms CPU) on a loaded 2-core host, while the same copy on one
     thread stayed under 6 ms. A subscriber shares its host with the engine, so it copies on
-    one thread (memory bandwidth, not threads, bounds a copy)."""
-    return np.array(arr, order="C", copy=True)
+    one thread (memory bandwidth, not threads, bounds a copy). ``ndarray.copy()`` (C order
+    by default) rather than ``np.array(arr, order="C", copy=True)``: the same copy, without
+    the argument parsing that cost a third of a one-token row's."""
+    return arr.copy()
 
 
 def _concat(arrs: list[np.ndarray]) -> np.ndarray:
     """The chunks of one layer end to end, by numpy on this thread (see :func:`_copy`)."""
     return np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
-
-
-def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` reinterpreted as ``dtype`` (bf16 travels as 16-bit integers: numpy has none)."""
-    return t if t.dtype == dtype else t.view(dtype)
 
 
 def _torch_view(arr: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:

@@ -23,6 +23,8 @@ raw ``uint16`` / ``uint8`` views of the same bytes; reinterpret them with
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -74,6 +76,9 @@ __all__ = [
 ALIGN = 64
 if _native is not None and _native.ALIGN != ALIGN:   # a stale build: never mix two layouts
     _native = None
+#: the subscriber's native copy of whole rows (Entry.row_capsules), and the dtypes it takes
+_copy_rows = getattr(_native, "copy_rows", None)
+_ROW_DTYPES: frozenset[str] = getattr(_native, "ROW_DTYPES", frozenset())
 
 #: meta dtype → numpy dtype of the views :meth:`RowView.layer` returns (bf16/fp8 as raw ints).
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -106,6 +111,14 @@ _KEYS = {
 #: Canonical key order of a batch row.
 ROW_KEYS = ("rid", "token_start", "token_count", "last", "cached_prefix", "extra", "fields")
 _ROW_KEYS = frozenset(ROW_KEYS)
+#: a batch row's values in :data:`ROW_KEYS` order (one C call per row)
+_ROW_VALUES = operator.itemgetter(*ROW_KEYS)
+#: rows from which a batch's rows are checked all at once (_common_rows): its dozen passes
+#: over the rows cost more than the row-by-row checks below that (1 row: 4.0 vs 2.0 us,
+#: 8 rows: 8.3 vs 9.6 us)
+_ALL_AT_ONCE_ROWS = 6
+_ONLY_STR, _ONLY_INT = frozenset((str,)), frozenset((int,))
+_ONLY_BOOL, _ONLY_DICT = frozenset((bool,)), frozenset((dict,))
 _DROP_ROW_KEYS = frozenset(("rid", "token_start", "token_count", "last"))
 _UNHEARD_ROW_KEYS = frozenset(("rid", "seq"))
 
@@ -475,35 +488,84 @@ class Entry:
     abort, 0 for unheard); ``rows`` is ``meta["rows"]`` (``[]`` for abort).
     """
 
-    __slots__ = ("kind", "meta", "meta_bytes", "seq", "n", "rows")
+    __slots__ = ("kind", "meta", "meta_bytes", "seq", "n", "rows", "_columns")
 
-    def __init__(self, kind: str, meta: dict[str, Any], meta_bytes: bytes) -> None:
+    def __init__(self, kind: str, meta: dict[str, Any], meta_bytes: bytes,
+                 columns: tuple[tuple[Any, ...], ...] | None = None) -> None:
         self.kind = kind
         self.meta = meta
         self.meta_bytes = meta_bytes
         self.seq: int = meta["seq"]
         self.rows: list[dict[str, Any]] = meta["rows"] if kind != "abort" else []
         self.n = len(self.rows) if kind in ("batch", "drop") else (1 if kind == "abort" else 0)
+        self._columns = columns
 
     @property
     def tag(self) -> int:
         """The ring record header tag this entry must carry (see :func:`entry_tag`)."""
         return entry_tag(self.meta)
 
-    def row_views(self, payload: Any) -> list[RowView]:
-        """Zero-copy views of every row of a batch entry inside ``payload`` (the bytes this
-        entry was read from; read-only views of a read-only buffer)."""
+    def row_columns(self) -> tuple[tuple[Any, ...], ...]:
+        """A batch entry's rows as columns, one tuple per key of :data:`ROW_KEYS` in that
+        order (``rids, token_starts, token_counts, lasts, cached_prefixes, extras,
+        fields``): row ``r`` is element ``r`` of each, the same objects as ``rows[r]``
+        holds. Made once, by the check when every row was the common one."""
+        if self._columns is None:
+            if self.kind != "batch":
+                raise _fail(f"row_columns: a {self.kind} entry has no rows of data")
+            self._columns = tuple(zip(*map(_ROW_VALUES, self.rows)))
+        return self._columns
+
+    def arrays(self, payload: Any) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """Zero-copy views of a batch entry inside ``payload`` (the bytes this entry was read
+        from; read-only views of a read-only buffer): ``(token_ids, layers, blocks)``, the
+        int32 ids of every token, layer ``i`` of every token (``[tokens, hidden]``, possibly
+        strided, of ``NUMPY_DTYPES[dtype]``) and the blocks (``[tokens, cols]``). Row ``r``'s
+        tokens are ``[r0, r0 + token_count)``, ``r0`` the sum of the earlier rows' counts."""
         meta = self.meta
         if self.kind != "batch":
-            raise _fail(f"row_views: a {self.kind} entry has no rows of data")
+            raise _fail(f"arrays: a {self.kind} entry has no rows of data")
         mv = memoryview(payload)
         if mv.nbytes < meta["length"]:
-            raise _fail(f"row_views: payload of {mv.nbytes} bytes, expected {meta['length']}")
+            raise _fail(f"arrays: payload of {mv.nbytes} bytes, expected {meta['length']}")
         dt = NUMPY_DTYPES[meta["dtype"]]
         tokens = meta["tokens"]
         blocks = [np.frombuffer(mv, dtype=dt, count=tokens * cols, offset=off).reshape(tokens, cols)
                   for off, cols in meta["blocks"]]
         ids = np.frombuffer(mv, dtype="<i4", count=tokens, offset=meta["ids_offset"])
+        hidden = meta["hidden"]
+        layers = [blocks[b] if c == 0 and blocks[b].shape[1] == hidden
+                  else blocks[b][:, c:c + hidden] for b, c in meta["layer_map"]]
+        return ids, layers, blocks
+
+    def row_capsules(self, payload: Any, ranges: list[int]) -> list[Any] | None:
+        """Owned copies of some rows of a batch entry, as DLPack capsules
+        (``torch.from_dlpack`` takes each; never taken, each frees its copy): ``ranges`` is
+        ``[r0, count, r0, count, ...]``, the token ranges of the rows (``r0`` as in
+        :meth:`arrays`), and each row gives ``1 + len(layers)`` capsules: its int32 token ids
+        ``[count]``, then each layer ``[count, hidden]``, C-contiguous, of the entry's dtype
+        itself (bfloat16 too): the bytes of :meth:`arrays`' views of those tokens, copied in
+        one native call per entry (``hscapture._meta.copy_rows``). None where that cannot
+        be (an uncompiled checkout, an fp8 dtype): the caller copies the views."""
+        meta = self.meta
+        dtype = meta["dtype"]
+        if _copy_rows is None or dtype not in _ROW_DTYPES or self.kind != "batch":
+            return None
+        itemsize = DTYPES[dtype]
+        blocks = meta["blocks"]
+        spans: list[int] = []
+        for b, c in meta["layer_map"]:   # each layer: token 0's byte offset, bytes per token
+            off, cols = blocks[b]
+            spans += (off + c * itemsize, cols * itemsize)
+        return _copy_rows(payload, ranges, spans, meta["hidden"], meta["ids_offset"], dtype)
+
+    def row_views(self, payload: Any) -> list[RowView]:
+        """Zero-copy views of every row of a batch entry inside ``payload`` (the bytes this
+        entry was read from; read-only views of a read-only buffer)."""
+        if self.kind != "batch":
+            raise _fail(f"row_views: a {self.kind} entry has no rows of data")
+        ids, _, blocks = self.arrays(payload)
+        meta = self.meta
         lmap, hidden, seq = meta["layer_map"], meta["hidden"], self.seq
         out = []
         r0 = 0
@@ -541,8 +603,8 @@ def read_entry(payload: Any, *, payload_len: int, epoch: int, producer: str | No
                     f"found {meta_len}")
     meta_bytes = bytes(mv[4:4 + meta_len])  # a private copy: validated once, used as is
     meta = _unpack(meta_bytes)
-    kind = _check_meta(meta, meta_len, payload_len, epoch, producer)
-    entry = Entry(kind, meta, meta_bytes)
+    kind, columns = _check_entry_meta(meta, meta_len, payload_len, epoch, producer)
+    entry = Entry(kind, meta, meta_bytes, columns)
     if tag is not None and tag != entry.tag:
         raise _fail(f"ring record tag: expected {entry.tag:#018x} for this {kind} entry, "
                     f"found {tag:#018x}")
@@ -663,6 +725,14 @@ def _field_name(where: str, name: str) -> None:
 def _check_meta(meta: Any, meta_len: int, payload_len: int, epoch: Any,
                 producer: str | None) -> str:
     """Validate a decoded meta against its kind's rules and the payload; return the kind."""
+    return _check_entry_meta(meta, meta_len, payload_len, epoch, producer)[0]
+
+
+def _check_entry_meta(meta: Any, meta_len: int, payload_len: int, epoch: Any,
+                      producer: str | None) -> tuple[str, tuple[tuple[Any, ...], ...] | None]:
+    """:func:`_check_meta`, returning the kind and, for a batch whose rows are all the common
+    one, their columns (:func:`_common_rows`; None otherwise)."""
+    columns = None
     if type(meta) is not dict:
         raise _fail(f"meta: expected a msgpack map, found {type(meta).__name__}")
     v = meta.get("v")
@@ -687,7 +757,7 @@ def _check_meta(meta: Any, meta_len: int, payload_len: int, epoch: Any,
     seq = _int(f"{kind} meta 'seq'", meta["seq"], 0, _U64)
     _int(f"{kind} meta 'dp_rank'", meta["dp_rank"], 0, _I32)
     if kind == "batch":
-        _check_batch(meta, meta_len, payload_len)
+        columns = _check_batch(meta, meta_len, payload_len)
         n = len(meta["rows"])
     else:
         if payload_len != 4 + meta_len:
@@ -719,7 +789,7 @@ def _check_meta(meta: Any, meta_len: int, payload_len: int, epoch: Any,
             n = 0
     if seq + n > _U64:
         raise _fail(f"{kind} meta: seq + n = {seq + n} exceeds 2**64")
-    return kind
+    return kind, columns
 
 
 def _check_chunk(where: str, row: dict[str, Any]) -> int:
@@ -733,31 +803,48 @@ def _check_chunk(where: str, row: dict[str, Any]) -> int:
     return count
 
 
-def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
-    layers = _list("batch meta 'layers'", meta["layers"])
-    if not layers:
-        raise _fail("batch meta 'layers': expected at least one layer, found none")
-    for i, layer in enumerate(layers):
-        _int(f"batch meta 'layers'[{i}]", layer, -_I32, _I32)
-    kinds = _list("batch meta 'layer_kinds'", meta["layer_kinds"])
-    if len(kinds) != len(layers) or not all(type(k) is str and k in LAYER_KINDS for k in kinds):
-        raise _fail(f"batch meta 'layer_kinds': expected {len(layers)} of {LAYER_KINDS}, "
-                    f"found {[_brief(k) for k in kinds[:8]]}")
-    if len(set(zip(layers, kinds))) != len(layers):
-        raise _fail("batch meta: a (layer, layer_kind) pair appears twice")
-    _str("batch meta 'convention'", meta["convention"])
-    _str("batch meta 'model'", meta["model"])
-    hidden = _int("batch meta 'hidden'", meta["hidden"], 1, _I32)
-    dtype = meta["dtype"]
-    if type(dtype) is not str or dtype not in DTYPES:
-        raise _fail(f"batch meta 'dtype': expected one of {sorted(DTYPES)}, found "
-                    f"{_brief(dtype)}")
-    itemsize = DTYPES[dtype]
-    tokens = _int("batch meta 'tokens'", meta["tokens"], 1, _I63)
+def _common_rows(rows: list[Any]) -> tuple[tuple[Any, ...], ...] | None:
+    """The columns of ``rows`` (one tuple per key of :data:`ROW_KEYS`, in that order) when
+    every row is the common one: exactly the keys of :data:`ROW_KEYS`, an ASCII rid obeying
+    the rid rules, int token_start / token_count / cached_prefix within the rules, a bool
+    last, an ``extra`` map with str keys, no ``fields``, no rid twice. None when any row is
+    not: :func:`_check_rows` then decides, row by row, and names the defect.
 
-    rows = _list("batch meta 'rows'", meta["rows"])
-    if not rows:
-        raise _fail("batch meta 'rows': expected at least one row, found none")
+    The same rules as :func:`_check_rows` (whatever this accepts, that accepts too:
+    tests/test_record.py checks the two on random and mutated rows), applied to all the rows
+    at once with C-level builtins (``map``, ``set``, ``min``, ``str.join``) instead of a
+    Python expression per row: 64 one-token rows in 0.6 of the time (40 against 70 us), their
+    columns (what the delivery reads) included."""
+    if set(map(type, rows)) != _ONLY_DICT or set(map(len, rows)) != {len(ROW_KEYS)}:
+        return None
+    try:   # seven keys each, all of ROW_KEYS present: exactly ROW_KEYS
+        columns = tuple(zip(*map(_ROW_VALUES, rows)))
+    except KeyError:
+        return None
+    rids, starts, counts, lasts, cached, extras, fields = columns
+    if (set(map(type, rids)) != _ONLY_STR or set(map(type, starts + counts + cached)) !=
+            _ONLY_INT or set(map(type, lasts)) != _ONLY_BOOL
+            or set(map(type, extras)) != _ONLY_DICT or set(map(type, fields)) != _ONLY_DICT
+            or any(fields) or not set(map(type, itertools.chain.from_iterable(extras))) <=
+            _ONLY_STR):
+        return None
+    # the rid rules for ASCII rids (length in bytes == in characters), on all of them joined
+    # by a character the rules allow and no rule can be broken by
+    joined = " ".join(rids)
+    if (not joined.isascii() or _RID_FORBIDDEN.search(joined) is not None
+            or min(map(len, rids)) < 1 or max(map(len, rids)) > MAX_RID_BYTES
+            or len(set(rids)) != len(rids)):
+        return None
+    ends = list(map(operator.add, starts, counts))
+    if (min(starts) < 0 or min(counts) < 1 or max(ends) >= _I63 or min(cached) < 0
+            or not all(map(operator.le, cached, ends))):
+        return None
+    return columns
+
+
+def _check_rows(rows: list[Any]) -> int:
+    """Check every row of a batch meta (the detailed checks, naming the first defect);
+    returns the sum of their token counts."""
     total = 0
     rids = set()
     for r, row in enumerate(rows):
@@ -796,6 +883,42 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
         total += count
     if len(rids) != len(rows):
         raise _fail("batch meta 'rows': a rid appears in more than one row")
+    return total
+
+
+def _check_batch(meta: dict[str, Any], meta_len: int,
+                 payload_len: int) -> tuple[tuple[Any, ...], ...] | None:
+    """Check a batch meta's own rules; returns its rows' columns (:func:`_common_rows`) when
+    every row is the common one, else None."""
+    layers = _list("batch meta 'layers'", meta["layers"])
+    if not layers:
+        raise _fail("batch meta 'layers': expected at least one layer, found none")
+    for i, layer in enumerate(layers):
+        _int(f"batch meta 'layers'[{i}]", layer, -_I32, _I32)
+    kinds = _list("batch meta 'layer_kinds'", meta["layer_kinds"])
+    if len(kinds) != len(layers) or not all(type(k) is str and k in LAYER_KINDS for k in kinds):
+        raise _fail(f"batch meta 'layer_kinds': expected {len(layers)} of {LAYER_KINDS}, "
+                    f"found {[_brief(k) for k in kinds[:8]]}")
+    if len(set(zip(layers, kinds))) != len(layers):
+        raise _fail("batch meta: a (layer, layer_kind) pair appears twice")
+    _str("batch meta 'convention'", meta["convention"])
+    _str("batch meta 'model'", meta["model"])
+    hidden = _int("batch meta 'hidden'", meta["hidden"], 1, _I32)
+    dtype = meta["dtype"]
+    if type(dtype) is not str or dtype not in DTYPES:
+        raise _fail(f"batch meta 'dtype': expected one of {sorted(DTYPES)}, found "
+                    f"{_brief(dtype)}")
+    itemsize = DTYPES[dtype]
+    tokens = _int("batch meta 'tokens'", meta["tokens"], 1, _I63)
+
+    rows = _list("batch meta 'rows'", meta["rows"])
+    if not rows:
+        raise _fail("batch meta 'rows': expected at least one row, found none")
+    columns = _common_rows(rows) if len(rows) >= _ALL_AT_ONCE_ROWS else None
+    if columns is not None:
+        total = sum(columns[2])
+    else:
+        total = _check_rows(rows)
     if total != tokens:
         raise _fail(f"batch meta 'tokens': expected the rows' token_count sum {total}, "
                     f"found {tokens}")
@@ -851,3 +974,4 @@ def _check_batch(meta: dict[str, Any], meta_len: int, payload_len: int) -> None:
     if len(used) != len(blocks):
         raise _fail(f"batch meta 'blocks': block(s) {sorted(set(range(len(blocks))) - used)} "
                     f"hold no layer")
+    return columns

@@ -1,6 +1,7 @@
 """The producer's native batch-meta encoder (``hscapture._meta``) is record.plan_batch's twin:
 the same msgpack bytes as msgpack-python for every value it accepts, the same entry layout
-for any batch, and ``Unsupported`` (so the Python reference runs) for anything else."""
+for any batch, and ``Unsupported`` (so the Python reference runs) for anything else. Its
+copies of whole rows for the subscriber (``copy_rows``) are the bytes of the entry's views."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import enum
 import math
 
 import msgpack
+import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -147,3 +150,77 @@ def test_a_value_only_python_can_encode_takes_the_reference_path_with_the_same_r
                           "bfloat16", 2, [row], [8], [[0, 0]])
     plan = rc.plan_batch(check=False, **kw)
     assert plan == rc.plan_batch(check=False, **dict(kw, rows=[dict(ROW, extra={"attempt": 1})]))
+
+
+# --- copy_rows: the subscriber's owned copies of whole rows ----------------------------------
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=8), st.integers(1, 9),
+       st.lists(st.integers(1, 3), min_size=1, max_size=3), st.sampled_from(sorted(DTYPES)),
+       st.data())
+def test_row_capsules_hold_the_bytes_of_the_entrys_views(counts, hidden, widths, dtype, data):
+    """Any rows, blocks of one to three layers side by side, any dtype: each row's capsules
+    are its token ids and layers exactly as Entry.arrays shows them, C-contiguous, in the
+    sample's dtype; an fp8 entry has none (numpy copies it)."""
+    cols = [hidden * w for w in widths]
+    n_layers = sum(widths)
+    rows_ = [dict(ROW, rid=f"r{i}", token_count=c) for i, c in enumerate(counts)]
+    plan = rc.plan_batch(producer="p", epoch=1, seq=0, dp_rank=0, layers=list(range(n_layers)),
+                         layer_kinds=["residual"] * n_layers, convention="", model="",
+                         hidden=hidden, dtype=dtype, rows=rows_, block_cols=cols)
+    buf = bytearray(np.random.default_rng(len(counts) * hidden).integers(
+        0, 256, plan.length, dtype=np.uint8).tobytes())
+    rc.write_header(memoryview(buf), plan)
+    payload = memoryview(bytes(buf))
+    entry = rc.read_entry(payload, payload_len=plan.length, epoch=1)
+    ids, layers, _ = entry.arrays(payload)
+    picked = data.draw(st.lists(st.sampled_from(range(len(counts))), unique=True))
+    ranges = [x for r in picked for x in (plan.row_starts[r], counts[r])]
+    caps = entry.row_capsules(payload, ranges)
+    if dtype not in native.ROW_DTYPES:
+        assert caps is None and dtype.startswith("float8")
+        return
+    assert len(caps) == len(picked) * (1 + n_layers)
+    tdtype = getattr(torch, dtype)
+    at = 0
+    for r in picked:
+        r0, n = plan.row_starts[r], counts[r]
+        t = torch.from_dlpack(caps[at])
+        assert t.dtype == torch.int32 and t.tolist() == ids[r0:r0 + n].tolist()
+        for i in range(n_layers):
+            t = torch.from_dlpack(caps[at + 1 + i])
+            assert (t.dtype, tuple(t.shape), t.is_contiguous()) == (tdtype, (n, hidden), True)
+            assert t.untyped_storage().nbytes() == layers[i][r0:r0 + n].nbytes
+            assert t.view(torch.uint8).numpy().tobytes() == layers[i][r0:r0 + n].tobytes()
+        at += 1 + n_layers
+
+
+def test_copy_rows_refuses_ranges_outside_the_payload_and_unknown_dtypes():
+    """(Entries are validated before; the copy checks every range all the same.)"""
+    buf = bytes(1024)
+    ok = native.copy_rows(buf, [0, 4], [64, 16], 8, 960, "bfloat16")
+    assert [tuple(torch.from_dlpack(c).shape) for c in ok] == [(4,), (4, 8)]
+    for rows_, layers, ids in [([0, 4], [1000, 16], 960), ([0, 4], [64, 16], 1010),
+                               ([60, 4], [64, 16], 0), ([0, 0], [64, 16], 0),
+                               ([-1, 2], [64, 16], 0), ([0, 1], [64, 8], 0),
+                               ([(1 << 62), 1], [0, 1 << 4], 0)]:
+        with pytest.raises(ValueError):
+            native.copy_rows(buf, rows_, layers, 8, ids, "bfloat16")
+    with pytest.raises(native.Unsupported):
+        native.copy_rows(buf, [0, 1], [64, 16], 8, 960, "float8_e4m3fn")
+
+
+def test_row_copies_never_taken_are_freed():
+    """A row copied and then not delivered (turned away, a failed rid's new attempt) leaves
+    its capsules unused: they free their memory with the list."""
+    import resource
+
+    buf = bytes(8 << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for i in range(200):      # 200 x 8 MB, half never taken
+        caps = native.copy_rows(buf, [0, 1024], [0, 8192], 4096, 0, "bfloat16")
+        if i % 2:
+            del caps[:]
+        else:
+            torch.from_dlpack(caps[1])
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10   # KiB

@@ -348,6 +348,13 @@ def test_plan_write_read_round_trips_every_row_layer_id_and_field(case, check):
             got = view.layer(i)
             assert got.shape == (row["token_count"], kw["hidden"]) and got.dtype == np_dtype
             assert got.tobytes() == want.tobytes()
+    # the whole-entry form the subscriber reads whole samples from: the same values and bytes
+    assert e.row_columns() == tuple(zip(*([row[k] for k in rc.ROW_KEYS] for row in kw["rows"])))
+    all_ids, layers, _ = e.arrays(payload)
+    assert all_ids.tolist() == ids.tolist()
+    for i, (b, c) in enumerate(lmap):
+        assert layers[i].shape == (T, kw["hidden"]) and layers[i].dtype == np_dtype
+        assert layers[i].tobytes() == data[b].view(np_dtype)[:, c:c + kw["hidden"]].tobytes()
 
 
 # --- the block rules and the rest of the schema, one violation at a time ---------------------
@@ -480,6 +487,78 @@ def test_plain_rows_obey_the_same_rules_on_the_fast_path(row, value, why):
     meta = changed(("rows",), [PLAIN_ROWS[0], dict(PLAIN_ROWS[1], **row)])
     with pytest.raises(RecordFormatError, match=why):
         read(framed(meta, 1164))
+
+
+_ROW_VALUES = {
+    "rid": st.one_of(st.text("ab-_.7", min_size=1, max_size=3),            # valid, may repeat
+                     st.text(max_size=3),                                   # any: "", "\t", "é"
+                     st.sampled_from(["x" * 512, "x" * 513, "é" * 256]), st.integers(),
+                     st.binary(max_size=2)),
+    "token_start": st.one_of(st.integers(0, 9), st.integers(-2, 2**63 + 1),
+                             st.sampled_from([2**63 - 2, 2**63 - 1, True]), st.floats(0, 2)),
+    "token_count": st.one_of(st.integers(1, 9), st.integers(-1, 2**63),
+                             st.sampled_from([2, True, False]), st.none()),
+    "last": st.one_of(st.booleans(), st.integers(0, 1), st.none()),
+    "cached_prefix": st.one_of(st.integers(0, 9), st.integers(-1, 2**63), st.just(False)),
+    "extra": st.one_of(st.dictionaries(st.text(max_size=2), st.integers(), max_size=3),
+                       st.dictionaries(st.one_of(st.text(max_size=1), st.binary(max_size=1)),
+                                       st.integers(), max_size=2),
+                       st.lists(st.integers(), max_size=1), st.none()),
+    "fields": st.one_of(st.just({}), st.dictionaries(st.sampled_from(["m", "bad name"]),
+                                                     st.binary(max_size=2), max_size=1),
+                        st.lists(st.none(), max_size=1), st.none(), st.just(0)),
+}
+_PLAIN_ROW = st.fixed_dictionaries({
+    "rid": st.text("abcdef-_.", min_size=1, max_size=8), "token_start": st.integers(0, 2**40),
+    "token_count": st.integers(1, 2**20), "last": st.booleans(),
+    "cached_prefix": st.integers(0, 2**20),
+    "extra": st.dictionaries(st.text(max_size=4), st.one_of(st.integers(), st.text(max_size=3)),
+                             max_size=3),
+    "fields": st.just({})}).map(
+        lambda r: dict(r, cached_prefix=min(r["cached_prefix"],
+                                            r["token_start"] + r["token_count"])))
+
+
+@st.composite
+def _rows_maybe_broken(draw):
+    """1..6 rows: plain valid ones, each value perhaps swapped for a doubtful one, a key
+    perhaps missing or added, a row perhaps not a map."""
+    rows = []
+    for _ in range(draw(st.integers(1, 6))):
+        row = dict(draw(_PLAIN_ROW))
+        for key in draw(st.sets(st.sampled_from(rc.ROW_KEYS), max_size=2)):
+            row[key] = draw(_ROW_VALUES[key])
+        change = draw(st.sampled_from(["none"] * 6 + ["drop", "add", "list"]))
+        if change == "drop":
+            del row[draw(st.sampled_from(rc.ROW_KEYS))]
+        elif change == "add":
+            row[draw(st.sampled_from(["seq", "rid2", b"rid"]))] = 1
+        rows.append(list(row.items()) if change == "list" else row)
+    return rows
+
+
+@settings(max_examples=600, deadline=None)
+@given(_rows_maybe_broken())
+def test_the_rows_checked_all_at_once_are_rows_the_row_by_row_checks_accept(rows):
+    """read_entry checks a batch's rows all at once (record._common_rows) and falls back to
+    the row-by-row checks for anything that is not the common row: whatever the first
+    accepts, the second accepts too, with the same values and token total."""
+    columns = rc._common_rows(rows)
+    try:
+        total = rc._check_rows(rows)
+    except RecordFormatError:
+        assert columns is None, "rows the rules reject were accepted all at once"
+        return
+    if columns is not None:
+        assert sum(columns[2]) == total
+        assert columns == tuple(zip(*([row[k] for k in rc.ROW_KEYS] for row in rows)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PLAIN_ROW, min_size=1, max_size=20, unique_by=lambda r: r["rid"]))
+def test_plain_rows_are_checked_all_at_once(rows):
+    """(The speed of a subscriber: rows of an ASCII rid, no fields, take the one-pass check.)"""
+    assert rc._common_rows(rows) is not None
 
 
 @pytest.mark.parametrize("build,path,value,why", [

@@ -124,3 +124,95 @@ def test_zero_copy_samples_of_one_entry_give_the_ring_back_when_the_last_is_rele
         assert torch.equal(last.tensors["layer_0"][0], block[int(last.rid[1:])])
         last.release()
         assert src.consumer.released == src.consumer.position   # all of it given back
+
+
+def _row_by_row(sub: Subscriber) -> Subscriber:
+    """``sub``, its batch entries taken one RowView at a time (Delivery._on_row), as before
+    whole rows were read from their entry's columns."""
+    d = sub._delivery
+
+    def on_batch(src, record, entry):
+        for rv in entry.row_views(record.payload):
+            d._on_row(src, record, entry.meta, d._shape(entry.meta), rv)
+    d._on_batch = on_batch
+    return sub
+
+
+@pytest.mark.parametrize("zero_copy,dtype,turn_away", [
+    (False, torch.bfloat16, None), (False, torch.float16, None), (False, torch.float32, None),
+    (False, torch.float8_e4m3fn, None), (True, torch.bfloat16, None),
+    (False, torch.bfloat16, "rid_filter"), (False, torch.bfloat16, "skip_rid")])
+def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_copy, dtype,
+                                                              turn_away):
+    """Whole rows are read from their entry's columns and arrays (Delivery._on_batch; owned
+    ones copied natively, Entry.row_capsules, but fp8), the other rows one by one; the same
+    entries read one RowView at a time give the same samples: tensors (names, dtype, shape,
+    layout, bytes), token ids, fields, meta, and the same counts, with a rid filter or
+    skip_rid too. Two layers side by side in one block, a
+    third in a block of its own; whole rows of one and several tokens, with extra and
+    fields, beside a sample in two chunks of two entries and a prefix-cache hit."""
+    hidden = 4
+    t = 5
+    wide = torch.arange(t * 2 * hidden, dtype=torch.float32).reshape(t, 2 * hidden).to(dtype)
+    last = (100 + torch.arange(t * hidden, dtype=torch.float32)).reshape(t, hidden).to(dtype)
+    ids = torch.arange(1000, 1000 + t, dtype=torch.int32)
+    kw = dict(layers=[2, 5, 7], layer_kinds=["residual", "residual", "final_norm"],
+              token_ids=ids, layer_map=[[0, 0], [0, hidden], [1, 0]], hidden=hidden)
+    away = {turn_away: (lambda rid: rid != "three") if turn_away == "rid_filter"
+            else (lambda rid: rid == "three")} if turn_away else {}
+    want = ["one", "split", "tail"] + ([] if turn_away else ["three"])
+    with Producer(endpoint, producer_id="paths", capacity=8 << 20) as p, \
+            Subscriber(endpoint, zero_copy=zero_copy, **away) as direct, \
+            _row_by_row(Subscriber(endpoint, zero_copy=zero_copy, **away)) as by_row:
+        for sub in (direct, by_row):
+            sub.wait_ready(10)
+        p.wait_for_consumers(2, 10)
+        assert p.capture_batch([Row("one", 0, 1, extra={"t": 1, "ph": "x"}),
+                                Row("three", 1, 3, fields={"loss_mask": b"\x00\x01\x01"}),
+                                Row("split", 4, 1, last=False)], [wide, last], **kw)
+        assert p.capture_batch([Row("split", 0, 2, token_start=1, extra={"k": "v"}),
+                                Row("cached", 2, 2, token_start=3, cached_prefix=3),
+                                Row("tail", 4, 1, fields={"m": b"\x07"})], [wide, last], **kw)
+        p.flush()
+        got = {}
+        for name, sub in (("direct", direct), ("by_row", by_row)):
+            got[name] = {}
+            deadline = time.monotonic() + 10
+            while len(got[name]) < len(want) and time.monotonic() < deadline:
+                s = sub.poll(timeout=0.2)
+                if s is not None:
+                    got[name][s.rid] = s
+            sub.pump(0.1)
+        assert sorted(got["direct"]) == sorted(got["by_row"]) == sorted(want)
+        for rid, a in got["direct"].items():
+            b = got["by_row"][rid]
+            for k in ("producer_id", "epoch", "num_tokens", "layers", "layer_kinds", "dtype",
+                      "hidden", "meta", "borrowed"):
+                assert getattr(a, k) == getattr(b, k), (rid, k)
+            for x, y in [(a.token_ids, b.token_ids), *zip(a.tensors.values(),
+                                                          b.tensors.values()),
+                         *zip(a.fields.values(), b.fields.values())]:
+                assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride()), rid
+                assert (x.is_contiguous() or zero_copy) and not x.requires_grad, rid
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), rid
+            assert list(a.tensors) == list(b.tensors) == ["layer_2", "layer_5", "final_norm"]
+            assert list(a.fields) == list(b.fields)
+        one = got["direct"]["one"]
+        assert torch.equal(one.tensors["layer_5"].view(torch.uint8),
+                           wide[0:1, hidden:].contiguous().view(torch.uint8))
+        assert torch.equal(one.tensors["final_norm"].view(torch.uint8),
+                           last[0:1].view(torch.uint8))
+        assert one.meta["extra"] == {"t": 1, "ph": "x"} and one.token_ids.tolist() == [1000]
+        if not turn_away:
+            assert got["direct"]["three"].fields["loss_mask"].tolist() == [0, 1, 1]
+        assert torch.equal(got["direct"]["split"].tensors["layer_2"].view(torch.uint8),
+                           torch.cat([wide[4:5, :hidden], wide[0:2, :hidden]]).view(torch.uint8))
+        sa, sb = direct.stats(), by_row.stats()
+        for k in ("samples", "sample_bytes", "entries", "filtered", "already_written"):
+            assert sa.get(k) == sb.get(k), k
+        assert (sa.get("filtered"), sa.get("already_written")) == (
+            (1, None) if turn_away == "rid_filter" else (None, 1) if turn_away else (None, None))
+        assert sa["skipped"] == sb["skipped"]
+        assert sa["incomplete"] == sb["incomplete"] and "cached" in sa["incomplete"]
+        for s in [*got["direct"].values(), *got["by_row"].values()]:
+            s.release()
