@@ -181,11 +181,12 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
     A segment is stale when no process holds its producer OFD lock (the kernel drops it when
     the producer dies, even by SIGKILL). A stale segment in which an ACTIVE durable slot has
     ``released < head`` (committed records its subscriber has not read) is KEPT, so that
-    subscriber can still resume and drain it; ``force=True`` removes it anyway. A segment that
-    a live process still reads (an ACTIVE slot whose process is alive) is kept whatever
-    ``force`` says: that subscriber removes it once it has read it, and removed under it, the
-    producer's leftover file went too, and the drops it names were reported by number instead
-    of by rid (fault hunt, 2026-12-05: a test session's clean-up run beside another one). A
+    subscriber can still resume and drain it; ``force=True`` removes it anyway, except while a
+    live process still reads it (an ACTIVE slot whose process is alive) and the producer left
+    a leftover file beside it: that subscriber reads the file when it retires the
+    incarnation, then detaches and removes both. Removed under it, the file went too, and
+    the drops it names were reported by number, not by rid (fault hunt F2, 2026-12-05: a test
+    session's clean-up run beside another one). A
     stale segment this build cannot read (another layout version) is removed. Consumers still
     attached keep their mapping; only the name goes away.
 
@@ -204,14 +205,16 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
         try:
             info = segment_info(name)
             unread = _unread_durable(info) + leftover_unread(name, info)
-            readers = [f"slot {c['slot']} is read by live process {c['pid']}"
-                       for c in info["consumers"] if c["state"] == "active" and c["alive"]]
+            readers = [f"live process {c['pid']} (slot {c['slot']}) reads it and has not "
+                       f"read the drops in {leftover_path(name)}"
+                       for c in info["consumers"] if c["state"] == "active" and c["alive"]
+                       ] if os.path.exists(leftover_path(name)) else []
         except Exception as e:  # noqa: BLE001 - unreadable (another layout): nothing to resume
             unread = readers = []
             reason += f" (header unreadable: {e})"
         if readers:
             out.append(CleanupAction(name, "kept", "; ".join(readers) + ": it removes the "
-                                     "segment once it has read it"))
+                                     "segment and the file once it has read them"))
             continue
         if unread and not force:
             out.append(CleanupAction(name, "kept", "; ".join(unread) + ": pass force=True to remove it anyway"))
