@@ -135,6 +135,8 @@ class Delivery:
             self.hold_failure(src, record.position)
         elif kind == "abort":
             key = (src.epoch, entry.meta["rid"])
+            if src.cut:   # its rows before our place are discarded or reported here
+                src.cut.pop(key[1], None)
             if entry.meta["restart"]:
                 counts["restarted"] += 1
                 self.pop_partial(key)
@@ -162,29 +164,57 @@ class Delivery:
 
     def on_unreadable_entry(self, src: Source, entry: Any, why: str) -> None:
         """An entry of ``src`` this subscriber will never read (it lies before its place in
-        the ring), known from its notice alone: each of its rows is reported by rid, as
-        reading it would have (a batch's rows as dropped, with ``why``); nothing is held (there
-        is no record to hold). Its numbers count as seen: reported once."""
-        kind = entry.kind
-        if kind == "batch":
+        the ring), known from its notice alone. Each sample it names is reported once, by
+        rid, when its fate is known: a row that ends a sample (``last``) reports the sample
+        dropped with ``why``; a row that does not is remembered (:attr:`Source.cut`), since
+        a restart abort may yet discard it (the sample is then captured again, and arrives),
+        and reported when the sample's later rows come (:meth:`_on_kept_row`), an abort
+        names it, or its incarnation ends (:meth:`cut_short`). Drop and abort entries report
+        as reading them would. Nothing is held (there is no record to hold); the entry's
+        numbers count as seen. (Until 2026-12-05 every row was reported at once: a sample
+        restarted after its first chunk was delivered AND reported dropped, and one of two
+        chunks was reported twice: final fault hunt.)"""
+        kind, epoch, has_failed = entry.kind, src.epoch, self.ledger.has_failed
+        if kind in ("batch", "drop"):
             for r, row in enumerate(entry.rows):
-                if self.wants(row["rid"]) and not src.seqs.seen(entry.seq + r):
-                    self.fail((src.epoch, row["rid"]), why, "dropped", _event(src, entry.seq + r))
-        elif kind == "drop":
-            for r, row in enumerate(entry.rows):
-                if not src.seqs.seen(entry.seq + r):
+                rid, seq = row["rid"], entry.seq + r
+                key = (epoch, rid)
+                if src.seqs.seen(seq) or not self.wants(rid):
+                    continue
+                if has_failed(key):
+                    if row["token_start"] not in (0, row["cached_prefix"]):
+                        continue                    # the failed sample's: said already
+                    self.ledger.new_attempt(key)    # a new sample of the rid
+                if kind == "drop":
+                    src.cut.pop(rid, None)
                     self.ledger.counts["dropped_rows"] += 1
-                    self.fail((src.epoch, row["rid"]), f"dropped by producer: "
-                              f"{entry.meta['reason']}", "dropped", _event(src, entry.seq + r))
+                    self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
+                              _event(src, seq))
+                elif row["last"]:
+                    src.cut.pop(rid, None)
+                    self.fail(key, why, "dropped", _event(src, seq))
+                else:
+                    src.cut.setdefault(rid, (seq, why))
         elif kind == "abort" and not src.seqs.seen(entry.seq):
-            key = (src.epoch, entry.meta["rid"])
+            rid = entry.meta["rid"]
+            src.cut.pop(rid, None)
+            key = (epoch, rid)
             if entry.meta["restart"]:
-                self.pop_partial(key)
-            else:
+                self.pop_partial(key)                # captured again from its start
+            elif not has_failed(key):
                 self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
                           _event(src, entry.seq))
         if entry.n:
             src.seqs.add(entry.seq, entry.n)
+
+    def cut_short(self, src: Source, reason: str) -> None:
+        """``src`` ends: report each sample whose first rows lay before this subscriber's
+        place and of which nothing more came (:meth:`on_unreadable_entry`)."""
+        for rid, (seq, why) in list(src.cut.items()):
+            key = (src.epoch, rid)
+            if not self.ledger.has_failed(key) and self.asm.get(key) is None:
+                self.fail(key, f"{why}; then {reason}", "incomplete", _event(src, seq))
+        src.cut.clear()
 
     def _shape(self, meta: dict[str, Any]) -> _Shape:
         schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
@@ -210,6 +240,7 @@ class Delivery:
         has_failed = self.ledger.has_failed
         partials = self.asm.partials
         epoch, seq = src.epoch, entry.seq
+        cut = src.cut          # (rids a restarted producer's ring began before our place)
         caps, slots = None, None
         if not self.zero_copy:
             caps, slots = self._owned_copies(src, record, entry, shape)
@@ -225,7 +256,7 @@ class Delivery:
                 if filtering and self._turned_away(rid):
                     pass
                 elif lasts[r] and not starts[r] and (epoch, rid) not in partials and \
-                        not has_failed((epoch, rid)):
+                        not has_failed((epoch, rid)) and (not cut or rid not in cut):
                     got = self._whole(src, record, meta, shape, rid, seq + r, count, cached[r],
                                       extras[r], fields[r], views, r0, caps, slot)
                     if got:
@@ -304,6 +335,17 @@ class Delivery:
         schema = shape.schema
         rid = rv.rid
         key = (src.epoch, rid)
+        if src.cut and rid in src.cut:
+            # a sample whose first rows lay before this subscriber's place in a restarted
+            # producer's ring (on_unreadable_entry): it can never complete here. A row that
+            # starts a sample is a new one of the rid (below)
+            seq0, why = src.cut.pop(rid)
+            starts = rv.token_start == 0 or rv.token_start == rv.cached_prefix
+            self.fail(key, f"{why}; " + ("its rid then began a new sample" if starts else
+                                         f"positions from {rv.token_start} on arrived"),
+                      "incomplete", _event(src, seq0))
+            if not starts:
+                return
         if self.ledger.has_failed(key):
             if rv.token_start != rv.cached_prefix and rv.token_start != 0:
                 counts["discarded_chunks"] += 1     # the failed sample's: nothing of it

@@ -305,6 +305,8 @@ class SourceRegistry:
             self._followed.add(src.producer)
         for p in self.delivery.partials_of(src.epoch):
             self.delivery.fail(p.key, f"{reason}; missing {p.describe_gaps()}", "incomplete")
+        if src.cut:
+            self.delivery.cut_short(src, reason)
         self.retired.add(src.epoch)
         if self.current.get(producer) == src.epoch:
             del self.current[producer]

@@ -115,6 +115,9 @@ class Source:
         self.continuing = False
         self.start = 0            # (continuing) our first ring position
         self.first_read: int | None = None   # the sequence number of the first entry read
+        #: (continuing) rid -> (seq, why) of samples whose first rows lay before our place
+        #: and whose fate is not known yet (Delivery.on_unreadable_entry)
+        self.cut: dict[str, tuple[int, str]] = {}
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
         #: durable: the acknowledgements a resumer of this place reads (what an earlier owner

@@ -90,7 +90,7 @@ class Subscriber:
         self,
         endpoints: str | Sequence[str],
         *,
-        name: str = "",
+        name: str | None = "",
         zero_copy: bool = False,
         notice_grace_s: float = 1.0,
         incomplete_timeout_s: float = 120.0,
@@ -102,7 +102,10 @@ class Subscriber:
     ) -> None:
         if name:   # the one rule of durable names, before anything is recorded or attached
             name = check_name(name)
-        elif name is not None and type(name) is not str:
+        elif name is None:
+            name = ""          # anonymous, as "" (a None reached the ring's attach as a
+            #                    TypeError until 2026-12-05: final fault hunt)
+        elif type(name) is not str:
             raise CaptureConfigError(
                 f"name: expected a str (\"\" for an anonymous subscriber), found "
                 f"{type(name).__name__}")

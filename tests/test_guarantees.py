@@ -410,7 +410,10 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
     # notice": the captures came before B's socket reconnected to the new producer; "ring
     # gone": B polls only once incarnation 2 has ended and its ring is removed, so it can
     # attach to nothing). Until 2026-12-05 B got the samples committed after it attached and
-    # heard of nothing else (fault hunt A, F1: 22-300 of 300 named nowhere).
+    # heard of nothing else (fault hunt A, F1: 22-300 of 300 named nowhere). Every fourth
+    # sample is aborted after its first chunk; each sample is reported at most once (until
+    # the final fault hunt of 2026-12-05 one of two chunks before B's place was reported
+    # twice, and an aborted one both dropped and incomplete).
     a_got: dict = {}
     b_got: dict = {}
     a, b = Subscriber(endpoint), Subscriber(endpoint)
@@ -432,10 +435,18 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
             if b_hears.startswith("every notice"):
                 # a heartbeat of incarnation 2 waits in B's socket: B hears what follows
                 wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
+            aborted = set(rids[3::4])
             for r in rids:
-                assert all(_capture(p, r, 4, chunk=3))
+                if r in aborted:
+                    tensors, ids = source(r, 4)
+                    assert p.capture(r, [t[:3] for t in tensors], layers=LAYERS, token_start=0,
+                                     is_last_chunk=False, token_ids=ids[:3])
+                    p.abort(r, "client gone")
+                else:
+                    assert all(_capture(p, r, 4, chunk=3))
             p.flush()
-            _take(a, a_got, lambda: set(rids) <= set(a_got), "A to get incarnation 2's samples")
+            _take(a, a_got, lambda: set(rids) - aborted <= set(a_got) and
+                  aborted <= set(a.stats()["incomplete"]), "A to get incarnation 2's samples")
             epoch, segment = p.epoch, p.segment
 
             def accounted() -> tuple[set, set, int]:
@@ -465,12 +476,53 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
         assert 2 * len(silent) <= lost <= 2 * (len(rids) - len(got)), \
             (sorted(silent), b.stats()["lost"], sorted(told))
         assert told or lost, "B attached late but nothing was reported: the test did not test"
+        st = b.stats()
+        assert not set(st["dropped"]) & set(st["incomplete"]), "a sample reported twice"
+        reports = [f[1] for f in b.failures() if f[1] in told]
+        assert sorted(reports) == sorted(set(reports)), "a sample reported twice"
+        assert not aborted & got, "an aborted sample was delivered"
         if b_hears.startswith("every notice"):
             assert len(got | told) == len(rids) and lost == 0, (b.stats()["lost"], sorted(told))
         for r in got:
             check_exact(b_got[r].tensors, b_got[r].token_ids, r, 4)
     finally:
         a.close()
+        b.close()
+
+
+def test_a_sample_restarted_before_a_late_subscribers_place_arrives_and_is_not_reported(
+        endpoint):
+    # A subscriber that read incarnation 1 attaches to incarnation 2 late: before its place,
+    # incarnation 2 captured X's first chunk and then discarded it (a restart abort, what a
+    # retraction sends); after it, X is captured again whole. X must arrive once and be
+    # reported nowhere, as for a subscriber that read the chunk (final fault hunt,
+    # 2026-12-05: X was delivered and also reported dropped).
+    got: dict = {}
+    b = Subscriber(endpoint)
+    try:
+        with Producer(endpoint, producer_id="g1x", capacity=1 << 20,
+                      heartbeat_interval_s=0.05) as p:
+            b.wait_ready(timeout=20)
+            assert all(_capture(p, "first", 3))
+            p.flush()
+            _take(b, got, lambda: "first" in got, "B to get incarnation 1's sample")
+        _take(b, got, lambda: not b._sock.poll(0) and not b._sources, "B to read the bye")
+        with Producer(endpoint, producer_id="g1x", capacity=1 << 20,
+                      heartbeat_interval_s=0.05) as p:
+            wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
+            tensors, ids = source("x", 4)
+            assert p.capture("x", [t[:2] for t in tensors], layers=LAYERS, token_start=0,
+                             is_last_chunk=False, token_ids=ids[:2])
+            p.abort("x", "retracted", restart=True)
+            p.flush()
+            _take(b, got, lambda: p.stats()["ring"]["live_consumers"] >= 1, "B to attach")
+            assert all(_capture(p, "x", 4, chunk=2))
+            p.flush()
+            _take(b, got, lambda: "x" in got, "B to get x")
+        st = b.stats()
+        assert "x" not in st["dropped"] and "x" not in st["incomplete"], st
+        check_exact(got["x"].tensors, got["x"].token_ids, "x", 4)
+    finally:
         b.close()
 
 

@@ -231,3 +231,23 @@ def test_what_a_name_is_keeps_every_endpoint_a_drain_into_its_directory_used():
     subs.describe(name, kind="drain", out_dir="/x", endpoints=["ipc:///a", "ipc:///b"])
     subs.describe(name, kind="drain", out_dir="/x", endpoints=["ipc:///a"])
     assert subs.who(name)["endpoints"] == ["ipc:///a", "ipc:///b"]
+
+
+def test_a_subscriber_named_none_is_an_anonymous_one(endpoint):
+    # its first attach raised a raw TypeError from the ring (final fault hunt, 2026-12-05)
+    import torch
+
+    import hscapture
+
+    with Producer(endpoint, producer_id="nn", capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as p, \
+            hscapture.Subscriber(endpoint, name=None) as sub:
+        sub.wait_ready(timeout=20)
+        assert p.capture("r0", [torch.ones(2, 4, dtype=torch.bfloat16)], layers=[0],
+                         token_start=0, is_last_chunk=True,
+                         token_ids=torch.arange(2, dtype=torch.int32))
+        p.flush()
+        s = sub.poll(timeout=20)
+        assert s is not None and s.rid == "r0"
+        s.release()
+        assert sub.name == ""
