@@ -128,21 +128,14 @@ class Delivery:
             counts["entries"] += 1
             self._on_batch(src, record, entry)
         elif kind == "drop":
+            failed = len(self.ledger.failure_log)
             for r, row in enumerate(entry.rows):
                 counts["dropped_rows"] += 1
-                self.fail((src.epoch, row["rid"]), f"dropped by producer: "
-                          f"{entry.meta['reason']}", "dropped", _event(src, entry.seq + r))
-            self.hold_failure(src, record.position)
+                self._drop_row(src, row, entry, r)
+            if len(self.ledger.failure_log) > failed:
+                self.hold_failure(src, record.position)
         elif kind == "abort":
-            key = (src.epoch, entry.meta["rid"])
-            if src.cut:   # its rows before our place are discarded or reported here
-                src.cut.pop(key[1], None)
-            if entry.meta["restart"]:
-                counts["restarted"] += 1
-                self.pop_partial(key)
-            else:
-                self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
-                          _event(src, entry.seq))
+            if self._abort(src, entry):
                 self.hold_failure(src, record.position)
         elif kind == "unheard":
             failed = len(self.ledger.failure_log)
@@ -175,7 +168,12 @@ class Delivery:
         restarted after its first chunk was delivered AND reported dropped, and one of two
         chunks was reported twice: final fault hunt.)"""
         kind, epoch, has_failed = entry.kind, src.epoch, self.ledger.has_failed
-        if kind in ("batch", "drop"):
+        if kind == "drop":
+            for r, row in enumerate(entry.rows):
+                if not src.seqs.seen(entry.seq + r):
+                    self.ledger.counts["dropped_rows"] += 1
+                    self._drop_row(src, row, entry, r)
+        elif kind == "batch":
             for r, row in enumerate(entry.rows):
                 rid, seq = row["rid"], entry.seq + r
                 key = (epoch, rid)
@@ -185,27 +183,52 @@ class Delivery:
                     if row["token_start"] not in (0, row["cached_prefix"]):
                         continue                    # the failed sample's: said already
                     self.ledger.new_attempt(key)    # a new sample of the rid
-                if kind == "drop":
-                    src.cut.pop(rid, None)
-                    self.ledger.counts["dropped_rows"] += 1
-                    self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
-                              _event(src, seq))
-                elif row["last"]:
+                if row["last"]:
                     src.cut.pop(rid, None)
                     self.fail(key, why, "dropped", _event(src, seq))
                 else:
                     src.cut.setdefault(rid, (seq, why))
         elif kind == "abort" and not src.seqs.seen(entry.seq):
-            rid = entry.meta["rid"]
-            src.cut.pop(rid, None)
-            key = (epoch, rid)
-            if entry.meta["restart"]:
-                self.pop_partial(key)                # captured again from its start
-            elif not has_failed(key):
-                self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
-                          _event(src, entry.seq))
+            self._abort(src, entry)
         if entry.n:
             src.seqs.add(entry.seq, entry.n)
+
+    def _drop_row(self, src: Source, row: dict[str, Any], entry: Any, r: int) -> None:
+        """A dropped chunk (row ``r`` of a drop entry): its sample is reported dropped, once
+        (a later dropped chunk of a sample already reported is not named again; one that
+        starts a sample is a new one of the rid), unless ``rid_filter``/``skip_rid`` turn the
+        rid away."""
+        rid = row["rid"]
+        key = (src.epoch, rid)
+        if src.cut:
+            src.cut.pop(rid, None)
+        if not self.wants(rid):
+            return
+        if self.ledger.has_failed(key):
+            if row["token_start"] not in (0, row.get("cached_prefix", 0)):
+                return
+            self.ledger.new_attempt(key)
+        self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
+                  _event(src, entry.seq + r))
+
+    def _abort(self, src: Source, entry: Any) -> bool:
+        """An abort entry: a restart discards the sample's rows so far (it is captured again
+        from its start); any other abort reports the sample incomplete, once, unless it was
+        reported already or ``rid_filter``/``skip_rid`` turn the rid away. Returns whether it
+        reported."""
+        key = (src.epoch, entry.meta["rid"])
+        if src.cut:   # its rows before our place: discarded with it, or reported here
+            src.cut.pop(key[1], None)
+        if entry.meta["restart"]:
+            self.ledger.counts["restarted"] += 1
+            self.pop_partial(key)
+            return False
+        if not self.wants(key[1]) or self.ledger.has_failed(key):
+            self.pop_partial(key)
+            return False
+        self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
+                  _event(src, entry.seq))
+        return True
 
     def cut_short(self, src: Source, reason: str) -> None:
         """``src`` ends: report each sample whose first rows lay before this subscriber's
@@ -337,13 +360,20 @@ class Delivery:
         key = (src.epoch, rid)
         if src.cut and rid in src.cut:
             # a sample whose first rows lay before this subscriber's place in a restarted
-            # producer's ring (on_unreadable_entry): it can never complete here. A row that
-            # starts a sample is a new one of the rid (below)
-            seq0, why = src.cut.pop(rid)
+            # producer's ring (on_unreadable_entry): it can never complete here. Its later
+            # rows are discarded; it is reported once its fate is known: at its last row (a
+            # restart abort before that forgets it, an abort or a drop reports it), or when
+            # its rid begins a new sample (then read as one, below)
             starts = rv.token_start == 0 or rv.token_start == rv.cached_prefix
+            if not starts:
+                counts["discarded_chunks"] += 1
+                if not rv.last:
+                    return
+            seq0, why = src.cut.pop(rid)
             self.fail(key, f"{why}; " + ("its rid then began a new sample" if starts else
                                          f"positions from {rv.token_start} on arrived"),
                       "incomplete", _event(src, seq0))
+            self.hold_failure(src, record.position)
             if not starts:
                 return
         if self.ledger.has_failed(key):
