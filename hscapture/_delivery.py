@@ -196,13 +196,13 @@ class Delivery:
     def _drop_row(self, src: Source, row: dict[str, Any], entry: Any, r: int) -> None:
         """A dropped chunk (row ``r`` of a drop entry): its sample is reported dropped, once
         (a later dropped chunk of a sample already reported is not named again; one that
-        starts a sample is a new one of the rid), unless ``rid_filter``/``skip_rid`` turn the
-        rid away."""
+        starts a sample is a new one of the rid), unless ``rid_filter`` turns the rid away (not
+        ``skip_rid``: a drain still names the failure of a rid it has written)."""
         rid = row["rid"]
         key = (src.epoch, rid)
         if src.cut:
             src.cut.pop(rid, None)
-        if not self.wants(rid):
+        if self.rid_filter is not None and not self.rid_filter(rid):
             return
         if self.ledger.has_failed(key):
             if row["token_start"] not in (0, row.get("cached_prefix", 0)):
@@ -214,8 +214,7 @@ class Delivery:
     def _abort(self, src: Source, entry: Any) -> bool:
         """An abort entry: a restart discards the sample's rows so far (it is captured again
         from its start); any other abort reports the sample incomplete, once, unless it was
-        reported already or ``rid_filter``/``skip_rid`` turn the rid away. Returns whether it
-        reported."""
+        reported already or ``rid_filter`` turns the rid away. Returns whether it reported."""
         key = (src.epoch, entry.meta["rid"])
         if src.cut:   # its rows before our place: discarded with it, or reported here
             src.cut.pop(key[1], None)
@@ -223,7 +222,8 @@ class Delivery:
             self.ledger.counts["restarted"] += 1
             self.pop_partial(key)
             return False
-        if not self.wants(key[1]) or self.ledger.has_failed(key):
+        if (self.rid_filter is not None and not self.rid_filter(key[1])) or \
+                self.ledger.has_failed(key):
             self.pop_partial(key)
             return False
         self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
