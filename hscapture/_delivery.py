@@ -167,7 +167,7 @@ class Delivery:
         numbers count as seen. (Until 2026-12-05 every row was reported at once: a sample
         restarted after its first chunk was delivered AND reported dropped, and one of two
         chunks was reported twice: final fault hunt.)"""
-        kind, epoch, has_failed = entry.kind, src.epoch, self.ledger.has_failed
+        kind, epoch = entry.kind, src.epoch
         if kind == "drop":
             for r, row in enumerate(entry.rows):
                 if not src.seqs.seen(entry.seq + r):
@@ -177,12 +177,9 @@ class Delivery:
             for r, row in enumerate(entry.rows):
                 rid, seq = row["rid"], entry.seq + r
                 key = (epoch, rid)
-                if src.seqs.seen(seq) or not self.wants(rid):
+                if src.seqs.seen(seq) or not self.wants(rid) or \
+                        self._of_a_failed_sample(key, row["token_start"], row["cached_prefix"]):
                     continue
-                if has_failed(key):
-                    if row["token_start"] not in (0, row["cached_prefix"]):
-                        continue                    # the failed sample's: said already
-                    self.ledger.new_attempt(key)    # a new sample of the rid
                 if row["last"]:
                     src.cut.pop(rid, None)
                     self.fail(key, why, "dropped", _event(src, seq))
@@ -192,6 +189,20 @@ class Delivery:
             self._abort(src, entry)
         if entry.n:
             src.seqs.add(entry.seq, entry.n)
+
+    def _of_a_failed_sample(self, key: tuple[int, str], token_start: int,
+                            cached_prefix: int) -> bool:
+        """Whether a row of ``key``'s rid belongs to a sample already reported (nothing of it
+        is used or reported again). A row that starts a sample (at token 0, or where its
+        cached prefix ends) begins a new one of the rid instead (the SGLang hook publishes
+        nothing more of a sample it reported; a client retrying an aborted request reuses
+        its rid, which discarding lost without a word until 2026-12-04)."""
+        if not self.ledger.has_failed(key):
+            return False
+        if token_start != 0 and token_start != cached_prefix:
+            return True
+        self.ledger.new_attempt(key)
+        return False
 
     def _drop_row(self, src: Source, row: dict[str, Any], entry: Any, r: int) -> None:
         """A dropped chunk (row ``r`` of a drop entry): its sample is reported dropped, once
@@ -204,10 +215,8 @@ class Delivery:
             src.cut.pop(rid, None)
         if self.rid_filter is not None and not self.rid_filter(rid):
             return
-        if self.ledger.has_failed(key):
-            if row["token_start"] not in (0, row.get("cached_prefix", 0)):
-                return
-            self.ledger.new_attempt(key)
+        if self._of_a_failed_sample(key, row["token_start"], row.get("cached_prefix", 0)):
+            return
         self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
                   _event(src, entry.seq + r))
 
@@ -376,15 +385,9 @@ class Delivery:
             self.hold_failure(src, record.position)
             if not starts:
                 return
-        if self.ledger.has_failed(key):
-            if rv.token_start != rv.cached_prefix and rv.token_start != 0:
-                counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
-                return
-            # a row that starts a sample (at token 0, or where its cached prefix ends): a new
-            # sample with the rid (the SGLang hook publishes nothing more of a sample it
-            # reported; a client retrying an aborted request reuses its rid), which
-            # discarding lost without a word until 2026-12-04
-            self.ledger.new_attempt(key)
+        if self._of_a_failed_sample(key, rv.token_start, rv.cached_prefix):
+            counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
+            return
         p = self.asm.get(key)
         if p is None and rv.token_start == 0 and rv.last:
             got = self._whole(src, record, meta, shape, rid, rv.seq, rv.token_count,
