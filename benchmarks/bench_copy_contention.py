@@ -22,6 +22,19 @@ forward's end to the result copy's completion (``result_ms``), and the capture c
 time. Modes, alternating trial by trial (ABCD ABCD ...): ``none`` (no capture copy), and the
 capture copy issued as one copy or as pieces of ``--chunks`` MB (0 = one copy). Reported:
 median and min-max of ``result_ms`` per mode and size, and the capture copy's GB/s.
+
+``--orders`` adds, per size, the capture copy (one copy) issued other ways (2026-12-05: the
+hook defers its copies to the next scheduling step, after SGLang queued its read-back, yet
+the 1B server still lost ~2-3 ms on the turns that flushed a drain's ~270 MB):
+
+- ``before``: as above (issued inside the forward, gated on the hook point);
+- ``after``: issued AFTER the read-back, gated on the forward's end, the read-back's own
+  gate (both become ready at the same instant; which one the copy engine serves first is
+  the question; in SGLang the deferred copies' gate is even earlier, before the sampling);
+- ``after-done``: issued after the read-back and gated on the read-back's completion (an
+  event recorded behind it on its stream: SGLang's ``copy_done``);
+- ``sm``: issued as ``before`` but as a copy KERNEL writing into the page-locked memory
+  through its device mapping (unified addressing), not through the copy engine.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", default="0,8,2,1", help="piece sizes, MB (0: one copy)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--fwd-ms", type=float, default=6.0)
+    ap.add_argument("--orders", default="", help="also: before,after,after-done,sm (one copy)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -66,6 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     per = e0.elapsed_time(e1) / 20
     n_mm = max(2, round(a.fwd_ms / per))
 
+    class _Mapped:   # the page-locked buffer as a CUDA array (unified addressing: same address)
+        __cuda_array_interface__ = {"shape": (host.numel(),), "typestr": "|u1",
+                                    "data": (host.data_ptr(), False), "version": 3}
+
+    host_dev = None
+    if "sm" in a.orders.split(","):
+        try:   # int64 views: a kernel of 8-byte stores (a same-dtype copy_ would be a memcpy)
+            host_dev = torch.as_tensor(_Mapped(), device=dev).view(torch.int64)
+        except Exception as exc:
+            print(f"no device mapping of the page-locked buffer ({exc}): 'sm' left out")
+            a.orders = ",".join(o for o in a.orders.split(",") if o != "sm")
+
+    def capture(size: int, ev: dict) -> None:
+        with torch.cuda.stream(side):
+            ev["cap0"].record(side)
+            if host_dev is not None and order == "sm":
+                torch.mul(src[:size].view(torch.int64), 1, out=host_dev[:size // 8])
+            else:
+                host[:size].copy_(src[:size], non_blocking=True)
+            ev["cap1"].record(side)
+
+    order = ""
+
     def trial(size: int, chunk: int | None) -> tuple[float, float]:
         ev = {k: torch.cuda.Event(enable_timing=True) for k in
               ("hook", "fwd_end", "cap0", "cap1", "res")}
@@ -75,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             ev["hook"].record(fwd)
             x @ x                          # the rest of the forward (logits, sampling)
             ev["fwd_end"].record(fwd)
+        if order in ("before", "sm"):
+            side.wait_event(ev["hook"])
+            capture(size, ev)
+            chunk = None
         if chunk is not None:
             side.wait_event(ev["hook"])
             with torch.cuda.stream(side):
@@ -88,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         with torch.cuda.stream(copy):
             res_host.copy_(res_dev, non_blocking=True)
             ev["res"].record(copy)
+        if order in ("after", "after-done"):
+            side.wait_event(ev["fwd_end"] if order == "after" else ev["res"])
+            capture(size, ev)
         torch.cuda.synchronize()
-        cap = ev["cap0"].elapsed_time(ev["cap1"]) if chunk is not None else 0.0
+        cap = ev["cap0"].elapsed_time(ev["cap1"]) if (chunk is not None or order) else 0.0
         return ev["fwd_end"].elapsed_time(ev["res"]), cap
 
     modes: list[tuple[str, int | None]] = [("none", None)]
@@ -99,13 +143,21 @@ def main(argv: list[str] | None = None) -> int:
                       0 if c_mb == 0 else int(c_mb * 1e6)))
     out = {"fwd_ms_target": a.fwd_ms, "matmuls": n_mm, "matmul_ms": per, "reps": a.reps,
            "device": torch.cuda.get_device_name(), "sizes": {}}
+    orders = [o for o in a.orders.split(",") if o]
+    modes += [(f"order {o}", None) for o in orders]
+
+    def run(name: str, chunk: int | None, size: int) -> tuple[float, float]:
+        nonlocal order
+        order = name[len("order "):] if name.startswith("order ") else ""
+        return trial(size, chunk)
+
     for size in sizes:
         for name, chunk in modes:            # warm-up
-            trial(size, chunk)
+            run(name, chunk, size)
         got: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in modes}
         for _ in range(a.reps):
             for name, chunk in modes:
-                got[name].append(trial(size, chunk))
+                got[name].append(run(name, chunk, size))
         rec = {}
         for name, _ in modes:
             res = [r for r, _ in got[name]]

@@ -540,12 +540,14 @@ NB_MODULE(_ring, m) {
        "defer"_a = false,
        "Issue one capture's copies (see csrc/hscapture/cuda_copy.h); '' on success, else the error. "
        "defer: queue the device-to-host part until cuda_flush().");
-    m.def("cuda_flush", [] {
+    m.def("cuda_flush", [](uint64_t after) {
         std::string err;
-        int n = hsc::cuda::flush_deferred(&err);
+        int n = hsc::cuda::flush_deferred(&err, after);
         if (n < 0) throw std::runtime_error("hscapture: " + err);
         return n;
-    }, "Issue every deferred capture's device-to-host copies, in order; returns how many captures. "
+    }, "after"_a = 0,
+       "Issue every deferred capture's device-to-host copies, in order; returns how many captures. "
+       "after: a CUevent handle (0: none) the copies also wait for (the engine's read-back done). "
        "A failure raises (the first one), and each failed capture's done event reports it.");
     m.def("cuda_set_defer_max_age", [](double seconds) {
         if (!(seconds >= 0.0)) raise(hsc::ErrorKind::Value, "max age must be >= 0 seconds");

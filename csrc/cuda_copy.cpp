@@ -269,13 +269,17 @@ namespace {
 
 // Issues every queued capture, in order; the caller holds q.mu. A capture that fails is
 // reported through its `done` (q.failed) and the flush goes on with the next one.
-int flush_locked(const Driver& d, DeferQueue& q, std::string* err) {
+int flush_locked(const Driver& d, DeferQueue& q, std::string* err, CUevent after = nullptr) {
     int first_rc = 0;
     for (const Deferred& x : q.queue) {
         ContextScope scope(d, x.context);
         CUresult rc = scope.rc();
         std::string why;
-        if (rc == CUDA_SUCCESS) rc = issue_post(d, x.side, x.ready, x.done, x.post.data(), x.post.size(), &why);
+        // `after` (the engine's read-back done): the side stream also waits for it, so the
+        // copies below start only once that read-back completed, never level with it.
+        if (rc == CUDA_SUCCESS && after != nullptr && (rc = d.stream_wait_event(x.side, after, 0)) != CUDA_SUCCESS)
+            describe(d, rc, "cuStreamWaitEvent (after)", &why);
+        else if (rc == CUDA_SUCCESS) rc = issue_post(d, x.side, x.ready, x.done, x.post.data(), x.post.size(), &why);
         else describe(d, rc, "cuCtxPushCurrent", &why);
         if (rc != CUDA_SUCCESS) {
             q.failed[x.done] = rc;
@@ -293,13 +297,13 @@ int flush_locked(const Driver& d, DeferQueue& q, std::string* err) {
 
 }  // namespace
 
-int flush_deferred(std::string* err) {
+int flush_deferred(std::string* err, uint64_t after_event) {
     const Driver& d = driver();
     if (!d.why.empty()) return 0;          // nothing can have been queued
     DeferQueue& q = defer_queue();
     std::lock_guard<std::mutex> lock(q.mu);
     if (q.queue.empty()) return 0;
-    return flush_locked(d, q, err);
+    return flush_locked(d, q, err, reinterpret_cast<CUevent>(after_event));
 }
 
 void set_defer_max_age_ns(uint64_t ns) {

@@ -253,14 +253,17 @@ class NativeCopier:
         return done, (keepalive, pool)
 
 
-def flush_deferred() -> int:
+def flush_deferred(after_event: int = 0) -> int:
     """Issue the device-to-host copies of every deferred capture of this process, in order
-    (:attr:`NativeCopier.defer`); how many captures. Raises :class:`CaptureConfigError` when
-    the driver refused one (each failed capture's ``done`` reports it to its entry)."""
+    (:attr:`NativeCopier.defer`); how many captures. ``after_event``: a CUDA event handle
+    (``torch.cuda.Event.cuda_event``; 0: none) the copies also wait for: the engine's own
+    read-back's completion, so they never start level with it. Raises
+    :class:`CaptureConfigError` when the driver refused one (each failed capture's ``done``
+    reports it to its entry)."""
     from . import _ring
 
     try:
-        return _ring.cuda_flush()
+        return _ring.cuda_flush(after_event)
     except RuntimeError as exc:
         raise CaptureConfigError(f"native CUDA copy (deferred): {exc}") from None
 

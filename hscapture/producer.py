@@ -582,12 +582,17 @@ class Producer:
         native.defer = bool(on)
         return native.defer
 
-    def flush_device_copies(self) -> int:
+    def flush_device_copies(self, after_event: int = 0) -> int:
         """Issue every deferred device-to-host copy (:meth:`defer_device_copies`) of this
-        process now, in capture order; how many captures. Cheap when none is queued."""
+        process now, in capture order; how many captures. Cheap when none is queued.
+        ``after_event``: the handle of a CUDA event recorded behind the engine's own result
+        read-back (``torch.cuda.Event.cuda_event``; 0: none): the copies start only once it
+        completed. Why: deferred, the copies are issued after that read-back but become
+        ready at the same instant (both wait for the forward's end), and the copy engine may
+        still take them first."""
         if self._copier.native is None:
             return 0
-        return flush_deferred()
+        return flush_deferred(after_event)
 
     def _flush_device_copies_quietly(self) -> None:
         try:

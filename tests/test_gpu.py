@@ -681,6 +681,39 @@ def test_deferred_device_copies_wait_for_the_flush_then_arrive_exact(pair, copy_
         p.defer_device_copies(False)
 
 
+def test_deferred_copies_flushed_after_an_engine_event_start_only_once_it_completed(
+        pair, copy_path):
+    """``flush_device_copies(after_event)`` (the SGLang hook passes the event SGLang records
+    behind its result read-back): the flushed copies wait for that event too. Here it is
+    recorded ~0.4 s late, on a stream of its own; until then the capture's ``done`` stays
+    pending and nothing is committed, though its forward finished long before; then the
+    sample arrives exact."""
+    from hscapture import _ring
+
+    p, sub = pair
+    if not p.defer_device_copies(True):
+        pytest.skip("the torch copy path has nothing to defer")
+    _ring.cuda_set_defer_max_age(60.0)
+    try:
+        want = _one_forward(p, 90, "dfr-after", False)
+        torch.cuda.synchronize()                 # the forward and its snapshot are done
+        engine = torch.cuda.Stream()
+        readback = torch.cuda.Event()
+        with torch.cuda.stream(engine):
+            torch.cuda._sleep(int(_cycles_per_second() * 0.4))
+            readback.record(engine)
+        assert p.flush_device_copies(readback.cuda_event) == 1
+        assert sub.poll(timeout=0.1) is None     # issued, but behind the engine's event
+        assert not readback.query()
+        _assert_packed_samples(sub, want)
+        assert readback.query()
+        st = p.stats()
+        assert st.get("dropped", 0) == 0 and st.get("native_copies") == 1, st
+    finally:
+        _ring.cuda_set_defer_max_age(0.2)
+        p.defer_device_copies(False)
+
+
 def test_deferred_captures_from_two_streams_each_wait_for_their_own_forward(pair, copy_path):
     """Queued copies wait for the device's ready event as last recorded when they are issued:
     a capture from another stream first issues what is queued (``NativeCopier._ready_from``).

@@ -62,7 +62,11 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
 // capture is `max_age_ns` old (a stalled engine never holds a capture forever). A flush that
 // fails reports its CUresult through the query / synchronize of each `done` it did not issue.
 // `done` must be a distinct event per queued capture (each capture takes its own from a pool).
-int flush_deferred(std::string* err);
+// `after_event` (0: none): an event recorded behind the engine's own read-back (SGLang's
+// `copy_done`); every flushed capture's side stream waits for it too. Why: the deferred copies
+// and that read-back wait for the same forward's end; whichever the copy engine takes first,
+// the other waits, so without this the read-back could still wait behind them.
+int flush_deferred(std::string* err, uint64_t after_event = 0);
 void set_defer_max_age_ns(uint64_t ns);
 // How many captures are queued now.
 size_t deferred_count();

@@ -279,6 +279,10 @@ class CaptureConfig:
     #: own result read-back, not during the forward pass (``HSCAPTURE_DEFER_COPIES``; used
     #: only where the plugin's step hook is installed: ``Producer.defer_device_copies``)
     defer_copies: bool = True
+    #: the deferred copies also wait for SGLang's read-back to COMPLETE (its ``copy_done``
+    #: event), not only for the forward both wait on (``HSCAPTURE_COPIES_AFTER_READBACK``;
+    #: off by default until a GPU run has measured it: docs/sglang.md)
+    copies_after_readback: bool = False
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
@@ -401,6 +405,7 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         layers=parse_layers(env.get("HSCAPTURE_LAYERS")),
         final_norm=_bool(env, "HSCAPTURE_FINAL_NORM", True),
         defer_copies=_bool(env, "HSCAPTURE_DEFER_COPIES", True),
+        copies_after_readback=_bool(env, "HSCAPTURE_COPIES_AFTER_READBACK", False),
         ring_bytes=_size(env, "HSCAPTURE_RING_BYTES", 1 << 30),
         full_policy=policy,
         wait_timeout_s=wait_s,

@@ -495,7 +495,8 @@ class SGLangCaptureHook:
             # stream, so that read-back (which the next turn waits for) is not queued behind
             # them in the copy engine (Producer.defer_device_copies). One native call.
             try:
-                producer.flush_device_copies()
+                producer.flush_device_copies(
+                    _readback_event(args) if self.config.copies_after_readback else 0)
             except Exception as exc:     # each failed capture is reported by its own entry
                 self._log_once("flush_copies", logging.WARNING,
                                "hscapture: deferred copies: %s", exc)
@@ -780,3 +781,26 @@ def _open_forward_log(path: str) -> ForwardLog | None:
 def _mode_name(batch: Any) -> str:
     mode = getattr(batch, "forward_mode", None)
     return getattr(mode, "name", str(mode))
+
+
+def _readback_event(args: tuple) -> int:
+    """The CUDA event handle SGLang records behind its latest result read-back (the overlap
+    scheduler's ``result_queue[-1]``'s ``copy_done``), from the step hook's arguments
+    (``(result, scheduler, ...)``); 0 where there is none (the normal loop processes each
+    result before the next step, an event never recorded, another engine version).
+
+    Why the flush waits for it: the deferred copies are issued after SGLang queued that
+    read-back, but they wait only for the forward's end, which comes before the sampling the
+    read-back waits for: the copy engine may then be busy with them (a drain's ~270 MB at the
+    1B shape: ~5 ms at 55 GB/s) when the read-back, and the turn that waits for it, arrive.
+    The candidate cause of the 1B shape's 2-3 ms longer turns after a drain
+    (benchmarks/results/h200-2026-12-05b); ``benchmarks/bench_copy_contention.py --orders``
+    measures the pattern. Off by default until measured (``copies_after_readback``)."""
+    try:
+        queue = getattr(args[1], "result_queue", None)
+        if not queue:
+            return 0
+        handle = getattr(queue[-1][1].copy_done, "cuda_event", 0)
+        return handle if type(handle) is int and handle > 0 else 0
+    except (IndexError, AttributeError, TypeError):
+        return 0

@@ -20,14 +20,15 @@ def spied(monkeypatch):
     methods record their calls."""
     from hscapture.producer import Producer
 
-    calls = {"defer": [], "flush": 0}
+    calls = {"defer": [], "flush": 0, "after": []}
 
     def defer(self, on=True):
         calls["defer"].append(on)
         return True
 
-    def flush(self):
+    def flush(self, after_event=0):
         calls["flush"] += 1
+        calls["after"].append(after_event)
         return 0
 
     monkeypatch.setattr(Producer, "defer_device_copies", defer)
@@ -71,6 +72,47 @@ def test_with_the_step_hook_installed_copies_are_deferred_and_every_step_flushes
         check(sub.get(r.rid, timeout=10), srv, r)
     finally:
         sub.close()
+        hook.close()
+
+
+class _Event:
+    """What the hook reads of SGLang's ``copy_done`` (a ``torch.cuda.Event``): its handle."""
+
+    def __init__(self, handle):
+        self.cuda_event = handle
+
+
+@pytest.mark.parametrize("env, want", [({"HSCAPTURE_COPIES_AFTER_READBACK": "1"}, 0xBEEF),
+                                       ({"HSCAPTURE_COPIES_AFTER_READBACK": "0"}, 0), ({}, 0)])
+def test_each_step_flushes_the_copies_behind_the_latest_result_read_back(
+        published, sock_dir, unique_id, spied, env, want):
+    """The overlap scheduler's step: its ``result_queue`` ends with the batch whose read-back
+    it queued last (``GenerationBatchResult.copy_done``, recorded behind that copy). The flush
+    passes that event's handle (the copies start once the read-back completed); 0 where there
+    is none to wait for: no queue (the normal loop), an event never recorded (handle 0),
+    SGLang's async read-back (``HostCopyDone``: no CUDA event), or the switch off (its default
+    until a GPU run has measured it)."""
+    import collections
+    import types
+
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    hook = _hook(published, sock_dir, unique_id, step_hook=True, **env)
+    try:
+        def step(*results):
+            sched = types.SimpleNamespace(result_queue=collections.deque(
+                (None, GenerationBatchResult(copy_done=r)) for r in results))
+            hook.sweep(None, sched)       # an AFTER hook: (its target's result, self, ...)
+            return spied["after"][-1]
+
+        assert step(_Event(0xAAAA), _Event(0xBEEF)) == want
+        assert step() == 0                                    # nothing queued
+        assert step(_Event(0)) == 0                           # never recorded
+        assert step(types.SimpleNamespace(done=True)) == 0    # no CUDA event
+        hook.sweep(None, types.SimpleNamespace())             # the normal loop: no queue
+        hook.sweep()
+        assert spied["after"][-2:] == [0, 0]
+    finally:
         hook.close()
 
 
