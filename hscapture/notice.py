@@ -362,5 +362,44 @@ def _repack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+#: the values a meta map carries and a reader gets back equal (docs/PROTOCOL.md "Encoding")
+_PLAIN_LEAVES = (str, bytes, bytearray, float, type(None))
+#: nesting a writer accepts (the reader's packer allows deeper; no caller needs it)
+MAX_PLAIN_DEPTH = 64
+
+
+def plain_value_problem(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` (e.g. a row's ``extra``) cannot go into a ring meta and come back equal
+    from :func:`unpack_canonical`, or None when it can: msgpack's builtin kinds only (None,
+    bool, int in -2**63..2**64-1, float, str, bytes, lists/tuples, maps with ``str`` or
+    ``bytes`` keys, as ``strict_map_key`` allows),
+    no extension types (``msgpack.ExtType``, ``msgpack.Timestamp``), at most
+    :data:`MAX_PLAIN_DEPTH` levels. The writer's side of the rule the reader enforces: a
+    value it lets through would make every reader reject the whole entry."""
+    if isinstance(value, _PLAIN_LEAVES):
+        return None
+    if isinstance(value, int):   # bool too
+        return None if -(1 << 63) <= value < (1 << 64) else \
+            f"int {value} outside msgpack's range -2**63..2**64-1"
+    if depth >= MAX_PLAIN_DEPTH:
+        return f"nested deeper than {MAX_PLAIN_DEPTH} levels"
+    if isinstance(value, (list, tuple)) and not isinstance(value, msgpack.ExtType):
+        for item in value:
+            why = plain_value_problem(item, depth + 1)
+            if why:
+                return why
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, bytes)):
+                return (f"a map key of type {type(key).__name__} ({key!r:.40}): keys must be "
+                        f"str (or bytes)")
+            why = plain_value_problem(item, depth + 1)
+            if why:
+                return why
+        return None
+    return f"a value of type {type(value).__name__} (msgpack builtin kinds only: no extension types)"
+
+
 def _no_ext(code: int, data: bytes) -> Any:
     raise NoticeError(f"msgpack extension type {code} is not allowed")

@@ -819,6 +819,11 @@ def _check_rows(rows: list[Row], t_src: int) -> None:
     """Every row's rid, token range and fields, before a sequence number is taken."""
     if not rows:
         raise CaptureConfigError("capture_batch: expected at least one row, found none")
+    if len(rows) > 1 and len({r.rid for r in rows}) != len(rows):
+        seen: set = set()
+        dup = next(r.rid for r in rows if r.rid in seen or seen.add(r.rid))
+        raise CaptureConfigError(f"row {dup!r}: expected one row per rid in a batch (a reader "
+                                 f"rejects the whole entry), found it twice")
     for r in rows:
         nt.check_rid(r.rid)   # InvalidRidError
         _check_source_range(r.rid, r.src_start, r.token_count, t_src)
@@ -838,13 +843,20 @@ def _check_rows(rows: list[Row], t_src: int) -> None:
 
 
 def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
-    """A copy of ``value`` with numpy/torch scalars turned into Python ones (msgpack-safe)."""
+    """A copy of ``value`` with numpy/torch scalars turned into Python ones, checked by the
+    rule every reader applies (:func:`hscapture.notice.plain_value_problem`): a value a
+    reader would reject (a nested non-str key, an extension type) is a
+    :class:`CaptureConfigError` here, before a sequence number is taken, not an entry every
+    subscriber rejects whole, its other rows with it (until 2026-12-05)."""
     out: dict[str, Any] = {}
     for k, v in (value or {}).items():
         if not isinstance(k, str):
             raise CaptureConfigError(f"{what}: keys must be str, found {type(k).__name__}")
         if isinstance(v, (np.generic, torch.Tensor)) and getattr(v, "ndim", 0) == 0:
             v = v.item()
+        why = nt.plain_value_problem(v, 1)
+        if why:
+            raise CaptureConfigError(f"{what} {k!r}: expected msgpack's builtin kinds, found {why}")
         out[k] = v
     return out
 
@@ -852,7 +864,7 @@ def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
 def _row_map(r: Row) -> dict[str, Any]:
     return {"rid": r.rid, "token_start": int(r.token_start), "token_count": int(r.token_count),
             "last": bool(r.last), "cached_prefix": int(r.cached_prefix),
-            "extra": _plain(r.extra, "extra") if r.extra else {},
+            "extra": _plain(r.extra, f"row {r.rid!r} extra") if r.extra else {},
             "fields": dict(r.fields) if r.fields else {}}
 
 

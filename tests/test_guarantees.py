@@ -1300,6 +1300,55 @@ def test_an_unencodable_capture_raises_and_takes_no_sequence_number(endpoint):
             assert not st["lost"] and not st["unresolved"], st
 
 
+def test_a_batch_every_reader_would_reject_is_refused_at_capture_and_loses_no_other_row(
+        endpoint):
+    """What a reader rejects whole (docs/PROTOCOL.md "Encoding", ``record._check_rows``) is a
+    ``CaptureConfigError`` at ``capture_batch``, before a sequence number is taken: two rows of
+    one rid, an ``extra`` holding a map with a non-str key, an extension type (``ExtType``,
+    ``Timestamp``) or nesting past ``MAX_PLAIN_DEPTH``. Until 2026-12-05 the producer wrote
+    such an entry; every subscriber rejected it, the valid rows in it too, and one for which
+    it was the first entry read reported nothing at all (fault hunt 2026-12-05). Here each is
+    tried first, before anything else reached the subscriber; then a batch of two good rows
+    arrives and nothing is lost, rejected or reported."""
+    import torch
+
+    from hscapture.producer import Row
+
+    block = torch.arange(4 * 8, dtype=torch.float32).reshape(4, 8).to(torch.bfloat16)
+    ids = torch.arange(4, dtype=torch.int32)
+    deep: list = []
+    for _ in range(nt.MAX_PLAIN_DEPTH + 1):
+        deep = [deep]
+    bad_batches = [
+        ("found it twice", [Row("ok1", 0, 1), Row("dup", 1, 1), Row("dup", 2, 1)]),
+        ("keys must be str", [Row("ok1", 0, 1), Row("x", 1, 1, extra={"m": {1: 2}})]),
+        ("ExtType", [Row("x", 1, 1, extra={"m": [msgpack.ExtType(3, b"x")]})]),
+        ("Timestamp", [Row("x", 1, 1, extra={"t": msgpack.Timestamp(1, 2)})]),
+        ("nested deeper", [Row("x", 1, 1, extra={"d": deep})]),
+    ]
+    with Producer(endpoint, producer_id="g8b", capacity=4 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(10)
+            for why, rows in bad_batches:
+                with pytest.raises(CaptureConfigError, match=why):
+                    p.capture_batch(rows, [block], layers=[0], token_ids=ids)
+            assert p.stats()["next_seq"] == 0
+            assert p.capture_batch([Row("ok1", 0, 2, extra={"m": {"k": [1, b"b", None]}}),
+                                    Row("ok2", 2, 2)], [block], layers=[0], token_ids=ids)
+            p.flush(timeout_s=5)
+            got = sub.get("ok1", timeout=10)
+            assert got.meta["extra"] == {"m": {"k": [1, b"b", None]}}
+            assert torch.equal(next(iter(got.tensors.values())), block[0:2])
+            assert torch.equal(next(iter(sub.get("ok2", timeout=10).tensors.values())),
+                               block[2:4])
+            wait_until(lambda: (sub.pump(0.02), (sub.stats()["producers"] and
+                                                 _hb_next(sub) == 2))[1], 5, "a heartbeat")
+            st = sub.stats()
+            assert not st["lost"] and not st["unresolved"] and not st["rejected"], st
+            assert not st.get("errors"), st
+
+
 def _hb_next(sub: Subscriber) -> int:
     src = next(iter(sub._sources.values()))
     return (src.hb or {}).get("next_seq", -1)
