@@ -74,7 +74,8 @@ class Source:
 
     Guarantees:
     - :meth:`pump` dispatches entries in ring order, each one validated by
-      ``record.read_entry`` first (a corrupt one is counted, released and skipped).
+      ``record.read_entry`` first (a corrupt one is counted, released and skipped, and its
+      numbers, from its notice, reported lost with the reason: :meth:`_report_unreadable`).
     - An entry whose notice has arrived is dispatched only if the two agree (offset, record
       sequence, length, epoch, meta bytes, producer, seq, n, kind); otherwise every row of it
       is rejected through the sink. An entry waits for its notice at most ``notice_grace_s``
@@ -98,6 +99,9 @@ class Source:
         self.notice_grace_s = notice_grace_s
         self.seqs = SequenceTracker()
         self.lost_seqs = SequenceTracker()          # reported lost
+        #: (ring offset, record seq) -> why, of entries read before their notice that no
+        #: reader can read: their notice, when it comes, says which numbers were lost
+        self.unreadable_at: dict[tuple[int, int], str] = {}
         self.notices: dict[int, dict[str, Any]] = {}
         self.held: Any = None                       # a record waiting for its notice
         self.held_since = 0.0
@@ -161,6 +165,11 @@ class Source:
         if self.seqs.seen(seq):
             self.ledger.counts["late_notices"] += 1
             return
+        if self.unreadable_at:
+            why = self.unreadable_at.pop((msg.get("offset"), msg.get("record_seq")), None)
+            if why is not None:     # its entry was read first, and could not be
+                self._lost_unreadable(msg, why)
+                return
         self.max_notice_seq = max(self.max_notice_seq, seq)
         if len(self.notices) < MAX_NOTICES:
             self.notices[seq] = msg
@@ -215,6 +224,7 @@ class Source:
                 self.held = None
                 self.ledger.error(f"ring entry at {record.position} of {self.producer!r}: {exc}",
                                   "corrupt_records")
+                self._report_unreadable(record, exc)
                 self.release()
                 continue
             if self.producer is None:
@@ -355,6 +365,29 @@ class Source:
             for a, b in self.seqs.missing_below(hb["recorded_through"]):
                 self.report_lost(a, b - a, self.lost_reason(
                     a, "not recorded: the ring and the producer's backlog were full"))
+
+    def _report_unreadable(self, record: Any, exc: Exception) -> None:
+        """A ring entry no reader can read (its meta breaks the format: a writer that broke
+        ``capture_rows``' promise, a corrupted ring): its numbers, from its notice when that
+        came first (matched by ring offset and record sequence), are reported lost with the
+        reason, once. Without this they were named nowhere when the entry was the first one
+        read (nothing below the first number seen counts as missing), and as "not recorded"
+        otherwise (fault hunt 2026-12-05). A notice still on its way is matched when it
+        comes (:meth:`take_entry_notice`)."""
+        why = f"its ring entry at {record.position} cannot be read: {exc}"[:400]
+        for seq, notice in self.notices.items():
+            if notice.get("offset") == record.position and \
+                    notice.get("record_seq") == record.seq:
+                del self.notices[seq]
+                self._lost_unreadable(notice, why)
+                return
+        if len(self.unreadable_at) < MAX_NOTICES:
+            self.unreadable_at[(record.position, record.seq)] = why
+
+    def _lost_unreadable(self, notice: dict[str, Any], why: str) -> None:
+        seq, n = notice["seq"], notice.get("n") or 0
+        if n > 0 and not self.seqs.seen(seq):
+            self.report_lost(seq, n, why)
 
     def report_lost(self, first: int, count: int, reason: str) -> None:
         self.ledger.lost.append(LostRange(self.producer or "?", self.epoch, first, count,

@@ -1349,6 +1349,57 @@ def test_a_batch_every_reader_would_reject_is_refused_at_capture_and_loses_no_ot
             assert not st.get("errors"), st
 
 
+def test_an_entry_no_reader_can_read_is_reported_lost_even_as_the_first_one_read(endpoint):
+    """``capture_rows`` takes its rows as the caller's promise (the SGLang hook's hot path).
+    A caller that breaks it (here two rows of one rid) gets an entry every reader rejects:
+    its numbers are reported lost, with the reason, even when it is the first entry the
+    subscriber reads (until 2026-12-05 nothing named them then: fault hunt 2026-12-05). The
+    next entry arrives."""
+    import torch
+
+    block = torch.zeros(4, 8, dtype=torch.bfloat16)
+    ids = torch.arange(4, dtype=torch.int32)
+
+    def row(rid):
+        return {"rid": rid, "token_start": 0, "token_count": 1, "last": True,
+                "cached_prefix": 0, "extra": {}, "fields": {}}
+
+    with Producer(endpoint, producer_id="g8r", capacity=4 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(10)
+            assert p.capture_rows([row("dup"), row("dup")], [0, 1], [block], layers=[0],
+                                  token_ids=ids)
+            assert p.capture_rows([row("good")], [2], [block], layers=[0], token_ids=ids)
+            p.flush(timeout_s=5)
+            assert sub.get("good", timeout=10).num_tokens == 1
+            lost = wait_until(lambda: (sub.pump(0.02), sub.stats()["lost"])[1], 5, "a report")
+            assert [(x["first"], x["count"]) for x in lost] == [(0, 2)], lost
+            assert "cannot be read" in lost[0]["reason"], lost
+            assert sub.stats()["errors"], "the corrupt entry is also in errors"
+
+
+def test_an_unreadable_entry_read_before_its_notice_is_reported_when_the_notice_comes():
+    """The other order of the test above, on the subscriber's per-producer part alone: the
+    ring entry is read (and found unreadable) before its notice arrives; the notice, when it
+    comes, names the numbers lost, once; a notice of another entry is kept as usual."""
+    import types
+
+    from hscapture._ledger import Ledger
+    from hscapture._source import Source
+
+    ledger = Ledger()
+    src = Source(1, "p", "seg", None, ledger, notice_grace_s=0.1)
+    src._report_unreadable(types.SimpleNamespace(position=4096, seq=7),
+                           rec.RecordFormatError("rows: rid 'dup' twice"))
+    assert not ledger.lost
+    src.take_entry_notice({"seq": 5, "n": 3, "offset": 4096, "record_seq": 7})
+    src.take_entry_notice({"seq": 8, "n": 1, "offset": 9000, "record_seq": 8})
+    assert [(x.first, x.count) for x in ledger.lost] == [(5, 3)]
+    assert "cannot be read" in ledger.lost[0].reason and "twice" in ledger.lost[0].reason
+    assert list(src.notices) == [8] and not src.unreadable_at
+
+
 def _hb_next(sub: Subscriber) -> int:
     src = next(iter(sub._sources.values()))
     return (src.hb or {}).get("next_seq", -1)
