@@ -242,8 +242,17 @@ class Subscriber:
             yield sample
 
     def in_flight(self) -> dict[str, str]:
-        """Samples started but not complete (rid -> the positions still missing)."""
-        return self._delivery.in_flight()
+        """Samples started but not complete (rid -> the positions still missing), those
+        being assembled and those whose first rows lay before this subscriber's place in a
+        restarted producer's ring (``Source.cut``: they cannot complete here, and are
+        reported when their fate is known; until 2026-12-05 they were named nowhere while
+        their incarnation lived, after a close too: fault hunt 2026-12-05)."""
+        out = self._delivery.in_flight()
+        for src in self._registry.sources.values():
+            for rid, (seq, why) in src.cut.items():
+                out.setdefault(rid, f"all of it here: its first rows ({src.epoch}:{seq}) "
+                                    f"lay before this subscriber's place ({why})")
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Counters, and exactly what was not delivered: dropped / incomplete / rejected rids,

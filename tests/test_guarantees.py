@@ -518,6 +518,38 @@ _LATE_CASES = {
 }
 
 
+def test_a_sample_begun_before_a_late_subscribers_place_is_in_flight_while_its_producer_lives(
+        endpoint):
+    """The same late subscriber, with "x" still open (its first chunk before B's place,
+    nothing more of it yet) while incarnation 2 lives: ``in_flight()`` names it, and still
+    does after B's close. Until 2026-12-05 it was named nowhere until the incarnation ended:
+    not in ``in_flight`` (fault hunt 2026-12-05, s4_cut_close.py)."""
+    got: dict = {}
+    b = Subscriber(endpoint)
+    try:
+        with Producer(endpoint, producer_id="g1y", capacity=64 << 10,
+                      heartbeat_interval_s=0.05) as p:
+            b.wait_ready(timeout=20)
+            assert all(_capture(p, "first", 3))
+            p.flush()
+            _take(b, got, lambda: "first" in got, "B to get incarnation 1's sample")
+        _take(b, got, lambda: not b._sock.poll(0) and not b._sources, "B to read the bye")
+        with Producer(endpoint, producer_id="g1y", capacity=64 << 10,
+                      heartbeat_interval_s=0.05) as p:
+            wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
+            _chunk(p, "x", 4, 0, 1)
+            p.flush()
+            _take(b, got, lambda: p.stats()["ring"]["live_consumers"] >= 1, "B to attach")
+            assert all(_capture(p, "last", 3))
+            p.flush()
+            _take(b, got, lambda: "last" in got, "B to read past x")
+            assert "x" in b.in_flight() and "x" not in got, b.in_flight()
+            b.close()
+            assert "x" in b.stats()["in_flight"]
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("case", list(_LATE_CASES))
 def test_a_sample_begun_before_a_late_subscribers_place_arrives_or_is_reported_once(
         endpoint, case):
