@@ -185,6 +185,7 @@ class Delivery:
                     self.fail(key, why, "dropped", _event(src, seq))
                 else:
                     src.cut.setdefault(rid, (seq, why))
+                    src.cut_seen[rid] = time.monotonic()
         elif kind == "abort" and not src.seqs.seen(entry.seq):
             self._abort(src, entry)
         if entry.n:
@@ -238,6 +239,23 @@ class Delivery:
         self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
                   _event(src, entry.seq))
         return True
+
+    def cut_timeout(self, src: Source, now: float) -> None:
+        """Report, as a partial would be, each :attr:`Source.cut` sample of which no row came
+        for ``incomplete_timeout_s`` while its incarnation lives (until 2026-12-05 it waited
+        for the incarnation to end: fault hunt 2026-12-05, s4b_cut_timeout.py)."""
+        seen = src.cut_seen
+        for rid in [r for r in seen if r not in src.cut]:
+            del seen[rid]
+        for rid, (seq, why) in list(src.cut.items()):
+            if now - seen.get(rid, now) > self.incomplete_timeout_s:
+                del src.cut[rid]
+                seen.pop(rid, None)
+                key = (src.epoch, rid)
+                if not self.ledger.has_failed(key) and self.asm.get(key) is None:
+                    self.fail(key, f"{why}; then no row of it for "
+                                   f"{self.incomplete_timeout_s:g}s", "incomplete",
+                              _event(src, seq))
 
     def cut_short(self, src: Source, reason: str) -> None:
         """``src`` ends: report each sample whose first rows lay before this subscriber's
@@ -377,6 +395,7 @@ class Delivery:
             if not starts:
                 counts["discarded_chunks"] += 1
                 if not rv.last:
+                    src.cut_seen[rid] = time.monotonic()   # (its incomplete timeout)
                     return
             seq0, why = src.cut.pop(rid)
             self.fail(key, f"{why}; " + ("its rid then began a new sample" if starts else

@@ -414,6 +414,8 @@ class SourceRegistry:
             if src.retired:
                 continue
             src.heartbeat_losses()
+            if src.cut_seen:
+                self.delivery.cut_timeout(src, now)
             alive = src.consumer is not None and src.consumer.producer_alive()
             quiet = now - src.last_seen
             if (src.ended and quiet > self.notice_grace_s) or \

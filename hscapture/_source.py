@@ -122,6 +122,9 @@ class Source:
         #: (continuing) rid -> (seq, why) of samples whose first rows lay before our place
         #: and whose fate is not known yet (Delivery.on_unreadable_entry)
         self.cut: dict[str, tuple[int, str]] = {}
+        #: rid -> time.monotonic() a row of a :attr:`cut` sample was last seen (the incomplete
+        #: timeout counts from there; entries of rids no longer cut are dropped by it)
+        self.cut_seen: dict[str, float] = {}
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
         #: durable: the acknowledgements a resumer of this place reads (what an earlier owner

@@ -518,14 +518,16 @@ _LATE_CASES = {
 }
 
 
+@pytest.mark.parametrize("timeout", [False, True], ids=["closed", "incomplete_timeout"])
 def test_a_sample_begun_before_a_late_subscribers_place_is_in_flight_while_its_producer_lives(
-        endpoint):
+        endpoint, timeout):
     """The same late subscriber, with "x" still open (its first chunk before B's place,
     nothing more of it yet) while incarnation 2 lives: ``in_flight()`` names it, and still
-    does after B's close. Until 2026-12-05 it was named nowhere until the incarnation ended:
-    not in ``in_flight`` (fault hunt 2026-12-05, s4_cut_close.py)."""
+    does after B's close; with no row of it for ``incomplete_timeout_s`` it is reported
+    incomplete. Until 2026-12-05 it was named nowhere until the incarnation ended (fault hunt
+    2026-12-05, s4_cut_close.py, s4b_cut_timeout.py)."""
     got: dict = {}
-    b = Subscriber(endpoint)
+    b = Subscriber(endpoint, incomplete_timeout_s=1.0) if timeout else Subscriber(endpoint)
     try:
         with Producer(endpoint, producer_id="g1y", capacity=64 << 10,
                       heartbeat_interval_s=0.05) as p:
@@ -544,6 +546,14 @@ def test_a_sample_begun_before_a_late_subscribers_place_is_in_flight_while_its_p
             p.flush()
             _take(b, got, lambda: "last" in got, "B to read past x")
             assert "x" in b.in_flight() and "x" not in got, b.in_flight()
+            if timeout:
+                # no row of it for incomplete_timeout_s: reported, as a partial would be,
+                # while the incarnation lives (until 2026-12-05: only once it ended)
+                wait_until(lambda: (b.pump(0.05), [f for f in b.failures()
+                                                   if f[1] == "x"])[1], 10, "x's report")
+                assert [f[0] for f in b.failures() if f[1] == "x"] == ["incomplete"]
+                assert "x" not in b.in_flight()
+                return
             b.close()
             assert "x" in b.stats()["in_flight"]
     finally:
