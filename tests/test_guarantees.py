@@ -11,6 +11,7 @@ files, ring state) with deadlines, never on sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -518,6 +519,24 @@ _LATE_CASES = {
 }
 
 
+@contextlib.contextmanager
+def _b_follows_into_a_second_incarnation(endpoint: str, producer_id: str, b: Subscriber,
+                                         got: dict):
+    """B reads incarnation 1 of ``producer_id`` (a sample "first") and its bye; yields
+    incarnation 2 once B's socket reconnected (B attaches when it reads its notices)."""
+    with Producer(endpoint, producer_id=producer_id, capacity=64 << 10,
+                  heartbeat_interval_s=0.05) as p:
+        b.wait_ready(timeout=20)
+        assert all(_capture(p, "first", 3))
+        p.flush()
+        _take(b, got, lambda: "first" in got, "B to get incarnation 1's sample")
+    _take(b, got, lambda: not b._sock.poll(0) and not b._sources, "B to read the bye")
+    with Producer(endpoint, producer_id=producer_id, capacity=64 << 10,
+                  heartbeat_interval_s=0.05) as p:
+        wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
+        yield p
+
+
 @pytest.mark.parametrize("timeout", [False, True], ids=["closed", "incomplete_timeout"])
 def test_a_sample_begun_before_a_late_subscribers_place_is_in_flight_while_its_producer_lives(
         endpoint, timeout):
@@ -529,16 +548,7 @@ def test_a_sample_begun_before_a_late_subscribers_place_is_in_flight_while_its_p
     got: dict = {}
     b = Subscriber(endpoint, incomplete_timeout_s=1.0) if timeout else Subscriber(endpoint)
     try:
-        with Producer(endpoint, producer_id="g1y", capacity=64 << 10,
-                      heartbeat_interval_s=0.05) as p:
-            b.wait_ready(timeout=20)
-            assert all(_capture(p, "first", 3))
-            p.flush()
-            _take(b, got, lambda: "first" in got, "B to get incarnation 1's sample")
-        _take(b, got, lambda: not b._sock.poll(0) and not b._sources, "B to read the bye")
-        with Producer(endpoint, producer_id="g1y", capacity=64 << 10,
-                      heartbeat_interval_s=0.05) as p:
-            wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
+        with _b_follows_into_a_second_incarnation(endpoint, "g1y", b, got) as p:
             _chunk(p, "x", 4, 0, 1)
             p.flush()
             _take(b, got, lambda: p.stats()["ring"]["live_consumers"] >= 1, "B to attach")
@@ -572,16 +582,7 @@ def test_a_sample_begun_before_a_late_subscribers_place_arrives_or_is_reported_o
     got: dict = {}
     b = Subscriber(endpoint)
     try:
-        with Producer(endpoint, producer_id="g1x", capacity=64 << 10,
-                      heartbeat_interval_s=0.05) as p:
-            b.wait_ready(timeout=20)
-            assert all(_capture(p, "first", 3))
-            p.flush()
-            _take(b, got, lambda: "first" in got, "B to get incarnation 1's sample")
-        _take(b, got, lambda: not b._sock.poll(0) and not b._sources, "B to read the bye")
-        with Producer(endpoint, producer_id="g1x", capacity=64 << 10,
-                      heartbeat_interval_s=0.05) as p:
-            wait_until(lambda: b._sock.poll(0), 30, "B's socket to reconnect")
+        with _b_follows_into_a_second_incarnation(endpoint, "g1x", b, got) as p:
             before(p)
             p.flush()
             _take(b, got, lambda: p.stats()["ring"]["live_consumers"] >= 1, "B to attach")
