@@ -373,10 +373,11 @@ class Source:
         """A ring entry no reader can read (its meta breaks the format: a writer that broke
         ``capture_rows``' promise, a corrupted ring): its numbers, from its notice when that
         came first (matched by ring offset and record sequence), are reported lost with the
-        reason (by this subscriber: not across a durable resume, docs/GUARANTEES.md gap 12). Without this they were named nowhere when the entry was the first one
-        read (nothing below the first number seen counts as missing), and as "not recorded"
-        otherwise (fault hunt 2026-12-05). A notice still on its way is matched when it
-        comes (:meth:`take_entry_notice`)."""
+        reason (by this subscriber: not across a durable resume, docs/GUARANTEES.md gap 12).
+        Without this they were named nowhere when the entry was the first one read (nothing
+        below the first number seen counts as missing), and as "not recorded" otherwise
+        (fault hunt 2026-12-05). A notice still on its way is matched when it comes
+        (:meth:`take_entry_notice`)."""
         why = f"its ring entry at {record.position} cannot be read: {exc}"[:400]
         for seq, notice in self.notices.items():
             if notice.get("offset") == record.position and \
