@@ -130,6 +130,7 @@ nb::dict info_dict(const hsc::SegmentInfo& i) {
     d["reaped"] = i.reaped;
     d["expired"] = i.expired;
     d["next_seq"] = i.next_seq;
+    d["taken"] = i.taken;
     nb::list consumers;
     for (const auto& s : i.consumers) {
         nb::dict c;
@@ -352,6 +353,7 @@ NB_MODULE(_ring, m) {
     sh["committed"] = L::H_COMMITTED;
     sh["control_full"] = L::H_CONTROL_FULL;
     sh["expired"] = L::H_EXPIRED;
+    sh["taken"] = L::H_TAKEN;
     m.attr("SEGMENT_HEADER_OFFSETS") = sh;
 
     m.def("record_total_len", [](uint64_t n) { return L::record_total_len(n); }, "payload_len"_a,
@@ -432,6 +434,9 @@ NB_MODULE(_ring, m) {
         .def("record_seq", &hsc::Producer::record_seq, "position"_a)
         .def("commit", &hsc::Producer::commit, "position"_a)
         .def("abort", &hsc::Producer::abort, "position"_a)
+        .def("store_taken", &hsc::Producer::store_taken, "n"_a,
+             "Publish in the segment header that every sample number below n is taken "
+             "(monotonic: a smaller n is a no-op).")
         .def("reap", &hsc::Producer::reap, nb::call_guard<nb::gil_scoped_release>())
         .def("stats", &stats_dict)
         .def("close", &hsc::Producer::close, "unlink"_a = true)
@@ -496,6 +501,9 @@ NB_MODULE(_ring, m) {
         .def_prop_ro("position", &hsc::Consumer::position)
         .def_prop_ro("released", &hsc::Consumer::released)
         .def_prop_ro("head", &hsc::Consumer::head)
+        .def_prop_ro("taken", &hsc::Consumer::taken,
+                     "The producer's sample numbering: every number below it was taken "
+                     "(captured, dropped or aborted), whether it reached the ring or not.")
         .def_prop_ro("closed", &hsc::Consumer::closed)
         .def(
             "poll",

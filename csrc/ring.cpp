@@ -44,6 +44,9 @@
 //       `released` store (2) that lets the ring pass the chunks it protects, and a larger one
 //       only AFTER the `delivered` store that covers them, so whatever pair of values a crash
 //       leaves is conservative.
+//   (9) taken: only the producer stores it (release, monotonic, as it takes sample numbers);
+//       a consumer acquire-loads it when it retires the incarnation, after the producer is
+//       gone. It publishes nothing else: it only bounds the numbers a retirer reports lost.
 //
 // Liveness is not in shared memory at all: each party holds an OFD lock (fcntl F_OFD_SETLK)
 // on one byte of the segment file; the kernel drops it when the process dies, and anyone can
@@ -610,6 +613,16 @@ uint64_t Producer::record_seq(uint64_t position) {
     return checked_record(position, "record_seq")->seq;
 }
 
+void Producer::store_taken(uint64_t n) {
+    require_open("store_taken");
+    // Only this producer writes `taken`, its caller serializing the calls: a relaxed load of
+    // our own last store suffices for the monotonic check.
+    if (n <= hdr_->taken.load(std::memory_order_relaxed)) return;
+    // SYNC POINT (9) release: pairs with Consumer::taken's acquire load; a retiring consumer
+    // reads it after the producer is gone (no record or other field is published by it).
+    hdr_->taken.store(n, std::memory_order_release);
+}
+
 int Producer::reap() {
     std::lock_guard<std::mutex> guard(mu_);
     require_open("reap");
@@ -976,6 +989,12 @@ void Consumer::store_released(uint64_t position) {
     my_slot_->released.store(position, std::memory_order_release);
 }
 
+uint64_t Consumer::taken() const {
+    require_open("taken");
+    // SYNC POINT (9) acquire: pairs with Producer::store_taken's release store.
+    return hdr_->taken.load(std::memory_order_acquire);
+}
+
 bool Consumer::producer_alive() const {
     require_open("producer_alive");
     return ofd_locked_by_other(map_->fd, PRODUCER_LOCK_OFFSET);
@@ -1040,6 +1059,7 @@ SegmentInfo segment_info(const std::string& name) {
     info.control_full = hdr->control_full.load(std::memory_order_relaxed);
     info.reaped = hdr->reaped.load(std::memory_order_relaxed);
     info.expired = hdr->expired.load(std::memory_order_relaxed);
+    info.taken = hdr->taken.load(std::memory_order_acquire);
     info.next_seq = hdr->next_seq.load(std::memory_order_relaxed);
     for (uint32_t i = 0; i < hdr->max_consumers; ++i) {
         ConsumerSlot& s = slots[i];

@@ -85,10 +85,24 @@ class EntryWriter:
         #: deferred captures (``capture_rows(defer=True)``) waiting to become one entry
         self.stage = stage
         self._stage_layout: tuple = ()   # the layout the staged groups share (set with the first)
-        #: the sequence number the next row takes (under the lock)
-        self.next_seq = 0
+        self._next_seq = 0
         #: set under the lock once no capture may start
         self.closed = False
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next row takes (under the lock)."""
+        return self._next_seq
+
+    @next_seq.setter
+    def next_seq(self, value: int) -> None:
+        # Every number below it is taken from now on: the segment header says so at once
+        # (one store), so that a subscriber retiring this incarnation after a SIGKILL reports
+        # as lost the numbers that never reached the ring (drops still in the backlog, a copy
+        # never committed), which neither a heartbeat nor the leftover file may have named yet
+        self._next_seq = value
+        if self.ring is not None:
+            self.ring.store_taken(value)
 
     def capture_locked(self, row_maps: list[dict[str, Any]], starts: list[int],
                        blocks: list[torch.Tensor], block_cols: list[int], layers: list[int],

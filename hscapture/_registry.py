@@ -297,7 +297,7 @@ class SourceRegistry:
         src.retired = True
         producer = src.producer or "?"
         hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high,
-                      self._leftovers(src))
+                      self._leftovers(src), _taken(src))
         for a, b in src.seqs.missing_below(hb_next):
             src.report_lost(a, b - a, src.lost_reason(a, f"{reason}: never recorded in the "
                                                          f"ring"))
@@ -449,6 +449,19 @@ class SourceRegistry:
             if c is not None and c.capacity:
                 out = max(out, (c.position - c.released) / c.capacity)
         return out
+
+
+def _taken(src: Source) -> int:
+    """The numbers ``src``'s producer took, as its segment header says (0: not attached,
+    or a segment of an older build): a SIGKILL can leave drops named neither by a heartbeat
+    nor by the leftover file, but never this."""
+    consumer = src.consumer
+    if consumer is None or consumer.closed:
+        return 0
+    try:
+        return int(consumer.taken)
+    except Exception:   # unmapped meanwhile: the other bounds stand
+        return 0
 
 
 def _detach(src: Source, unsubscribe: Callable[[bool], bool]) -> None:

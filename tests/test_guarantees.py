@@ -364,6 +364,44 @@ def test_drops_a_killed_producer_held_in_its_backlog_reach_a_drain_that_was_down
     assert not os.path.exists(leftover_path(ready["segment"]))
 
 
+def test_drops_a_producer_held_in_its_backlog_when_killed_reach_a_live_subscriber(
+        endpoint, procs, tmp_path):
+    # A live anonymous subscriber that does not read keeps the small ring full; the producer
+    # drops, drop entries queue in its backlog, and it is SIGKILLed as soon as its captures
+    # return. Heartbeats count only announced numbers and the leftover file follows the
+    # backlog at most every LEFTOVER_INTERVAL_S, so until 2026-12-06 the drops taken after
+    # the file's last write were named nowhere (fault hunt, 6/6 with a kill within 0.05 s).
+    # The segment header now says which numbers the producer took (one store per capture),
+    # and the retiring subscriber reports those it never read: by rid where the ring or the
+    # file names them, else as a lost range.
+    reqs = [[f"b-{i}", 64, 64] for i in range(300)]   # one row each: b-i takes number i
+    prod = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g2b",
+                     capacity=256 << 10, policy="drop", consumers=1, start_on_stdin=True,
+                     close_on_stdin=True)
+    sub = Subscriber(endpoint)
+    try:
+        ready = prod.wait_event("ready")
+        sub.wait_ready(timeout=20)
+        prod.send()
+        captured = prod.wait_event("captured")
+        assert captured["stats"]["backlog"] > 0, captured["stats"]   # the case
+        prod.kill()
+        prod.wait()
+        key = f"g2b@{ready['epoch']:016x}"
+        got: dict = {}
+        _take(sub, got, lambda: key not in sub.stats()["producers"],
+              "the subscriber to retire the killed incarnation")
+        st = sub.stats()
+    finally:
+        sub.close()
+    dropped = set(captured["dropped"])
+    assert set(got) == {r for r, _, _ in reqs} - dropped
+    lost = {f"b-{i}" for x in st["lost"] for i in range(x["first"], x["first"] + x["count"])}
+    named = set(st["dropped"]) | set(st["incomplete"])
+    assert named | lost == dropped, sorted(dropped - named - lost)[:10]
+    assert not lost & set(got)
+
+
 def test_quick_restarts_under_a_running_drain_lose_nothing_even_unheard_incarnations(
         endpoint, procs, tmp_path):
     # A drain waits; three incarnations of one producer id each capture and stop at once,

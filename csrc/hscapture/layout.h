@@ -38,7 +38,7 @@
 //  |                        (pad to 256)                           |     (Aeron: adjacent-line
 //  +---------------------------------------------------------------+ 256 prefetch = 2 lines)
 //  | committed | reserved | aborted | full_count | reaped | next_seq|    producer statistics
-//  | control_full | expired                                       |    (cold-ish, 2 lines)
+//  | control_full | expired | taken                               |    (cold-ish, 2 lines)
 //  |           (u64 atomics, relaxed, written by the producer only) |
 //  +---------------------------------------------------------------+ 384
 //  |                        (pad to HEADER_SIZE)                   |
@@ -151,7 +151,8 @@ constexpr std::size_t H_REAPED = H_FULL_COUNT + sizeof(uint64_t);
 constexpr std::size_t H_NEXT_SEQ = H_REAPED + sizeof(uint64_t);
 constexpr std::size_t H_CONTROL_FULL = H_NEXT_SEQ + sizeof(uint64_t);
 constexpr std::size_t H_EXPIRED = H_CONTROL_FULL + sizeof(uint64_t);
-constexpr std::size_t H_STATS_END = H_EXPIRED + sizeof(uint64_t);
+constexpr std::size_t H_TAKEN = H_EXPIRED + sizeof(uint64_t);
+constexpr std::size_t H_STATS_END = H_TAKEN + sizeof(uint64_t);
 constexpr std::size_t HEADER_SIZE = PAGE_SIZE;
 
 static_assert(H_DESCRIPTOR_END <= H_HEAD, "descriptor overlaps the head's cache lines");
@@ -249,6 +250,14 @@ struct SegmentHeader {
     std::atomic<uint64_t> next_seq;
     std::atomic<uint64_t> control_full;
     std::atomic<uint64_t> expired;
+    // The producer's sample numbering (not the record seq above): every sample number below
+    // it was taken by a capture, drop or abort, whether it reached the ring or not (its
+    // backlog, a copy never committed). Written only by the producer (release store,
+    // monotonic) as it takes numbers; read (acquire) by a subscriber retiring the incarnation
+    // once its producer is gone: numbers below it that it never read are reported lost, so a
+    // SIGKILL cannot hide drops that never left the producer's memory. 0 in a segment of an
+    // older build (the field was padding, zero-filled).
+    std::atomic<uint64_t> taken;
     uint8_t pad2[HEADER_SIZE - H_STATS_END];
 };
 
@@ -302,6 +311,7 @@ static_assert(offsetof(SegmentHeader, reaped) == H_REAPED);
 static_assert(offsetof(SegmentHeader, next_seq) == H_NEXT_SEQ);
 static_assert(offsetof(SegmentHeader, control_full) == H_CONTROL_FULL);
 static_assert(offsetof(SegmentHeader, expired) == H_EXPIRED);
+static_assert(offsetof(SegmentHeader, taken) == H_TAKEN);
 static_assert(sizeof(SegmentHeader) == HEADER_SIZE);
 
 static_assert(offsetof(ConsumerSlot, state) == S_STATE);

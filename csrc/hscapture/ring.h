@@ -110,6 +110,9 @@ public:
     void abort(uint64_t position);
     uint8_t* payload(uint64_t position, uint64_t* payload_len);
     uint64_t record_seq(uint64_t position);
+    // Publish that every sample number below `n` is taken (the header's `taken`; monotonic:
+    // a smaller value is a no-op). The caller serializes its calls (hscapture's capture lock).
+    void store_taken(uint64_t n);
     int reap();
     // 0 (default): a durable slot whose owner is dead or detached bounds the producer forever.
     // > 0: once such a slot has blocked reservations for this long, it is EXPIRED (bounds
@@ -217,6 +220,8 @@ public:
     uint64_t lost_from() const { return lost_from_; }
     uint64_t lost_to() const { return lost_to_; }
     uint64_t head() const;
+    // The producer's `taken` (layout.h): every sample number below it was taken.
+    uint64_t taken() const;
     uint8_t* data() const { return data_; }
     const std::shared_ptr<Mapping>& mapping() const { return map_; }
 
@@ -259,7 +264,7 @@ struct SegmentInfo {
     uint64_t magic, epoch, capacity, head, map_size, data_offset, producer_pid, created_ns, control_reserve;
     uint32_t layout_version, max_consumers;
     bool producer_alive;
-    uint64_t committed, reserved, aborted, full_count, control_full, reaped, expired, next_seq;
+    uint64_t committed, reserved, aborted, full_count, control_full, reaped, expired, next_seq, taken;
     std::vector<SlotInfo> consumers;
 };
 
