@@ -33,7 +33,10 @@ class ControlLog:
         #: rows whose drop/abort could be neither written nor kept (named nowhere)
         self.unrecorded = 0
         self.heard = False          # a subscriber has attached since the producer started
-        self._unheard: list[tuple[int, int, str]] = []   # (position, seq, rid)
+        #: [position, seq, rid, last, discarded] of each row named so far
+        self._unheard: list[list[Any]] = []
+        #: rid -> indices in _unheard of its rows whose sample has not ended (yet)
+        self._open: dict[str, list[int]] = {}
         self._unheard_limit = unheard_rows
         # past the limit, only (position, rows) per entry is kept (bounded too; beyond that,
         # rows are counted as unheard whatever their position: reported, never hidden)
@@ -72,11 +75,27 @@ class ControlLog:
     # -- captures before the first subscriber ----------------------------------------------
 
     def note_unheard(self, item: Any) -> None:
-        """Remember a committed entry's rows while no subscriber has attached yet."""
+        """Remember a committed entry's rows while no subscriber has attached yet, with
+        whether each ends its sample (``last``). What comes later settles a rid's rows that
+        did not: a restart abort discards them (the new attempt is captured again, and
+        arrives), any other abort or a row that ends the sample ends them too (named as
+        ended: the subscriber reports the sample at once, whether or not it read that later
+        entry before the unheard one)."""
+        if item.abort is not None:
+            self._settle_unheard(*item.abort)
+            return
         extra = 0
+        unheard, open_rows = self._unheard, self._open
         for r, row in enumerate(item.rows):
-            if len(self._unheard) < self._unheard_limit:
-                self._unheard.append((item.position, item.seq + r, row["rid"]))
+            rid = row["rid"]
+            # (a drop row carries ``last`` as a batch row does; an abort has no rows)
+            last = bool(row.get("last", True))
+            if last and rid in open_rows:
+                self._settle_unheard(rid, False)
+            if len(unheard) < self._unheard_limit:
+                if not last:
+                    open_rows.setdefault(rid, []).append(len(unheard))
+                unheard.append([item.position, item.seq + r, rid, last, False])
             else:
                 extra += 1
         if extra:
@@ -85,23 +104,34 @@ class ControlLog:
             else:
                 self._overflow_unplaced += extra
 
+    def _settle_unheard(self, rid: str, restart: bool) -> None:
+        """``rid``'s open rows: discarded by a restart (their numbers named as such, never
+        reported), else ended."""
+        for i in self._open.pop(rid, ()):
+            self._unheard[i][4 if restart else 3] = True
+
     def take_unheard(self, first_attach: int, in_flight: Any = ()
-                     ) -> tuple[list[dict[str, Any]], int] | None:
+                     ) -> tuple[list[dict[str, Any]], int, list[int]] | None:
         """The first subscriber attached at ring position ``first_attach``: the rows of
         entries before it (never delivered to it; committed ones noted so far, plus the
-        ``in_flight`` entries not yet committed) and the overflow count, or None if none."""
+        ``in_flight`` entries not yet committed), the overflow count and the numbers of rows
+        a restart discarded, or None if none."""
         self.heard = True
         for item in in_flight:
             if item is not None and item.position < first_attach:
                 self.note_unheard(item)
-        rows = [{"rid": rid, "seq": seq} for pos, seq, rid in self._unheard if pos < first_attach]
         # only rows of entries before the first subscriber's start were never delivered to it
+        before = [u for u in self._unheard if u[0] < first_attach]
+        rows = [{"rid": rid, "seq": seq, "last": last}
+                for _, seq, rid, last, discarded in before if not discarded]
+        discarded = [u[1] for u in before if u[4]]
         overflow = sum(n for pos, n in self._overflow if pos < first_attach) + \
             self._overflow_unplaced
         self._unheard.clear()
+        self._open.clear()
         self._overflow.clear()
         self._overflow_unplaced = 0
-        return (rows, overflow) if rows or overflow else None
+        return (rows, overflow, discarded) if rows or overflow or discarded else None
 
     def unheard_lost(self, n: int) -> None:
         """An unheard entry did not fit in the ring: its rows are only counted."""

@@ -54,6 +54,8 @@ class Pending:
     #: what ``done.query()`` raised when the queue asked: the copy failed (the publish must
     #: report the rows, never commit them)
     error: BaseException | None = None
+    #: an abort entry's (rid, restart): the unheard list settles the rid's open rows by it
+    abort: tuple[str, bool] | None = None
 
 
 #: :meth:`PublishQueue.next_for_publisher`'s answer once the close marker was reached

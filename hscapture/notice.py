@@ -1,4 +1,4 @@
-"""Notices on the ZeroMQ wire, and the rules every part of hscapture shares (protocol v2).
+"""Notices on the ZeroMQ wire, and the rules every part of hscapture shares (protocol v3).
 
 This module implements docs/PROTOCOL.md "Notices" and "rid rules" and nothing else does:
 
@@ -51,7 +51,7 @@ __all__ = [
     "unpack_canonical",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: dtype name → item size in bytes. Names are torch's (``str(torch.bfloat16)[6:]``).
 DTYPES: dict[str, int] = {

@@ -1,4 +1,4 @@
-"""The producer: engine-agnostic capture into the ring, announced over ZeroMQ (protocol v2).
+"""The producer: engine-agnostic capture into the ring, announced over ZeroMQ (protocol v3).
 
 One :meth:`Producer.capture_batch` call (one forward pass of an engine) becomes ONE ring entry:
 one reservation, one encoded meta (:mod:`hscapture.record`), one CUDA event on the caller's

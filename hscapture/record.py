@@ -1,4 +1,4 @@
-"""Ring entries (protocol v2): the one codec that frames and parses ring payloads.
+"""Ring entries (protocol v3): the one codec that frames and parses ring payloads.
 
 docs/PROTOCOL.md "Ring entries" is the contract; this module implements it and nothing else
 frames or parses a payload. A payload is::
@@ -106,7 +106,7 @@ _KEYS = {
     "batch": frozenset(_BATCH_KEYS),
     "drop": frozenset(_COMMON_KEYS + ("reason", "rows")),
     "abort": frozenset(_COMMON_KEYS + ("rid", "reason", "restart", "extra")),
-    "unheard": frozenset(_COMMON_KEYS + ("rows", "overflow")),
+    "unheard": frozenset(_COMMON_KEYS + ("rows", "overflow", "discarded")),
 }
 #: Canonical key order of a batch row.
 ROW_KEYS = ("rid", "token_start", "token_count", "last", "cached_prefix", "extra", "fields")
@@ -120,7 +120,7 @@ _ALL_AT_ONCE_ROWS = 6
 _ONLY_STR, _ONLY_INT = frozenset((str,)), frozenset((int,))
 _ONLY_BOOL, _ONLY_DICT = frozenset((bool,)), frozenset((dict,))
 _DROP_ROW_KEYS = frozenset(("rid", "token_start", "token_count", "last"))
-_UNHEARD_ROW_KEYS = frozenset(("rid", "seq"))
+_UNHEARD_ROW_KEYS = frozenset(("rid", "seq", "last"))
 
 # fixmap of the 15 placement-independent batch keys, map16 of all 18
 assert len(_BATCH_KEYS) == 18 and len(_BATCH_KEYS) - len(_PLACEMENT_KEYS) == 15
@@ -398,13 +398,17 @@ def abort_meta(producer: str, epoch: int, seq: int, dp_rank: int, rid: str, reas
 
 
 def unheard_meta(producer: str, epoch: int, seq: int, dp_rank: int,
-                 rows: Sequence[Mapping[str, Any]], overflow: int) -> dict[str, Any]:
-    """An ``unheard`` meta naming ``rows`` (maps with rid, seq) committed or dropped while no
-    subscriber was attached, plus ``overflow`` more it could not name. ``seq`` is the
-    producer's next sequence number (informational; unheard takes none)."""
+                 rows: Sequence[Mapping[str, Any]], overflow: int,
+                 discarded: Sequence[int] = ()) -> dict[str, Any]:
+    """An ``unheard`` meta naming ``rows`` (maps with rid, seq, last: whether the row's sample
+    ended) committed or dropped while no subscriber was attached, plus ``overflow`` more it
+    could not name and the numbers of rows a restart abort ``discarded`` (their sample was
+    captured again: nothing to report). ``seq`` is the producer's next sequence number
+    (informational; unheard takes none)."""
     return {"v": PROTOCOL_VERSION, "kind": "unheard", "producer": producer, "epoch": epoch,
             "seq": seq, "dp_rank": dp_rank,
-            "rows": [{"rid": r["rid"], "seq": r["seq"]} for r in rows], "overflow": overflow}
+            "rows": [{"rid": r["rid"], "seq": r["seq"], "last": bool(r["last"])} for r in rows],
+            "overflow": overflow, "discarded": [int(x) for x in discarded]}
 
 
 def control_payload(meta: Mapping[str, Any], *, check: bool = True) -> bytes:
@@ -780,12 +784,17 @@ def _check_entry_meta(meta: Any, meta_len: int, payload_len: int, epoch: Any,
         else:
             rows = _list("unheard meta 'rows'", meta["rows"])
             overflow = _int("unheard meta 'overflow'", meta["overflow"], 0, _I63)
-            if not rows and not overflow:
-                raise _fail("unheard meta: expected named rows or overflow > 0, found neither")
+            discarded = _list("unheard meta 'discarded'", meta["discarded"])
+            if not rows and not overflow and not discarded:
+                raise _fail("unheard meta: expected named rows, discarded numbers or overflow "
+                            "> 0, found none")
+            for i, x in enumerate(discarded):
+                _int(f"unheard meta 'discarded' [{i}]", x, 0, seq)
             for r, row in enumerate(rows):
                 _keys(f"unheard row {r}", row, _UNHEARD_ROW_KEYS)
                 _rid(f"unheard row {r} 'rid'", row["rid"])
                 _int(f"unheard row {r} 'seq'", row["seq"], 0, seq)
+                _bool(f"unheard row {r} 'last'", row["last"])
             n = 0
     if seq + n > _U64:
         raise _fail(f"{kind} meta: seq + n = {seq + n} exceeds 2**64")

@@ -90,14 +90,15 @@ def record_seeds() -> list[bytes]:
         rc.control_payload(rc.abort_meta(PRODUCER, EPOCH, 11, 0, "req-a", "client", True,
                                          {"attempt": 2})),
         rc.control_payload(rc.unheard_meta(PRODUCER, EPOCH, 12, 0,
-                                           [{"rid": "req-a", "seq": 0}, {"rid": "x", "seq": 3}],
-                                           5)),
+                                           [{"rid": "req-a", "seq": 0, "last": False},
+                                            {"rid": "x", "seq": 3, "last": True}],
+                                           5, [1, 2])),
     ]
 
 
 def notice_seeds(records: list[bytes]) -> list[bytes]:
     meta = records[0][4:4 + int.from_bytes(records[0][:4], "little")]
-    base = {"v": 2, "producer": PRODUCER, "epoch": EPOCH}
+    base = {"v": 3, "producer": PRODUCER, "epoch": EPOCH}
     return [
         nt.encode(nt.entry_notice(PRODUCER, EPOCH, 0, 2, "batch", "hscapture-1-fuzz-00", 8192,
                                   len(records[0]), 4, meta)),

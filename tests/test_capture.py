@@ -236,7 +236,7 @@ def _connected(fake, sub, timeout: float = 10.0) -> None:
     arrives. The probe is a ``bye`` of an incarnation nobody attached to, which the subscriber
     counts as ``before_attach`` and nothing else (later probes still in flight add to that
     count only)."""
-    probe = nt.encode({"v": 2, "kind": "bye", "producer": "probe", "epoch": 99,
+    probe = nt.encode({"v": 3, "kind": "bye", "producer": "probe", "epoch": 99,
                        "next_seq": 0, "time_ns": 0})
     deadline = time.monotonic() + timeout
     while sub.stats().get("before_attach", 0) == 0:
@@ -358,7 +358,7 @@ def test_a_restarted_producer_gets_a_new_epoch_and_old_notices_are_rejected(endp
             assert sample2.epoch == new["epoch"]
             assert_sample_exact(sample2, "half", 64, HIDDEN, LAYERS)
             # a notice of the old incarnation arriving now is rejected, never mixed in
-            stale = nt.encode({"v": 2, "kind": "heartbeat", "producer": "test",
+            stale = nt.encode({"v": 3, "kind": "heartbeat", "producer": "test",
                                "epoch": old["epoch"], "pid": 1, "segment": "x", "next_seq": 0,
                                "head": 0, "committed": 0, "dropped": 0, "unrecorded": 0,
                                "backlog": 0, "recorded_through": 0, "errors": 0,
@@ -385,7 +385,7 @@ def test_malformed_truncated_and_wrong_version_notices_never_crash_either_side(
         with p, sub:
             sub._sock.connect(fake_ep)
             _connected(fake, sub)
-            good = nt.encode({"v": 2, "kind": "bye", "producer": "x", "epoch": 5,
+            good = nt.encode({"v": 3, "kind": "bye", "producer": "x", "epoch": 5,
                               "next_seq": 0, "time_ns": 0})
             bad = [b"", b"\xc1", good[: len(good) // 2], msgpack.packb([1, 2, 3]),
                    msgpack.packb({"v": 99, "kind": "bye"}),

@@ -767,6 +767,75 @@ def test_captures_before_a_first_subscriber_that_attached_just_before_close_are_
         sub.close()
 
 
+@pytest.mark.parametrize("fate", ["restart at once", "restart once it is held",
+                                  "abort at once", "last chunk after the attach"])
+def test_a_sample_begun_before_the_first_subscriber_is_reported_only_as_what_became_of_it(
+        endpoint, fate):
+    # Its first chunk was committed before any subscriber attached, so the unheard entry
+    # names it; what comes next decides. A restart abort (a retraction's re-prefill) discards
+    # that chunk and the sample is captured again whole: it must arrive, unreported. Until
+    # protocol v3 the unheard entry could not say a row did not end its sample, and the
+    # sample was delivered AND reported dropped (fault hunt s3_unheard_restart.py, 6/8).
+    # Whether the abort comes before or after the entry naming the chunk (written at the
+    # heartbeat after the attach) must not matter. An abort ends it: reported once. Its last
+    # chunk after the attach: reported once (incomplete), never delivered short.
+    with Producer(endpoint, producer_id="g2r", capacity=4 << 20,
+                  heartbeat_interval_s=0.5) as p:
+        assert _chunk(p, "x", 4, 0, 2)
+        p.flush()
+        with Subscriber(endpoint, incomplete_timeout_s=60) as sub:
+            sub.wait_ready(timeout=20)
+            assert p.wait_for_consumers(1, timeout_s=20)
+            if fate == "restart once it is held":
+                wait_until(lambda: (sub.pump(0.02), "x" in sub.in_flight())[1], 20,
+                           "the unheard entry naming x's first chunk")
+            if fate.startswith("restart"):
+                p.abort("x", "retracted", restart=True)
+                _capture(p, "x", 4, chunk=2)
+            elif fate == "abort at once":
+                p.abort("x", "client cancelled")
+            else:
+                assert _chunk(p, "x", 4, 2, 4)
+            _capture(p, "end", 1)
+            p.flush()
+            got = {}
+            _take(sub, got, lambda: "end" in got and "x" not in sub.in_flight(),
+                  "the marker, and x settled")
+            failures = [f for f in sub.failures() if f[1] == "x"]
+            if fate.startswith("restart"):
+                assert "x" in got and not failures, failures
+                check_exact(got["x"].tensors, got["x"].token_ids, "x", 4)
+            else:
+                assert "x" not in got and len(failures) == 1, failures
+            assert not sub.stats()["lost"]
+
+
+def test_a_following_subscriber_counts_a_chunk_a_restart_discarded_before_it_attached(
+        endpoint):
+    # B read incarnation 1, so it is promised incarnation 2's numbers from 0. x's first
+    # chunk, committed before B attached, is discarded by a restart abort and x captured
+    # again whole: the unheard entry names that chunk's number as discarded (protocol v3),
+    # so B gets x and reports neither x nor a lost number
+    got: dict = {}
+    b = Subscriber(endpoint)
+    try:
+        with _b_follows_into_a_second_incarnation(endpoint, "g2f", b, got) as p:
+            assert _chunk(p, "x", 4, 0, 2)
+            p.flush()
+            _take(b, got, lambda: p.stats()["ring"]["live_consumers"] >= 1, "B to attach")
+            p.abort("x", "retracted", restart=True)
+            assert all(_capture(p, "x", 4, chunk=2))
+            assert all(_capture(p, "end", 1))
+            p.flush()
+            _take(b, got, lambda: "end" in got and "x" in got, "x and the marker")
+        _take(b, got, lambda: not b._sources, "B to retire incarnation 2")
+        check_exact(got["x"].tensors, got["x"].token_ids, "x", 4)
+        st = b.stats()
+        assert not b.failures() and not st["lost"] and not st["in_flight"], st
+    finally:
+        b.close()
+
+
 def test_wait_for_subscribers_holds_the_first_captures_until_one_attached(
         endpoint, procs, tmp_path):
     reqs = requests(20, seed=2)
@@ -1605,11 +1674,11 @@ def test_forged_notices_are_cross_checked_cheap_and_discard_nothing(endpoint):
                 wait_until(lambda: (sub.pump(0.02), _hb_next(sub) >= 0)[1], 5, "a heartbeat")
                 _capture(p, "before", 4)
                 assert sub.get("before", timeout=10)
-                hb = {"v": 2, "kind": "heartbeat", "producer": "g10", "epoch": p.epoch,
+                hb = {"v": 3, "kind": "heartbeat", "producer": "g10", "epoch": p.epoch,
                       "pid": os.getpid(), "segment": p.segment, "next_seq": 3_000_000,
                       "head": 0, "committed": 0, "dropped": 0, "unrecorded": 0, "backlog": 0,
                       "recorded_through": 3_000_000, "errors": 0, "time_ns": time.time_ns()}
-                hello = {"v": 2, "kind": "hello", "producer": "g10", "epoch": p.epoch ^ 1,
+                hello = {"v": 3, "kind": "hello", "producer": "g10", "epoch": p.epoch ^ 1,
                          "pid": 1, "segment": p.segment, "capacity": 1 << 20,
                          "time_ns": time.time_ns()}
                 wait_until(lambda: (rogue.send(nt.encode(hb)), sub.pump(0.02),

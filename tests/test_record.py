@@ -1,4 +1,4 @@
-"""Ring entries (protocol v2): golden bytes, the batch layout's fixed point, full round trips,
+"""Ring entries (protocol v3): golden bytes, the batch layout's fixed point, full round trips,
 every block rule, and a parser that raises nothing but RecordFormatError for any bytes."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def golden_batch_payload(plan: rc.Plan) -> bytes:
 # --- golden bytes: these pin the ring entry format; a change here is a protocol change -----
 
 GOLDEN_BATCH = (
-    "78010000de0012a17602a46b696e64a56261746368a870726f6475636572a27030a565706f6368cd1234a373"
+    "78010000de0012a17603a46b696e64a56261746368a870726f6475636572a27030a565706f6368cd1234a373"
     "657107a764705f72616e6b00a66c617965727392031fab6c617965725f6b696e647392a8726573696475616c"
     "aa66696e616c5f6e6f726daa636f6e76656e74696f6ea26866a56d6f64656ca16da668696464656e02a56474"
     "797065a862666c6f61743136a6746f6b656e7303a96c617965725f6d617092920000920002a4726f77739287"
@@ -56,18 +56,18 @@ GOLDEN_BATCH = (
     "06000700080009000a000b000000000000000000000000000000000000000000000000000000000000000000"
     "00000000000000006500000066000000c9000000")
 GOLDEN_DROP = (
-    "9e00000088a17602a46b696e64a464726f70a870726f6475636572a27030a565706f6368cd1234a373657109"
+    "9e00000088a17603a46b696e64a464726f70a870726f6475636572a27030a565706f6368cd1234a373657109"
     "a764705f72616e6b00a6726561736f6ea972696e675f66756c6ca4726f77739284a3726964a57265712d61ab"
     "746f6b656e5f737461727400ab746f6b656e5f636f756e7402a46c617374c284a3726964a57265712d62ab74"
     "6f6b656e5f737461727404ab746f6b656e5f636f756e7401a46c617374c3")
 GOLDEN_ABORT = (
-    "690000008aa17602a46b696e64a561626f7274a870726f6475636572a27030a565706f6368cd1234a3736571"
+    "690000008aa17603a46b696e64a561626f7274a870726f6475636572a27030a565706f6368cd1234a3736571"
     "0aa764705f72616e6b00a3726964a57265712d61a6726561736f6eac636c69656e745f61626f7274a7726573"
     "74617274c3a5657874726181a7617474656d707401")
 GOLDEN_UNHEARD = (
-    "6400000088a17602a46b696e64a7756e6865617264a870726f6475636572a27030a565706f6368cd1234a373"
-    "65710ba764705f72616e6b00a4726f77739282a3726964a57265712d61a37365710782a3726964a57265712d"
-    "62a373657108a86f766572666c6f7703")
+    "7c00000089a17603a46b696e64a7756e6865617264a870726f6475636572a27030a565706f6368cd1234a373"
+    "65710ba764705f72616e6b00a4726f77739283a3726964a57265712d61a373657107a46c617374c283a37269"
+    "64a57265712d62a373657108a46c617374c3a86f766572666c6f7703a96469736361726465649106")
 
 
 def golden_drop() -> bytes:
@@ -81,7 +81,8 @@ def golden_abort() -> bytes:
 
 def golden_unheard() -> bytes:
     return rc.control_payload(rc.unheard_meta(
-        "p0", EPOCH, 11, 0, [{"rid": "req-a", "seq": 7}, {"rid": "req-b", "seq": 8}], 3))
+        "p0", EPOCH, 11, 0, [{"rid": "req-a", "seq": 7, "last": False}, {"rid": "req-b", "seq": 8, "last": True}],
+        3, [6]))
 
 
 def read(payload: bytes, **kw) -> rc.Entry:
@@ -431,7 +432,7 @@ def test_the_base_meta_is_valid():
     (("seq",), -1, "'seq'"),
     (("seq",), 2**64 - 1, "seq \\+ n"),
     (("epoch",), EPOCH + 1, "the ring's"),
-    (("v",), 1, "protocol version 2, found 1"),
+    (("v",), 1, "protocol version 3, found 1"),
     (("kind",), "record", "'kind'"),
     (("producer",), "", "producer id"),
     (("dp_rank",), -1, "dp_rank"),
@@ -589,9 +590,14 @@ def test_every_control_rule_violation_is_a_record_format_error(build, path, valu
 
 def test_an_unheard_entry_names_something():
     meta = msgpack.unpackb(golden_unheard()[4:])
-    meta.update(rows=[], overflow=0)
-    with pytest.raises(RecordFormatError, match="neither"):
+    meta.update(rows=[], overflow=0, discarded=[])
+    with pytest.raises(RecordFormatError, match="found none"):
         read(framed(meta))
+    meta.update(discarded=[11])          # at or past the entry's own seq
+    with pytest.raises(RecordFormatError, match="'discarded' \\[0\\]"):
+        read(framed(meta))
+    meta.update(discarded=[10])
+    assert read(framed(meta)).meta["discarded"] == [10]
 
 
 def test_framing_errors_are_record_format_errors():
