@@ -147,7 +147,9 @@ class Delivery:
                 seq = row["seq"]
                 if src.seqs.seen(seq):
                     continue
-                if row["last"]:
+                if self.rid_filter is not None and not self.rid_filter(row["rid"]):
+                    pass      # (not skip_rid: a drain still names a failure it wrote)
+                elif row["last"]:
                     src.cut.pop(row["rid"], None)
                     key = (src.epoch, row["rid"])
                     if not self.ledger.has_failed(key):   # (an abort read first named it)

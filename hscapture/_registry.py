@@ -243,6 +243,12 @@ class SourceRegistry:
                 # a restarted producer we read: its samples are ours from its first one
                 src.follow_from_start(int(consumer.position))
             self._followed.add(producer)
+        if not src.continuing and not src.resumed:
+            # a new place: the numbers the producer takes from now on are ours, so those it
+            # took but never committed before it died are reported even when we read nothing
+            # of it (until 2026-12-06 nothing below the first number read counted as
+            # missing, and with nothing read nothing did: fault hunt 2026-12-06, a1/a2)
+            src.seqs.promise_from(_taken(src))
         if getattr(consumer, "expired", False):
             lost = consumer.lost_to - consumer.lost_from
             self.ledger.error(f"durable subscription {self.name!r} on {segment} expired while "

@@ -22,13 +22,25 @@ class SequenceTracker:
         self._starts: list[int] = []
         self._ends: list[int] = []
         self.base: int | None = None
+        #: numbers below it were never promised (:meth:`promise_from`): ``base`` stays at or
+        #: above it whatever is seen later
+        self.floor: int | None = None
+
+    def promise_from(self, first: int) -> None:
+        """Every number from ``first`` on is promised, none below: gaps are counted from
+        ``first`` even before anything is seen, and a number below it seen later (a drop
+        the producer's backlog wrote out of order) does not make the numbers between it and
+        ``first`` missing."""
+        self.floor = first
+        if self.base is None or self.base < first:
+            self.base = first
 
     def add(self, seq: int, n: int) -> int:
         """Mark ``[seq, seq + n)`` seen; return how many of those numbers were seen before."""
         if n <= 0:
             return 0
         if self.base is None:
-            self.base = seq
+            self.base = seq if self.floor is None else max(seq, self.floor)
         end = seq + n
         # first range ending at or after seq: an adjacent range merges, so numbers that arrive
         # in order stay ONE range (the cost of every query is the number of gaps, not entries)
@@ -43,8 +55,10 @@ class SequenceTracker:
             j += 1
         self._starts[i:j] = [new_s]
         self._ends[i:j] = [new_e]
-        if seq < self.base:
+        if seq < self.base and (self.floor is None or seq >= self.floor):
             self.base = seq
+        elif self.floor is not None and seq < self.floor < self.base:
+            self.base = self.floor
         return dup
 
     @property

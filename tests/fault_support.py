@@ -17,7 +17,9 @@ their chunks captured in random order across them) [1], ``rate`` (requests per s
 as fast as possible) [0], ``aborts``: rids aborted after their first chunk [[]], ``seed``
 [0], ``start_on_stdin`` [False], ``close_on_stdin`` [False], ``pause_after`` (after that
 many requests: flush, print ``paused``, wait for a line on stdin) [None], ``hard_exit``
-(``os._exit`` instead of ``close()``) [False].
+(``os._exit`` instead of ``close()``) [False], ``commit_grace_s`` [the producer's],
+``kill_unflushed`` (after the last capture, print ``unflushed`` with each capture's result
+and SIGKILL itself before any flush) [False].
 """
 
 from __future__ import annotations
@@ -296,7 +298,9 @@ def produce(spec: dict[str, Any]) -> None:
                  wait_for_subscribers_s=spec.get("wait_for_subscribers_s", 30.0),
                  heartbeat_interval_s=spec.get("heartbeat_interval_s", 0.05),
                  max_consumers=spec.get("max_consumers", 8),
-                 publish_interval_s=spec.get("publish_interval_s", 0.0))
+                 publish_interval_s=spec.get("publish_interval_s", 0.0),
+                 **({"commit_grace_s": spec["commit_grace_s"]} if "commit_grace_s" in spec
+                    else {}))
     _emit("ready", epoch=p.epoch, segment=p.segment, pid=os.getpid())
     if spec.get("consumers"):
         if not p.wait_for_consumers(spec["consumers"], timeout_s=60):
@@ -347,6 +351,9 @@ def produce(spec: dict[str, Any]) -> None:
                 ahead = started + done_requests / rate - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)   # pacing the load, not synchronization
+    if spec.get("kill_unflushed"):
+        _emit("unflushed", dropped=sorted(dropped))
+        os.kill(os.getpid(), signal.SIGKILL)
     p.flush()
     stats = {k: v for k, v in p.stats().items() if isinstance(v, int)}
     _emit("captured", dropped=sorted(dropped), stats=stats)

@@ -402,6 +402,42 @@ def test_drops_a_producer_held_in_its_backlog_when_killed_reach_a_live_subscribe
     assert not lost & set(got)
 
 
+def test_a_capture_never_committed_before_a_sigkill_is_reported_to_a_subscriber_that_read_nothing(
+        endpoint, procs, tmp_path):
+    # A reads w0; B attaches after it and reads nothing. x's capture returns True but its
+    # entry waits out the commit grace, and the producer is SIGKILLed first. x's number was
+    # taken after B attached: promised to B, so reported to it as lost (as to A). Until
+    # 2026-12-06 B counted nothing as missing below the first number it read, and it read
+    # none: x was named nowhere (fault hunt 2026-12-06, a1: 7/7)
+    reqs = [["w0", 4, 4], ["x", 4, 4]]
+    prod = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g2u",
+                     consumers=1, pause_after=1, publish_interval_s=5.0, commit_grace_s=5.0,
+                     kill_unflushed=True)
+    a, b = Subscriber(endpoint), None
+    try:
+        got_a: dict = {}
+        ready = prod.wait_event("ready")
+        _take(a, got_a, lambda: "w0" in got_a, "A to get w0")
+        b = Subscriber(endpoint)
+        got_b: dict = {}
+        _take(b, got_b, lambda: sum(c["state"] == "active" for c in _slots(ready["segment"])) >= 2,
+              "B to attach")
+        prod.send()
+        assert prod.wait_event("unflushed")["dropped"] == []
+        prod.wait()
+        key = f"g2u@{ready['epoch']:016x}"
+        for sub, got in ((a, got_a), (b, got_b)):
+            _take(sub, got, lambda: key not in sub.stats()["producers"], "the retire")
+            assert "x" not in got
+            assert [(x["first"], x["count"]) for x in sub.stats()["lost"]] == [(1, 1)], \
+                sub.stats()["lost"]
+        assert not got_b
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
 def test_quick_restarts_under_a_running_drain_lose_nothing_even_unheard_incarnations(
         endpoint, procs, tmp_path):
     # A drain waits; three incarnations of one producer id each capture and stop at once,
@@ -834,6 +870,25 @@ def test_a_following_subscriber_counts_a_chunk_a_restart_discarded_before_it_att
         assert not b.failures() and not st["lost"] and not st["in_flight"], st
     finally:
         b.close()
+
+
+def test_captures_before_the_first_subscriber_are_named_only_for_the_rids_it_wants(endpoint):
+    # rid_filter turns rids away from every report (2d); the unheard entry's rows too (until
+    # 2026-12-06 a whole sample named there was reported whatever the filter: fault hunt c1)
+    with Producer(endpoint, producer_id="g2k", capacity=4 << 20,
+                  heartbeat_interval_s=0.05) as p:
+        assert all(_capture(p, "k1", 2)) and all(_capture(p, "z1", 2))
+        assert _chunk(p, "z2", 4, 0, 2)
+        p.flush()
+        with Subscriber(endpoint, rid_filter=lambda rid: rid.startswith("k")) as sub:
+            sub.wait_ready(timeout=20)
+            assert p.wait_for_consumers(1, timeout_s=20)
+            _capture(p, "k-end", 1)
+            p.flush()
+            got: dict = {}
+            _take(sub, got, lambda: "k-end" in got and "k1" in sub.dropped, "k1's report")
+            assert set(sub.dropped) == {"k1"} and "z2" not in sub.in_flight()
+            assert not sub.incomplete
 
 
 def test_wait_for_subscribers_holds_the_first_captures_until_one_attached(

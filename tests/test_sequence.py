@@ -35,3 +35,18 @@ def test_numbers_arriving_in_order_stay_one_range():
     for seq in range(0, 100_000, 4):
         t.add(seq, 4)
     assert len(t._starts) == 1 and t.missing() == []
+
+
+def test_numbers_below_a_promise_never_count_as_missing_whatever_is_seen_later():
+    # a late subscriber is promised the numbers the producer takes from its attach on: gaps
+    # count from there before anything is read, and a drop the backlog wrote out of order
+    # (a number below the promise, named by rid) does not make the numbers between it and
+    # the promise missing (fault hunt 2026-12-06, e1)
+    t = SequenceTracker()
+    t.promise_from(5)
+    assert t.missing_below(8) == [(5, 8)]
+    assert t.add(2, 1) == 0
+    assert t.missing_below(8) == [(5, 8)] and t.base == 5
+    t.add(6, 1)
+    assert t.missing_below(8) == [(5, 6), (7, 8)]
+    assert t.seen(2) and t.seen(6) and not t.seen(5)
