@@ -226,6 +226,10 @@ class Announcer:
                 unheard = control.take_unheard(first_attach(self.ring.name), in_flight)
                 if unheard is not None:
                     entries.write_unheard_locked(*unheard)
+                    # the head this heartbeat names lies past the unheard entry: a subscriber
+                    # counts its losses only once it read that far (Source.heartbeat_losses),
+                    # so it reads the rows named by rid before it would count them lost
+                    ring = self.ring.stats()
             hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self._settings.segment,
                   "next_seq": self.announced, "head": int(ring["head"]),
                   "committed": int(ring["committed"]), "dropped": self._counters["dropped"],

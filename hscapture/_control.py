@@ -83,6 +83,11 @@ class ControlLog:
         entry before the unheard one)."""
         if item.abort is not None:
             self._settle_unheard(*item.abort)
+            # its number names nothing to report (the rows it settled are named, or
+            # discarded): listed with the discarded ones, so that a subscriber promised every
+            # number (a follower of a restarted producer) does not count it lost
+            if len(self._unheard) < self._unheard_limit:
+                self._unheard.append([item.position, item.seq, item.abort[0], True, True])
             return
         extra = 0
         unheard, open_rows = self._unheard, self._open
