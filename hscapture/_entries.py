@@ -99,7 +99,11 @@ class EntryWriter:
         # Every number below it is taken from now on: the segment header says so at once
         # (one store), so that a subscriber retiring this incarnation after a SIGKILL reports
         # as lost the numbers that never reached the ring (drops still in the backlog, a copy
-        # never committed), which neither a heartbeat nor the leftover file may have named yet
+        # never committed), which neither a heartbeat nor the leftover file may have named yet.
+        # A capture stores its numbers BEFORE it reserves their entry as well: a subscriber
+        # registering between the two would otherwise read a `taken` below the numbers of an
+        # entry that lies before its place, and count them as promised and missing (a false
+        # loss, fault hunt 2026-12-06 k1/k2: 1 of 456 subscribers without injected delays)
         self._next_seq = value
         if self.ring is not None:
             self.ring.store_taken(value)
@@ -122,6 +126,7 @@ class EntryWriter:
         except HSCaptureError as exc:
             raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
         t1 = time.perf_counter_ns() if timed else 0
+        self.ring.store_taken(seq + len(row_maps))   # before the reserve: see next_seq
         position = self.reserve(plan.length, plan.tag)
         if position == -1 and self._settings.full_policy == "wait" and may_wait:
             return None
@@ -205,6 +210,7 @@ class EntryWriter:
             self.drop_locked(seq, maps, f"encode_error: {exc}"[:200], 0)
             return
         t1 = time.perf_counter_ns() if timed else 0
+        self.ring.store_taken(seq + len(maps))       # before the reserve: see next_seq
         position = self.reserve(plan.length, plan.tag)
         if position == -2 and len(rows) > 1:      # too large as one entry: halves
             half = len(rows) // 2

@@ -98,6 +98,13 @@ class SourceRegistry:
         src.last_seen = time.monotonic()
         kind = msg["kind"]
         if kind == "entry":
+            if msg["entry_kind"] == "unheard":
+                # its seq is the producer's next number (it takes none): kept, it stood for
+                # the notice of the entry that takes that number, which a read of that entry
+                # before its own notice then found "disagreeing" and rejected (an intact
+                # sample rejected; a restart abort skipped, its sample delivered AND reported:
+                # fault hunt 2026-12-06, k3, k4). The ring is read whatever the notice.
+                return
             src.take_entry_notice(msg)
             if src.continuing and msg["offset"] < src.start:
                 self._name_unreadable(src, msg)
