@@ -38,7 +38,12 @@ class Prod:
     def __init__(self, spec):
         f = HERE / f"spec-{uuid.uuid4().hex[:8]}.json"
         f.write_text(json.dumps(spec))
-        self.proc = subprocess.Popen([PY, str(HERE / "prod.py"), str(f)], stdin=subprocess.PIPE,
+        # spec["script"]: a producer script beside the calling reproducer (another hunt's
+        # folder), else this folder's prod.py
+        script = Path(sys.argv[0]).resolve().parent / spec.get("script", "prod.py")
+        if not script.exists():
+            script = HERE / "prod.py"
+        self.proc = subprocess.Popen([PY, str(script), str(f)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events = []
         self.cond = threading.Condition()

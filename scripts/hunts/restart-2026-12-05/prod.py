@@ -9,7 +9,7 @@ def emit(ev, **kw):
     print(json.dumps({"event": ev, **kw}), flush=True)
 
 spec = json.load(open(sys.argv[1]))
-p = Producer(spec["endpoint"], producer_id=spec.get("producer_id", "hr"),
+p = Producer(spec["endpoint"], producer_id=spec.get("producer_id", "hr"), **spec.get("kw", {}),
              capacity=spec.get("capacity", 1 << 20), full_policy=spec.get("policy", "drop"),
              heartbeat_interval_s=spec.get("hb", 0.05), max_consumers=spec.get("max_consumers", 8))
 emit("ready", epoch=p.epoch, segment=p.segment, pid=os.getpid())
@@ -42,6 +42,8 @@ for op in spec["plan"]:
         sys.stdin.readline()
     elif k == "consumers":
         p.wait_for_consumers(op[1], timeout_s=60)
+    elif k == "flush_no":
+        emit("capd", caps=pending)
     elif k == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif k == "sleep":

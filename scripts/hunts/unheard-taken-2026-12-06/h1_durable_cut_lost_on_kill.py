@@ -6,7 +6,7 @@ same directory runs to idle. Expect 'a' named (incomplete) by some drain's repor
 import sys, time, json, subprocess, os, signal, tempfile
 from common import *
 
-HS = "/work/main/.venv/bin/hscapture"
+HS = str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "hscapture")
 
 def drain(ep, out, extra=()):
     return subprocess.Popen([HS, "drain", "-e", ep, "-o", out, "--json", "--flush-every", "1K", *extra],

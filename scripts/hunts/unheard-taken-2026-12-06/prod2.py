@@ -2,7 +2,7 @@
 spinner threads (GIL contention), for D seconds; logs every chunk's seq at the end."""
 import json, os, sys, threading, time
 from pathlib import Path
-sys.path.insert(0, str(Path("/work/main/tests")))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from fault_support import source, LAYERS
 from hscapture import Producer
 

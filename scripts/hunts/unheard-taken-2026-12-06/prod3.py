@@ -1,7 +1,7 @@
 """A producer process: runs a JSON plan of ops; prints events."""
 import json, os, signal, sys, time
 from pathlib import Path
-sys.path.insert(0, str(Path("/work/main/tests")))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from fault_support import source, LAYERS
 from hscapture import Producer
 
