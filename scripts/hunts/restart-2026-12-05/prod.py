@@ -13,6 +13,30 @@ p = Producer(spec["endpoint"], producer_id=spec.get("producer_id", "hr"), **spec
              capacity=spec.get("capacity", 1 << 20), full_policy=spec.get("policy", "drop"),
              heartbeat_interval_s=spec.get("hb", 0.05), max_consumers=spec.get("max_consumers", 8))
 emit("ready", epoch=p.epoch, segment=p.segment, pid=os.getpid())
+# injected delays, inert until the ops "slow" / "slowcommit" arm them for one use: the
+# capturing thread descheduled between ring.reserve (head moves) and the segment header's
+# store_taken; the publishing thread between ring.commit and the entry notice's send
+SLOW = [0.0]
+SLOWC = [0.0]
+_E = p._entries
+_orig_reserve = _E.reserve
+def _reserve(length, tag):
+    pos = _orig_reserve(length, tag)
+    if SLOW[0]:
+        d, SLOW[0] = SLOW[0], 0.0
+        emit("reserved", position=pos)
+        time.sleep(d)
+    return pos
+_E.reserve = _reserve
+class _RingProxy:
+    def __init__(self, real): self._real = real
+    def __getattr__(self, k): return getattr(self._real, k)
+    def commit(self, position):
+        self._real.commit(position)
+        if SLOWC[0]:
+            d, SLOWC[0] = SLOWC[0], 0.0
+            time.sleep(d)
+p._announcer.ring = _RingProxy(p._announcer.ring)
 pending = []
 def chunk(rid, tokens, s, e):
     tensors, ids = source(rid, tokens)
@@ -42,6 +66,10 @@ for op in spec["plan"]:
         sys.stdin.readline()
     elif k == "consumers":
         p.wait_for_consumers(op[1], timeout_s=60)
+    elif k == "slow":
+        SLOW[0] = op[1]
+    elif k == "slowcommit":
+        SLOWC[0] = op[1]
     elif k == "flush_no":
         emit("capd", caps=pending)
     elif k == "kill":

@@ -1,6 +1,6 @@
 """Deterministic form of k1's race: the producer's capturing thread is descheduled between
 ring.reserve (the head moves past chunk y1) and Entries.next_seq's store_taken (injected
-sleep in prod3.py). A subscriber attaching in that window registers AFTER y1's position but
+sleep in prod.py, op "slow"). A subscriber attaching in that window registers AFTER y1's position but
 reads `taken` = y1's number. y1 is before its place (never read) yet >= its floor.
 MODE=first: S is the only subscriber (unheard entry names y1 by rid as well).
 MODE=late: A attached from the start; B is the late one.
@@ -21,7 +21,7 @@ def run(i):
         ["cap", "w0", 8, 8], ["flush"], ["emit", "w"], ["stdin"],
         ["cap", "e0", 8, 8], ["slow", 1.5], ["chunk", "y", 8, 0, 4], ["chunk", "y", 8, 4, 8],
         ["flush"], ["sleep", 0.5]]
-    P = Prod({"endpoint": ep, "script": "prod3.py", "hb": 5.0, "plan": plan,
+    P = Prod({"endpoint": ep, "hb": 5.0, "plan": plan,
               "kw": {"inline_publish": False}})
     gotA = {}
     if A is not None:

@@ -17,8 +17,7 @@ def run(i):
     for k in range(40):
         plan += [["cap", f"x{k}", 8, 8], ["sleep", 0.002]]
     plan += [["flush"], ["sleep", 0.3]]
-    P = Prod({"endpoint": ep, "hb": float(os.environ.get("HB", "0.05")), "plan": plan, "kw": KW,
-              "script": os.environ.get("SCRIPT", "prod.py")})
+    P = Prod({"endpoint": ep, "hb": float(os.environ.get("HB", "0.05")), "plan": plan, "kw": KW})
     P.wait_event("w")
     A = hscapture.Subscriber(ep, producer_timeout_s=1.0)
     got = {}

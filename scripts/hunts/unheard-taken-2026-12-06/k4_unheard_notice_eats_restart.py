@@ -15,7 +15,7 @@ def run(i):
     if os.environ.get("SLOWC", "0.3") != "0":
         plan += [["slowcommit", float(os.environ.get("SLOWC", "0.3"))]]
     plan += [["abort", "z", 1], ["sleep", 0.5], ["cap", "z", 8, 8], ["flush"], ["sleep", 0.3]]
-    P = Prod({"endpoint": ep, "hb": 0.05, "plan": plan, "script": "prod4.py"})
+    P = Prod({"endpoint": ep, "hb": 0.05, "plan": plan})
     P.wait_event("w")
     A = hscapture.Subscriber(ep, producer_timeout_s=1.0)
     got = {}
