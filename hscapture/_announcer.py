@@ -235,6 +235,7 @@ class Announcer:
                   "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
                   "unrecorded": control.unrecorded,
                   "backlog": control.backlog_rows, "recorded_through": recorded,
+                  "heard": control.heard,
                   "errors": self._counters["errors"], "time_ns": time.time_ns()}
         with self._pubq.send_lock:
             self._send(hb)

@@ -365,11 +365,13 @@ class Source:
         hb = self.hb
         if hb is not None and self.consumer is not None and \
                 self.consumer.position >= hb["head"] and self.held is None and \
-                (not self.continuing or hb["head"] > self.start):
+                (not self.continuing or hb["head"] > self.start or hb["heard"]):
             # (continuing: a heartbeat from before our place says nothing of what names the
             # numbers before it: the unheard entry the producer writes at its first heartbeat
             # after our attach, whose head lies past that entry; until 2026-12-06 a follower
-            # reported them lost first: fault hunt g1, g2)
+            # reported them lost first: fault hunt g1, g2. After a ``heard`` heartbeat no
+            # unheard entry comes: until 2026-12-06 (CI) a follower attaching after another
+            # subscriber waited for an idle producer's head to move, reporting nothing)
             for a, b in self.seqs.missing_below(hb["recorded_through"]):
                 self.report_lost(a, b - a, self.lost_reason(
                     a, "not recorded: the ring and the producer's backlog were full"))

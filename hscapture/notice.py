@@ -91,7 +91,7 @@ SCHEMA: dict[str, dict[str, type]] = {
     "heartbeat": {
         "v": int, "kind": str, "producer": str, "epoch": int, "pid": int, "segment": str,
         "next_seq": int, "head": int, "committed": int, "dropped": int, "unrecorded": int,
-        "backlog": int, "recorded_through": int, "errors": int, "time_ns": int,
+        "backlog": int, "recorded_through": int, "heard": bool, "errors": int, "time_ns": int,
     },
     "hello": {
         "v": int, "kind": str, "producer": str, "epoch": int, "pid": int, "segment": str,

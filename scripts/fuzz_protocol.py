@@ -104,7 +104,7 @@ def notice_seeds(records: list[bytes]) -> list[bytes]:
                                   len(records[0]), 4, meta)),
         nt.encode(dict(base, kind="heartbeat", pid=77, segment="seg-1", next_seq=40, head=1 << 20,
                        committed=30, dropped=9, unrecorded=1, backlog=2, recorded_through=38,
-                       errors=0, time_ns=1_700_000_000_000_000_000)),
+                       heard=True, errors=0, time_ns=1_700_000_000_000_000_000)),
         nt.encode(dict(base, kind="hello", pid=77, segment="seg-1", capacity=1 << 30,
                        time_ns=5)),
         nt.encode(dict(base, kind="bye", next_seq=40, time_ns=6)),

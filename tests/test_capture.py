@@ -361,7 +361,7 @@ def test_a_restarted_producer_gets_a_new_epoch_and_old_notices_are_rejected(endp
             stale = nt.encode({"v": 3, "kind": "heartbeat", "producer": "test",
                                "epoch": old["epoch"], "pid": 1, "segment": "x", "next_seq": 0,
                                "head": 0, "committed": 0, "dropped": 0, "unrecorded": 0,
-                               "backlog": 0, "recorded_through": 0, "errors": 0,
+                               "backlog": 0, "recorded_through": 0, "heard": True, "errors": 0,
                                "time_ns": 0})
             _connected(fake, sub)
             fake.send(stale)

@@ -506,10 +506,12 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
     # incarnation 2 must reach B or be reported to it: by rid from the notices B holds for
     # entries before its place ("every notice": B's socket had reconnected before the
     # captures), by number (a lost range of events) where no notice reached it ("no
-    # notice": the captures came before B's socket reconnected to the new producer; "ring
-    # gone": B polls only once incarnation 2 has ended and its ring is removed, so it can
-    # attach to nothing). Until 2026-12-05 B got the samples committed after it attached and
-    # heard of nothing else (fault hunt A, F1: 22-300 of 300 named nowhere). Every fourth
+    # notice": B's socket is disconnected until A has everything, as when the captures come
+    # before it reconnects to the new producer; "ring gone": B polls only once incarnation 2
+    # has ended and its ring is removed, so it can attach to nothing). Until 2026-12-05 B got
+    # the samples committed after it attached and heard of nothing else (fault hunt A, F1:
+    # 22-300 of 300 named nowhere); until 2026-12-06 (CI), with no notice, B waited for the
+    # idle producer's head to move past its place before it counted anything lost. Every fourth
     # sample is aborted after its first chunk; each sample is reported at most once (until
     # the final fault hunt of 2026-12-05 one of two chunks before B's place was reported
     # twice, and an aborted one both dropped and incomplete).
@@ -527,6 +529,8 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
             _take(b, b_got, lambda: "first" in b_got, "B to get incarnation 1's sample")
         # B reads the first incarnation's last notices (its bye) and then nothing more
         _take(b, b_got, lambda: not b._sock.poll(0) and not b._sources, "B to read the bye")
+        if b_hears == "no notice":
+            b._sock.disconnect(endpoint)
         rids = [f"n{i}" for i in range(40)]
         with Producer(endpoint, producer_id="g1n", capacity=1 << 20,
                       heartbeat_interval_s=0.05) as p:
@@ -547,6 +551,8 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
             _take(a, a_got, lambda: set(rids) - aborted <= set(a_got) and
                   aborted <= set(a.stats()["incomplete"]), "A to get incarnation 2's samples")
             epoch, segment = p.epoch, p.segment
+            if b_hears == "no notice":
+                b._sock.connect(endpoint)
 
             def accounted() -> tuple[set, set, int]:
                 st = b.stats()
@@ -1841,7 +1847,7 @@ def test_forged_notices_are_cross_checked_cheap_and_discard_nothing(endpoint):
                 hb = {"v": 3, "kind": "heartbeat", "producer": "g10", "epoch": p.epoch,
                       "pid": os.getpid(), "segment": p.segment, "next_seq": 3_000_000,
                       "head": 0, "committed": 0, "dropped": 0, "unrecorded": 0, "backlog": 0,
-                      "recorded_through": 3_000_000, "errors": 0, "time_ns": time.time_ns()}
+                      "recorded_through": 3_000_000, "heard": True, "errors": 0, "time_ns": time.time_ns()}
                 hello = {"v": 3, "kind": "hello", "producer": "g10", "epoch": p.epoch ^ 1,
                          "pid": 1, "segment": p.segment, "capacity": 1 << 20,
                          "time_ns": time.time_ns()}
