@@ -235,7 +235,7 @@ class Announcer:
                   "committed": int(ring["committed"]), "dropped": self._counters["dropped"],
                   "unrecorded": control.unrecorded,
                   "backlog": control.backlog_rows, "recorded_through": recorded,
-                  "heard": control.heard,
+                  "heard": control.told,
                   "errors": self._counters["errors"], "time_ns": time.time_ns()}
         with self._pubq.send_lock:
             self._send(hb)

@@ -23,6 +23,11 @@ def _rows(meta: dict[str, Any]) -> int:
     return len(meta["rows"]) if meta["kind"] == "drop" else 1
 
 
+def _named(meta: dict[str, Any]) -> int:
+    """What an ``unheard`` meta names or counts (counted unrecorded if it is dropped)."""
+    return len(meta["rows"]) + meta["overflow"] + len(meta["discarded"])
+
+
 class ControlLog:
     """Control entries the ring had no room for, oldest first, and the unheard list."""
 
@@ -33,6 +38,8 @@ class ControlLog:
         #: rows whose drop/abort could be neither written nor kept (named nowhere)
         self.unrecorded = 0
         self.heard = False          # a subscriber has attached since the producer started
+        #: the unheard entry waits in the backlog (the ring had no room when it was due)
+        self.unheard_waiting = False
         #: [position, seq, rid, last, discarded] of each row named so far
         self._unheard: list[list[Any]] = []
         #: rid -> indices in _unheard of its rows whose sample has not ended (yet)
@@ -49,10 +56,12 @@ class ControlLog:
         """Queue a drop/abort meta behind the others (bounded: past the bound it is counted)."""
         n = _rows(meta)
         if self.backlog_rows + n > self._limit:
-            self.unrecorded += n
+            self.unrecorded += _named(meta) if meta["kind"] == "unheard" else n
             return
         self._backlog.append(meta)
         self.backlog_rows += n
+        if meta["kind"] == "unheard":
+            self.unheard_waiting = True
 
     def peek(self) -> dict[str, Any] | None:
         return self._backlog[0] if self._backlog else None
@@ -66,7 +75,16 @@ class ControlLog:
         return list(self._backlog)
 
     def pop(self) -> None:
-        self.backlog_rows -= _rows(self._backlog.popleft())
+        meta = self._backlog.popleft()
+        self.backlog_rows -= _rows(meta)
+        if meta["kind"] == "unheard":
+            self.unheard_waiting = False
+
+    @property
+    def told(self) -> bool:
+        """What a heartbeat calls ``heard``: the first subscriber's attach was handled and its
+        unheard entry (if any) is in the ring, so none comes after this."""
+        return self.heard and not self.unheard_waiting
 
     def recorded_through(self, next_seq: int) -> int:
         """Every number below this is in the ring or counted unrecorded (not in the backlog)."""
@@ -138,6 +156,3 @@ class ControlLog:
         self._overflow_unplaced = 0
         return (rows, overflow, discarded) if rows or overflow or discarded else None
 
-    def unheard_lost(self, n: int) -> None:
-        """An unheard entry did not fit in the ring: its rows are only counted."""
-        self.unrecorded += n

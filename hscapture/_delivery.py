@@ -142,6 +142,7 @@ class Delivery:
             if self._abort(src, entry):
                 self.hold_failure(src, record.position)
         elif kind == "unheard":
+            src.unheard_read = True
             failed = len(self.ledger.failure_log)
             for row in entry.rows:
                 seq = row["seq"]

@@ -310,23 +310,27 @@ class EntryWriter:
                 return
             self.ring.payload(position)[:len(payload)] = payload
             self._control.pop()
-            n = len(meta["rows"]) if meta["kind"] == "drop" else 1
-            abort = (meta["rid"], meta["restart"]) if meta["kind"] == "abort" else None
+            kind = meta["kind"]
+            n = len(meta["rows"]) if kind == "drop" else 0 if kind == "unheard" else 1
+            abort = (meta["rid"], meta["restart"]) if kind == "abort" else None
             self.enqueue(Pending(meta["kind"], position, meta["seq"], n, len(payload),
-                                 payload[4:], None, None, meta.get("rows", []), abort=abort))
+                                 payload[4:], None, None,
+                                 meta.get("rows", []) if kind == "drop" else [], abort=abort))
 
     def write_unheard_locked(self, rows: list[dict[str, Any]], overflow: int,
                              discarded: list[int]) -> None:
         """Write the ``unheard`` entry naming ``rows`` (and counting ``overflow`` more, and
         the numbers of ``discarded`` rows) to the first subscriber; without room in the ring
-        they are counted as lost."""
+        it waits in the backlog as drops do (written when room comes, else in the leftover
+        file at the close; until 2026-12-06 its rows were only counted ``unrecorded``:
+        fault hunt b1)."""
         s = self._settings
         meta = rec.unheard_meta(s.producer_id, s.epoch, self.next_seq, s.dp_rank, rows,
                                 overflow, discarded)
         payload = rec.control_payload(meta, check=False)
         position = self.ring.reserve(len(payload), 0, True)
         if position < 0:
-            self._control.unheard_lost(len(rows) + overflow + len(discarded))
+            self._control.add(meta)
             return
         self.ring.payload(position)[:len(payload)] = payload
         self.enqueue(Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))

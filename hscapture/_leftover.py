@@ -1,7 +1,8 @@
 """What a producer closed with and never got into its ring: the leftover file beside a segment.
 
-A drop or abort entry waits in the producer's backlog while the ring has no room for it (a
-durable subscriber that went away keeps the ring full). At close, what is still there could
+A drop or abort entry (or the unheard entry naming the captures before the first
+subscriber) waits in the producer's backlog while the ring has no room for it (a durable
+subscriber that went away keeps the ring full). At close, what is still there could
 only go out in the ``bye`` notice, as a count: a live subscriber reported the numbers as a
 lost range, but a durable subscriber that was away when the producer closed, and resumes its
 kept segment later, never heard that notice, and those samples were neither delivered nor
@@ -102,10 +103,12 @@ def decode(blob: bytes, *, epoch: int, producer: str | None = None) -> Leftover:
                                    producer=producer)
         except RecordFormatError as exc:
             raise RecordFormatError(f"leftover file: entry {i}: {exc}") from None
-        if entry.kind not in ("drop", "abort"):
-            raise RecordFormatError(f"leftover file: entry {i}: expected a drop or abort "
-                                    f"entry, found {entry.kind!r}")
-        if entry.seq + max(entry.n, 1) > top["next_seq"]:
+        if entry.kind not in ("drop", "abort", "unheard"):
+            raise RecordFormatError(f"leftover file: entry {i}: expected a drop, abort or "
+                                    f"unheard entry, found {entry.kind!r}")
+        # (an unheard entry takes no number: its seq is the next one when it was made)
+        if entry.seq + (entry.n if entry.kind == "unheard" else max(entry.n, 1)) > \
+                top["next_seq"]:
             raise RecordFormatError(f"leftover file: entry {i}: sequence numbers "
                                     f"{entry.seq}.. reach past next_seq {top['next_seq']}")
         entries.append(entry)

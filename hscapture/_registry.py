@@ -341,7 +341,10 @@ class SourceRegistry:
             return 0
         at = _HeldAt(src.consumer.position if src.consumer is not None else 0)
         for entry in left.entries:
-            if src.seqs.add(entry.seq, entry.n) == entry.n:
+            if entry.kind == "unheard":
+                if src.unheard_read:
+                    continue      # it takes no number: read in the ring already, or not
+            elif src.seqs.add(entry.seq, entry.n) == entry.n:
                 continue          # read in the ring already (written there before the close)
             self.ledger.counts["leftover_entries"] += 1
             self.delivery.on_entry(src, at, entry)

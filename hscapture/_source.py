@@ -125,6 +125,9 @@ class Source:
         #: rid -> time.monotonic() a row of a :attr:`cut` sample was last seen (the incomplete
         #: timeout counts from there; entries of rids no longer cut are dropped by it)
         self.cut_seen: dict[str, float] = {}
+        #: the incarnation's unheard entry (one at most) was read in the ring: a copy of it
+        #: in the leftover file (kept there while the ring had no room) is not read again
+        self.unheard_read = False
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
         #: durable: the acknowledgements a resumer of this place reads (what an earlier owner

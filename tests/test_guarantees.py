@@ -902,6 +902,62 @@ def test_a_following_subscriber_counts_a_chunk_a_restart_discarded_before_it_att
         b.close()
 
 
+@pytest.mark.parametrize("then", ["the producer closes", "the ring gets room"])
+def test_captures_before_the_first_subscriber_are_named_when_the_ring_had_no_room_to_name_them(
+        endpoint, then):
+    # A durable name that went away pins the new producer's small ring at its start: 300
+    # captures before any live subscriber fill it (the rest dropped, their drops queued in
+    # the backlog). When the first live subscriber A attaches, the unheard entry naming
+    # what came before has no room. Until 2026-12-06 its rows were only counted
+    # ``unrecorded`` in heartbeats: A named none of the 300 (fault hunt b1, 2/2). It now
+    # waits in the backlog like the drops, heartbeats saying ``heard`` false meanwhile:
+    # written into the ring once the away subscriber is back and reads, else left in the
+    # leftover file at the close, which A reads when it retires the incarnation.
+    Subscriber(endpoint, name="away").close()
+    rids = [f"u{i}" for i in range(300)]
+    a = Subscriber(endpoint)
+    away = None
+    try:
+        with Producer(endpoint, producer_id="g13c", capacity=64 << 10, full_policy="drop",
+                      heartbeat_interval_s=0.05) as p:
+            kept = {r for r in rids if all(_capture(p, r, 8))}
+            p.flush()
+            assert kept and p.stats()["backlog"] > 0, p.stats()   # the case: the ring is full
+            a.wait_ready(timeout=20)
+            src = next(iter(a._sources.values()))
+            wait_until(lambda: p._control.unheard_waiting, 20, "the unheard entry to be due")
+            t = time.time_ns()
+            wait_until(lambda: (a.pump(0.02), (src.hb or {}).get("time_ns", 0) > t)[1], 20,
+                       "a heartbeat after the unheard entry found no room")
+            assert src.hb["heard"] is False
+            assert not a.dropped and not a.stats()["lost"]   # nothing said yet, nothing lost
+            if then == "the ring gets room":
+                away = Subscriber(endpoint, name="away")
+                away_got: set = set()
+
+                def read_away() -> None:     # (released: its place in the small ring moves)
+                    while (s := away.poll(timeout=0.01)) is not None:
+                        away_got.add(s.rid)
+                        s.release()
+
+                wait_until(lambda: (read_away(), a.pump(0.02), set(rids) <= set(a.dropped))[2],
+                           30, "A to name every rid while the producer lives")
+                wait_until(lambda: (read_away(), set(rids) <= away_got | set(away.dropped))[1],
+                           30, "the away subscriber to get or be told of every rid")
+                assert away_got == kept and not away_got & set(away.dropped)
+        got: dict = {}
+        _take(a, got, lambda: set(rids) <= set(a.dropped), "A to name every rid")
+        st = a.stats()
+        assert not got and not st["lost"], st["lost"]
+        assert all("before any subscriber attached" in a.dropped[r] for r in kept)
+    finally:
+        a.close()
+        if away is not None:
+            away.close()
+        else:
+            Subscriber(endpoint, name="away").unsubscribe()
+
+
 def test_captures_before_the_first_subscriber_are_named_only_for_the_rids_it_wants(endpoint):
     # rid_filter turns rids away from every report (2d); the unheard entry's rows too (until
     # 2026-12-06 a whole sample named there was reported whatever the filter: fault hunt c1)

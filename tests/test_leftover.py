@@ -48,7 +48,23 @@ def test_a_file_reads_back_as_the_entries_it_was_written_with():
     assert [r["rid"] for r in left.entries[0].rows] == ["a", "b"]
 
 
+def _unheard(seq: int, rids: list[str]) -> bytes:
+    rows = [{"rid": r, "seq": i, "last": True} for i, r in enumerate(rids)]
+    return rec.control_payload(rec.unheard_meta("p", EPOCH, seq, 0, rows, 0))
+
+
+def test_an_unheard_entry_the_ring_had_no_room_for_reads_back_with_its_next_number():
+    # (it takes no number: its seq is the producer's next one when it was made, which may
+    # be the file's next_seq itself)
+    left = _leftover.decode(_leftover.encode(EPOCH, 7, 0, [_drop(5, ["x", "y"]),
+                                                           _unheard(7, ["a", "b"])]),
+                            epoch=EPOCH, producer="p")
+    assert [(e.kind, e.seq, e.n) for e in left.entries] == [("drop", 5, 2), ("unheard", 7, 0)]
+    assert [r["rid"] for r in left.entries[1].rows] == ["a", "b"]
+
+
 @pytest.mark.parametrize("blob, why", [
+    (_leftover.encode(EPOCH, 6, 0, [_unheard(7, ["a"])]), "reach past next_seq 6"),
     (_leftover.encode(EPOCH + 1, 7, 0, []), "epoch: expected"),
     (_leftover.encode(EPOCH, 4, 0, [_drop(3, ["a", "b"])]), "reach past next_seq 4"),
     (b"\x92\x01\x02", "expected a map"),
