@@ -343,7 +343,7 @@ class SourceRegistry:
         for entry in left.entries:
             if entry.kind == "unheard":
                 if src.unheard_read:
-                    continue      # it takes no number: read in the ring already, or not
+                    continue      # read in the ring already (it takes no number to check)
             elif src.seqs.add(entry.seq, entry.n) == entry.n:
                 continue          # read in the ring already (written there before the close)
             self.ledger.counts["leftover_entries"] += 1
