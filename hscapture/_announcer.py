@@ -137,8 +137,12 @@ class Announcer:
             if now - last_hb >= s.heartbeat_interval_s:
                 self._safe(self._heartbeat)
                 last_hb = now
+                # (a backlog that shrank was written into the ring: the file is brought up to
+                # date at once, since a resumer reading a file that still lists entries it
+                # read and acknowledged in the ring reports them again; fault hunt P3)
                 if self._backlog_state != self._leftover_state and \
-                        now - self._leftover_at >= LEFTOVER_INTERVAL_S:
+                        (now - self._leftover_at >= LEFTOVER_INTERVAL_S or
+                         self._backlog_state[0] < self._leftover_state[0]):
                     self._safe(self._keep_leftover, False)
             head = self._pubq.next_for_publisher(
                 s.commit_grace_s if s.inline_publish else 0.0, s.heartbeat_interval_s)
@@ -213,23 +217,25 @@ class Announcer:
         entries, control = self._entries, self._control
         # (captures hold the lock only briefly: the wait policy waits outside it)
         with self._lock:
-            ring = self.ring.stats()
-            # read together: every number below recorded_through is in the ring below head
-            recorded = min(control.recorded_through(entries.next_seq), self.announced)
             entries.flush_backlog_locked()
-            # (for the leftover file: read here, under the lock this already holds, so that
-            # the loop takes the lock again only when the backlog changed)
-            self._backlog_state = (control.backlog_rows, control.unrecorded,
-                                   control.backlog_first())
-            if not control.heard and ring["live_consumers"]:
+            if not control.heard and self.ring.stats()["live_consumers"]:
                 in_flight = self._pubq.in_flight()
                 unheard = control.take_unheard(first_attach(self.ring.name), in_flight)
                 if unheard is not None:
                     entries.write_unheard_locked(*unheard)
-                    # the head this heartbeat names lies past the unheard entry: a subscriber
-                    # counts its losses only once it read that far (Source.heartbeat_losses),
-                    # so it reads the rows named by rid before it would count them lost
-                    ring = self.ring.stats()
+            # read after the writes above, and together: every number below
+            # recorded_through is in the ring below head, and head lies past every entry
+            # this heartbeat wrote (backlog drops, the unheard entry), so a subscriber
+            # counts losses only once it read them (Source.heartbeat_losses): it reads the
+            # rows they name by rid first. Until 2026-12-06 the head was read before the
+            # backlog's flush, and a heartbeat flushing a waiting unheard entry said
+            # ``heard`` with a head before it (fault hunt P2: its rows reported lost)
+            ring = self.ring.stats()
+            recorded = min(control.recorded_through(entries.next_seq), self.announced)
+            # (for the leftover file: read here, under the lock this already holds, so that
+            # the loop takes the lock again only when the backlog changed)
+            self._backlog_state = (control.backlog_rows, control.unrecorded,
+                                   control.backlog_first())
             hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self._settings.segment,
                   "next_seq": self.announced, "head": int(ring["head"]),
                   "committed": int(ring["committed"]), "dropped": self._counters["dropped"],

@@ -368,13 +368,15 @@ class Source:
         hb = self.hb
         if hb is not None and self.consumer is not None and \
                 self.consumer.position >= hb["head"] and self.held is None and \
-                (not self.continuing or hb["head"] > self.start or hb["heard"]):
-            # (continuing: a heartbeat from before our place says nothing of what names the
-            # numbers before it: the unheard entry the producer writes at its first heartbeat
-            # after our attach, whose head lies past that entry; until 2026-12-06 a follower
-            # reported them lost first: fault hunt g1, g2. After a ``heard`` heartbeat no
-            # unheard entry comes: until 2026-12-06 (CI) a follower attaching after another
-            # subscriber waited for an idle producer's head to move, reporting nothing)
+                (not self.continuing or hb["heard"]):
+            # (continuing: the numbers before our place may be named by the unheard entry,
+            # which the producer writes at its first heartbeat after the first attach, or
+            # later when the ring has no room; a heartbeat says ``heard`` once it is in the
+            # ring, with a head past it. Until 2026-12-06 a follower counted from any
+            # heartbeat (fault hunt g1, g2), then from one whose head lay past its place: a
+            # follower attaching after another subscriber waited for an idle producer's head
+            # to move (a CI failure), and flushed backlog drops moved it with the unheard
+            # entry still waiting (fault hunt P1: its rows reported lost))
             for a, b in self.seqs.missing_below(hb["recorded_through"]):
                 self.report_lost(a, b - a, self.lost_reason(
                     a, "not recorded: the ring and the producer's backlog were full"))
