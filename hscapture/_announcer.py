@@ -37,7 +37,7 @@ from . import record as rec
 from ._control import ControlLog
 from ._copies import recycle_event
 from ._entries import EntryWriter
-from ._producer_resources import first_attach
+from ._producer_resources import last_attach
 from ._publish_queue import STOP, Pending, PublishQueue, completed
 from .ring import remove_leftover
 
@@ -91,10 +91,10 @@ class Announcer:
         #: the leftover file (_keep_leftover): when it was last brought up to date, the
         #: backlog state it records, and whether it exists
         self._leftover_at = 0.0
-        self._leftover_state: tuple[int, int, int] = (0, 0, -1)
+        self._leftover_state: tuple[int, int, int, bool] = (0, 0, -1, False)
         self._leftover_written = False
         #: the backlog's state at the last heartbeat (same form)
-        self._backlog_state: tuple[int, int, int] = (0, 0, -1)
+        self._backlog_state: tuple[int, int, int, bool] = (0, 0, -1, False)
 
     # -- the capturing thread --------------------------------------------------------------
 
@@ -137,12 +137,14 @@ class Announcer:
             if now - last_hb >= s.heartbeat_interval_s:
                 self._safe(self._heartbeat)
                 last_hb = now
-                # (a backlog that shrank was written into the ring: the file is brought up to
-                # date at once, since a resumer reading a file that still lists entries it
-                # read and acknowledged in the ring reports them again; fault hunt P3)
+                # (at once when the backlog shrank: it was written into the ring, and a
+                # resumer reading a file that still lists entries it read and acknowledged in
+                # the ring reports them again, fault hunt P3; and when the unheard entry
+                # came or went: it names what no one else will, fault hunt x2)
                 if self._backlog_state != self._leftover_state and \
                         (now - self._leftover_at >= LEFTOVER_INTERVAL_S or
-                         self._backlog_state[0] < self._leftover_state[0]):
+                         self._backlog_state[0] < self._leftover_state[0] or
+                         self._backlog_state[3] != self._leftover_state[3]):
                     self._safe(self._keep_leftover, False)
             head = self._pubq.next_for_publisher(
                 s.commit_grace_s if s.inline_publish else 0.0, s.heartbeat_interval_s)
@@ -186,7 +188,8 @@ class Announcer:
         entries, control = self._entries, self._control
         with self._lock:
             taken = max(self.announced, entries.next_seq)
-            state = (control.backlog_rows, control.unrecorded, control.backlog_first())
+            state = (control.backlog_rows, control.unrecorded, control.backlog_first(),
+                     control.unheard_waiting)
             if not final and state == self._leftover_state:
                 return taken
             pending = control.pending()
@@ -220,7 +223,7 @@ class Announcer:
             entries.flush_backlog_locked()
             if not control.heard and self.ring.stats()["live_consumers"]:
                 in_flight = self._pubq.in_flight()
-                unheard = control.take_unheard(first_attach(self.ring.name), in_flight)
+                unheard = control.take_unheard(last_attach(self.ring.name), in_flight)
                 if unheard is not None:
                     entries.write_unheard_locked(*unheard)
             # read after the writes above, and together: every number below
@@ -235,7 +238,7 @@ class Announcer:
             # (for the leftover file: read here, under the lock this already holds, so that
             # the loop takes the lock again only when the backlog changed)
             self._backlog_state = (control.backlog_rows, control.unrecorded,
-                                   control.backlog_first())
+                                   control.backlog_first(), control.unheard_waiting)
             hb = {"kind": "heartbeat", "pid": os.getpid(), "segment": self._settings.segment,
                   "next_seq": self.announced, "head": int(ring["head"]),
                   "committed": int(ring["committed"]), "dropped": self._counters["dropped"],

@@ -133,22 +133,23 @@ class ControlLog:
         for i in self._open.pop(rid, ()):
             self._unheard[i][4 if restart else 3] = True
 
-    def take_unheard(self, first_attach: int, in_flight: Any = ()
+    def take_unheard(self, attached_at: int, in_flight: Any = ()
                      ) -> tuple[list[dict[str, Any]], int, list[int]] | None:
-        """The first subscriber attached at ring position ``first_attach``: the rows of
-        entries before it (never delivered to it; committed ones noted so far, plus the
+        """The first subscribers attached, the last of them at ring position
+        ``attached_at``: the rows of entries before it (never delivered to that one; a
+        subscriber that read a row skips it; committed ones noted so far, plus the
         ``in_flight`` entries not yet committed), the overflow count and the numbers of rows
         a restart discarded, or None if none."""
         self.heard = True
         for item in in_flight:
-            if item is not None and item.position < first_attach:
+            if item is not None and item.position < attached_at:
                 self.note_unheard(item)
-        # only rows of entries before the first subscriber's start were never delivered to it
-        before = [u for u in self._unheard if u[0] < first_attach]
+        # only rows of entries before a subscriber's start were never delivered to it
+        before = [u for u in self._unheard if u[0] < attached_at]
         rows = [{"rid": rid, "seq": seq, "last": last}
                 for _, seq, rid, last, discarded in before if not discarded]
         discarded = [u[1] for u in before if u[4]]
-        overflow = sum(n for pos, n in self._overflow if pos < first_attach) + \
+        overflow = sum(n for pos, n in self._overflow if pos < attached_at) + \
             self._overflow_unplaced
         self._unheard.clear()
         self._open.clear()

@@ -36,7 +36,7 @@ from .ring import leftover_unread, remove_leftover, segment_name
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["ProducerResources", "first_attach"]
+__all__ = ["ProducerResources", "last_attach"]
 
 #: rings kept for a durable subscriber after an abandoned close: never destroyed (their
 #: destructor would unlink the segment), so they are held until the process ends
@@ -138,14 +138,17 @@ class ProducerResources:
             self.claim = None
 
 
-def first_attach(name: str) -> int:
-    """The lowest ring position at which a live subscriber of segment ``name`` started
-    reading (the head when none is attached)."""
+def last_attach(name: str) -> int:
+    """The highest ring position at which a live subscriber of segment ``name`` started
+    reading (the head when none is attached): what lies before it was not read by at least
+    one of them. (The lowest, until 2026-12-06: a durable place kept from the ring's start,
+    resumed just after the first live subscriber attached at the head, made it 0, and the
+    unheard entry named nothing to that subscriber; fault hunt x1.)"""
     from . import _ring
 
     info = _ring.segment_info(name)
     starts = [c["attached_at"] for c in info["consumers"] if c.get("alive")]
-    return min(starts) if starts else info["head"]
+    return max(starts) if starts else info["head"]
 
 
 def durable_unread(name: str) -> bool:

@@ -922,7 +922,7 @@ def test_captures_before_the_first_subscriber_are_named_when_the_ring_had_no_roo
     # Once the backlog is in the ring, the leftover file follows at once, however long the
     # interval between its rewrites: a resumer of a durable place reading a file that still
     # lists what it read and acknowledged in the ring reported it again (fault hunt P3).
-    from hscapture import _announcer
+    from hscapture import _announcer, _leftover
     from hscapture.ring import leftover_path
 
     monkeypatch.setattr(_announcer, "LEFTOVER_INTERVAL_S", 3600.0)
@@ -955,6 +955,11 @@ def test_captures_before_the_first_subscriber_are_named_when_the_ring_had_no_roo
                        "a heartbeat after the unheard entry found no room")
             assert src.hb["heard"] is False
             assert not a.dropped and not a.stats()["lost"]   # nothing said yet, nothing lost
+            # ... and the leftover file holds it at once (a SIGKILL now leaves it named; until
+            # 2026-12-06 up to LEFTOVER_INTERVAL_S later: fault hunt x2, 2/2 at 0.25 s)
+            wait_until(lambda: (left := _leftover.read(p.segment, epoch=p.epoch)) is not None
+                       and any(e.kind == "unheard" for e in left.entries), 10,
+                       "the leftover file to hold it")
             if then == "the ring gets room":
                 away = Subscriber(endpoint, name="away")
                 away_got: set = set()
@@ -982,6 +987,47 @@ def test_captures_before_the_first_subscriber_are_named_when_the_ring_had_no_roo
             away.close()
         else:
             Subscriber(endpoint, name="away").unsubscribe()
+
+
+def test_captures_before_the_first_subscribers_are_named_to_one_at_the_head_beside_a_resumed_place(
+        endpoint):
+    # A durable name that went away has a place kept from the new ring's start. 20 captures
+    # before any live subscriber; then an anonymous subscriber A attaches (its place: the
+    # head), and the durable name comes back (its kept place: position 0) before the
+    # producer's next heartbeat, which finds both places. The
+    # unheard entry names the rows before the LAST of their places, and each skips the rows
+    # it read itself. Until 2026-12-06 it took the first place, the durable one's 0, named
+    # nothing, and A got none of the 20 and no report (fault hunt x1, 4/4).
+    Subscriber(endpoint, name="back").close()
+    rids = [f"v{i}" for i in range(20)]
+    a = back = None
+    try:
+        with Producer(endpoint, producer_id="g13x", capacity=4 << 20,
+                      heartbeat_interval_s=1.0) as p:
+            for r in rids:
+                assert all(_capture(p, r, 4))
+            p.flush()
+            a = Subscriber(endpoint)
+            a.wait_ready(timeout=20)         # (at a heartbeat: the next one is a second away)
+            back = Subscriber(endpoint, name="back")   # (resumes its place at once)
+            back_got: set = set()
+
+            def read_back() -> None:
+                while (s := back.poll(timeout=0.01)) is not None:
+                    back_got.add(s.rid)
+                    s.release()
+
+            wait_until(lambda: (read_back(), a.pump(0.02),
+                                set(rids) <= set(a.dropped) and set(rids) <= back_got)[2], 30,
+                       "A to name every rid and the durable name to get each")
+            assert p._control.heard
+        assert all("before any subscriber attached" in a.dropped[r] for r in rids)
+        assert not back.dropped and not back.stats()["lost"] and not a.stats()["lost"]
+    finally:
+        if a is not None:
+            a.close()
+        if back is not None:
+            back.unsubscribe()
 
 
 def test_captures_before_the_first_subscriber_are_named_only_for_the_rids_it_wants(endpoint):
