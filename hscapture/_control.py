@@ -53,7 +53,8 @@ class ControlLog:
     # -- backlog ---------------------------------------------------------------------------
 
     def add(self, meta: dict[str, Any]) -> None:
-        """Queue a drop/abort meta behind the others (bounded: past the bound it is counted)."""
+        """Queue a drop/abort meta (or the unheard one) behind the others (bounded: past the
+        bound its rows are counted unrecorded)."""
         n = _rows(meta)
         if self.backlog_rows + n > self._limit:
             self.unrecorded += _named(meta) if meta["kind"] == "unheard" else n
