@@ -301,7 +301,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
                               idle_timeout_s=idle_timeout, connect_timeout_s=connect_timeout,
                               max_shard_bytes=shard_size, flush_bytes=flush_every,
                               metadata=metadata, progress=not quiet, compression=compression,
-                              compression_level=compression_level,
+                              compression_level=compression_level, report_by_caller=True,
                               on_waiting=lambda: _say_what_we_wait_for(endpoints,
                                                                        connect_timeout, level)))
     except SampleTimeoutError as exc:
@@ -346,6 +346,10 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
     for lost in res.lost:
         log.warning("lost %s events of producer %s@%016x (seq %s..): %s", lost["count"],
                     lost["producer"], lost["epoch"], lost["first"], lost["reason"])
+    # the failures are marked reported only now that the report is out: a second Ctrl-C
+    # (or a closed pipe) before this leaves them for the next drain to name again
+    sys.stdout.flush()
+    res.mark_reported()
     if res.stopped_by == "signal":
         log.warning("interrupted: %d samples written are kept; rerun the same command to go on",
                     res.samples)

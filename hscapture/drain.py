@@ -47,6 +47,24 @@ class DrainResult:
     conflicts: dict[str, str] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     stopped_by: str = ""
+    #: the directory's failure log, set when the drain ended without an error (its report
+    #: is whole): :meth:`mark_reported` marks it
+    _reports: ReportLog | None = field(default=None, repr=False, compare=False)
+
+    def mark_reported(self) -> None:
+        """Record in the directory's ``reports.jsonl`` that every failure above was named to
+        the user, so the next drain into it does not name them again. :func:`drain` does
+        this itself before it returns, unless ``report_by_caller=True``: then its caller
+        calls this once the report has reached the user (a report lost before that, e.g. to
+        a second Ctrl-C while it is printed, is named again by the next drain: rather twice
+        than never). Does nothing for a drain that failed (its next run names them)."""
+        if self._reports is None:
+            return
+        try:
+            self._reports.mark_reported()
+        except OSError as exc:
+            log.warning("hscapture drain: cannot mark %s reported: %s", self._reports.path, exc)
+        self._reports = None
 
     @property
     def complete(self) -> bool:
@@ -95,6 +113,7 @@ def drain(
     compression: str | None = None,
     compression_level: int | None = None,
     on_waiting: Callable[[], None] | None = None,
+    report_by_caller: bool = False,
 ) -> DrainResult:
     """Drain samples into ``out_dir`` until ``max_samples``, idle timeout, or a stop request.
 
@@ -104,7 +123,9 @@ def drain(
     shows up within ``connect_timeout_s``. ``compression`` / ``compression_level``: see
     :class:`~hscapture.shards.ShardWriter` (``None``, ``"zstd"``, ``"fp8"``). ``on_waiting()``
     runs once the stop handlers are in place, right before the wait for producers: whatever
-    it tells the user ("Ctrl-C to stop") is true from then on.
+    it tells the user ("Ctrl-C to stop") is true from then on. ``report_by_caller``: the
+    failures the result names are marked reported only when the caller calls
+    :meth:`DrainResult.mark_reported` (after it showed them), not before this returns.
     """
     created = not os.path.exists(out_dir)   # (a drain that wrote nothing leaves no empty dir)
     writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes, metadata=metadata,
@@ -249,11 +270,9 @@ def drain(
             if earlier:
                 res.stats["reported_from_earlier_drain"] = len(earlier)
             if primary is None:   # the report is returned whole (a failing drain's next run
-                try:             # names the failures again: rather twice than never)
-                    reports.mark_reported()
-                except OSError as exc:
-                    log.warning("hscapture drain: cannot mark %s reported: %s", reports.path,
-                                exc)
+                res._reports = reports   # names the failures again: rather twice than never)
+                if not report_by_caller:
+                    res.mark_reported()
             not_written = [s.rid for samples in pending.values() for s in samples]
             if not_written:   # never durable: left unreleased in the ring for the next run
                 res.stats["not_written"] = not_written

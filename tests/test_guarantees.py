@@ -1531,6 +1531,33 @@ def test_a_drain_killed_after_reading_failures_leaves_them_to_the_next_drain(
         assert rc == EXIT_OK, (rc, rep, err)
 
 
+def test_failures_whose_report_never_reached_the_user_are_named_by_the_next_drain(
+        endpoint, procs, tmp_path):
+    # reports.jsonl is marked "reported" only once the report is out. Until 2026-12-06 the
+    # drain marked it before the CLI printed the report: a second Ctrl-C in between (a fault
+    # hunt: 2 of 3 runs at 20 ms) or a closed stdout lost the report, and the next drain
+    # named nothing (exit 0): the aborted and dropped rids were reported to no one. Here the
+    # drain's stdout is closed before it prints (as `hscapture drain --json | head -0`).
+    cap = 1 << 20
+    out = tmp_path / "out"
+    with Producer(endpoint, producer_id="g4r", capacity=cap, heartbeat_interval_s=0.02) as p:
+        d = _drain(procs, endpoint, out, "--idle-timeout", "1")
+        d.stdout.close()   # the report's reader is gone
+        assert p.wait_for_consumers(1, 30)
+        _abort_one_and_drop_one(p, cap)
+        d.wait(timeout=60)
+        err = d.stderr.read()
+        assert d.returncode not in (EXIT_OK, EXIT_INCOMPLETE), (d.returncode, err)
+        assert "marker" in durable_rids(out)
+        rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1"))
+        assert rc == EXIT_INCOMPLETE, (rc, rep, err)
+        assert "ab" in rep["incomplete"] and "dr" in rep["dropped"], rep
+        assert rep["reported_from_earlier_drain"] == 2, rep
+        # this report reached its reader: the next drain has nothing more to say
+        rc, rep, err = drain_report(_drain(procs, endpoint, out, "--idle-timeout", "1"))
+        assert rc == EXIT_OK, (rc, rep, err)
+
+
 # -- 5 ---------------------------------------------------------------------------------------
 
 
