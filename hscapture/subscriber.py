@@ -157,8 +157,9 @@ class Subscriber:
 
     @property
     def _sock(self) -> Any:
-        """The SUB socket (internal; tests connect it to forged publishers)."""
-        return self._wire.sock
+        """The SUB socket, each call under its lock (internal; tests connect it to forged
+        publishers)."""
+        return self._wire.locked()
 
     # -- public API --------------------------------------------------------------------
 
