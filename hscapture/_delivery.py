@@ -40,8 +40,11 @@ _FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
 _UNHEARD = ("committed before any subscriber attached (start the subscriber first, or use "
             "Producer(wait_for_subscribers=1))")
 
-#: a tensor that owns a DLPack capsule's memory (record.Entry.row_capsules)
-_from_dlpack = torch.from_dlpack
+#: a tensor that owns a DLPack capsule's memory (record.Entry.row_capsules). For a capsule
+#: ``torch.from_dlpack`` only calls ``torch._C._from_dlpack`` after a ``hasattr`` test; calling
+#: it directly saves ~0.9 us a sample (two tensors each) on the subscriber's hot path
+#: (benchmarks/bench_delivery.py); the public function where a torch build lacks it
+_from_dlpack = getattr(torch._C, "_from_dlpack", torch.from_dlpack)
 
 Holds = list[tuple[Source, int]]
 
