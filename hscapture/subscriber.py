@@ -123,15 +123,19 @@ class Subscriber:
         self.partial_hold_s = partial_hold_s
         self._ledger = ledger = Ledger()
         self._wire = NoticeSocket(self.endpoints, ledger)
-        self._delivery = Delivery(ledger, zero_copy=zero_copy, durable=bool(name),
-                                  rid_filter=rid_filter, skip_rid=skip_rid,
-                                  max_partial_bytes=max_partial_bytes,
-                                  partial_hold_s=partial_hold_s,
-                                  incomplete_timeout_s=incomplete_timeout_s)
-        self._registry = SourceRegistry(ledger, self._delivery, name=name,
-                                        endpoints=self.endpoints,
-                                        notice_grace_s=notice_grace_s,
-                                        producer_timeout_s=producer_timeout_s)
+        try:
+            self._delivery = Delivery(ledger, zero_copy=zero_copy, durable=bool(name),
+                                      rid_filter=rid_filter, skip_rid=skip_rid,
+                                      max_partial_bytes=max_partial_bytes,
+                                      partial_hold_s=partial_hold_s,
+                                      incomplete_timeout_s=incomplete_timeout_s)
+            self._registry = SourceRegistry(ledger, self._delivery, name=name,
+                                            endpoints=self.endpoints,
+                                            notice_grace_s=notice_grace_s,
+                                            producer_timeout_s=producer_timeout_s)
+        except BaseException:
+            self._wire.close()   # its keeper thread holds it: never collected otherwise
+            raise
         #: what was not delivered, by rid (the ledger's own dicts: they stay current)
         self.dropped: dict[str, str] = ledger.dropped
         self.incomplete: dict[str, str] = ledger.incomplete
