@@ -319,7 +319,8 @@ Mapping::~Mapping() {
 
 Producer::Producer(const std::string& name, uint64_t capacity, uint32_t max_consumers, uint64_t epoch,
                    uint64_t control_reserve)
-    : name_(name), capacity_(capacity), control_reserve_(control_reserve), max_consumers_(max_consumers) {
+    : name_(name), capacity_(capacity), control_reserve_(control_reserve), max_consumers_(max_consumers),
+      owner_pid_(int64_t(getpid())) {
     std::string path = shm_path(name);
     if (capacity < 2 * RECORD_ALIGN || capacity % RECORD_ALIGN != 0 || capacity > (uint64_t(1) << 50))
         fail(ErrorKind::Value, "capacity " + std::to_string(capacity) + ": expected a multiple of " +
@@ -406,8 +407,14 @@ void Producer::require_open(const char* op) const {
 void Producer::close(bool unlink) {
     std::lock_guard<std::mutex> guard(mu_);
     if (!map_) return;
-    ofd_unlock(map_->fd, PRODUCER_LOCK_OFFSET);
-    if (unlink) shm_unlink(shm_path(name_).c_str());
+    // A forked child closing (or destroying) the producer object it inherited: the segment,
+    // its lock (shared with the parent: one open file description) and its name are the
+    // parent's, still in use. Only the child's mapping and descriptor go (closing a
+    // descriptor keeps an OFD lock that another descriptor of the description holds).
+    if (int64_t(getpid()) == owner_pid_) {
+        ofd_unlock(map_->fd, PRODUCER_LOCK_OFFSET);
+        if (unlink) shm_unlink(shm_path(name_).c_str());
+    }
     map_.reset();  // unmapped once the last payload view dies
     hdr_ = nullptr;
     slots_ = nullptr;
@@ -668,7 +675,7 @@ ProducerStats Producer::stats() {
 
 Consumer::Consumer(const std::string& name, uint64_t expected_epoch, const std::string& resume_name,
                    bool resume_only)
-    : name_(name), resume_name_(resume_name) {
+    : name_(name), resume_name_(resume_name), owner_pid_(int64_t(getpid())) {
     if (resume_name.size() >= SLOT_NAME_LEN)
         fail(ErrorKind::Value, "resume name '" + resume_name + "': expected at most " +
                                    std::to_string(SLOT_NAME_LEN - 1) + " bytes");
@@ -864,7 +871,13 @@ void Consumer::require_open(const char* op) const {
 // with its name and released position (durable detach). Then drops the lock and the mapping.
 void Consumer::release_slot(bool free_it) {
     if (!map_) return;
-    if (free_it) {
+    // A forked child closing the consumer it inherited: the slot and its lock (one open file
+    // description with the parent's) are the parent's, still reading. Freeing the slot or
+    // unlocking let the producer reclaim it and overwrite records the parent had not read
+    // (fault hunt of 2026-12-06: 511 of 600 samples named nowhere). Only the child's mapping
+    // and descriptor go.
+    const bool ours = int64_t(getpid()) == owner_pid_;
+    if (free_it && ours) {
         uint64_t word = my_word_;
         // SYNC POINT (5) seq_cst CAS: fails only if the slot is no longer ours (never while we
         // hold its lock: nobody changes a live consumer's slot).
@@ -873,7 +886,7 @@ void Consumer::release_slot(bool free_it) {
     }
     // The mapping keeps the open file description alive while payload views exist, and an OFD
     // lock lives as long as its description: unlock explicitly so the slot is free right now.
-    ofd_unlock(map_->fd, SLOT_LOCK_OFFSET + slot_);
+    if (ours) ofd_unlock(map_->fd, SLOT_LOCK_OFFSET + slot_);
     map_.reset();
     hdr_ = nullptr;
     my_slot_ = nullptr;

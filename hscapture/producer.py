@@ -30,6 +30,7 @@ from ._control import ControlLog
 from ._copies import EntryCopier, HostRowIds
 from ._cuda_copy import flush_deferred
 from ._entries import SPLIT, EntryWriter
+from ._fork import generation
 from ._publish_queue import PublishQueue
 from ._staging import Stage
 from ._producer_resources import ProducerResources
@@ -156,6 +157,9 @@ class Producer:
         stage_interval_s: float = 0.0,
         stage_bytes: int | None = None,
     ) -> None:
+        #: the fork generation this producer was made in: a forked child's copy (its atexit
+        #: close above all) gives nothing back (:mod:`hscapture._fork`)
+        self._gen = generation()
         if full_policy not in FULL_POLICIES:
             raise CaptureConfigError(
                 f"full_policy: expected one of {FULL_POLICIES}, found {full_policy!r}")
@@ -612,7 +616,13 @@ class Producer:
         orderly part is given up: the names are removed as above right away and the mapping
         is left to the process's exit, so nothing waits longer and no copy in flight writes
         into unmapped memory. Never raises for that; a second call returns at once.
+
+        In a forked child (at its exit above all: ``atexit``) it does nothing: the ring, the
+        socket, the endpoint and its claim are the parent's, still in use (until 2026-12-06
+        a child's normal exit said ``bye`` for the parent and removed its names).
         """
+        if self._gen != generation():
+            return
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         if not self._entries.closed:
             self.run_upstream()

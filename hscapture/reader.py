@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ._fork import GENERATION
 from .codec import CODECS, SCALE_PREFIX, decode
 from .errors import ShardError
 from . import shard_index as _index
@@ -146,8 +147,8 @@ def _torch_dtypes() -> dict[str, torch.dtype]:
 
 _TORCH_OF = _torch_dtypes()   # safetensors dtype name -> torch dtype
 
-_FORK_GEN = [0]   # bumped in every forked child: handles opened before the fork are dropped
-os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+#: bumped in every forked child: handles opened before the fork are dropped (_fork)
+_FORK_GEN = GENERATION
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -147,6 +147,7 @@ private:
     uint64_t capacity_ = 0;
     uint64_t control_reserve_ = 0;
     uint32_t max_consumers_ = 0;
+    int64_t owner_pid_ = 0;  // the process that opened it: a forked child's close gives nothing back
     std::shared_ptr<Mapping> map_;
     layout::SegmentHeader* hdr_ = nullptr;
     layout::ConsumerSlot* slots_ = nullptr;
@@ -237,6 +238,7 @@ private:
     std::string resume_name_;
     uint64_t epoch_ = 0;
     uint64_t capacity_ = 0;
+    int64_t owner_pid_ = 0;  // the process that attached: a forked child's close gives nothing back
     std::shared_ptr<Mapping> map_;
     layout::SegmentHeader* hdr_ = nullptr;
     layout::ConsumerSlot* my_slot_ = nullptr;
