@@ -23,7 +23,7 @@ LAYERS: list[list[str]] = [
 ]
 #: what the stack stands on; none of these may import any module of the stack
 FOUNDATIONS = {"_assembly", "_sequence", "record", "notice", "sample", "endpoint", "errors",
-               "ring", "_ring", "pinning", "_flock", "_subscriptions", "_leftover"}
+               "ring", "_ring", "pinning", "_flock", "_subscriptions", "_leftover", "_fork"}
 
 #: the producer stack, top first (the public API, the announcing side, the entry writer, and
 #: what the writer stands on), with what it may use besides
@@ -35,7 +35,7 @@ PRODUCER_LAYERS: list[list[str]] = [
     ["_staging"],
 ]
 PRODUCER_FOUNDATIONS = {"record", "notice", "endpoint", "errors", "_cuda_copy", "_ring", "ring",
-                        "pinning", "_subscriptions", "_leftover", "limits"}
+                        "pinning", "_subscriptions", "_leftover", "limits", "_fork"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -93,7 +93,7 @@ SHARD_LAYERS: list[list[str]] = [
     ["shard_index"],
     ["shard_format"],
 ]
-SHARD_FOUNDATIONS = {"errors", "sample", "codec", "notice", "_flock"}
+SHARD_FOUNDATIONS = {"errors", "sample", "codec", "notice", "_flock", "_fork"}
 
 
 def test_the_shard_modules_import_only_downward():
