@@ -256,6 +256,7 @@ class SourceRegistry:
             # of it (until 2026-12-06 nothing below the first number read counted as
             # missing, and with nothing read nothing did: fault hunt 2026-12-06, a1/a2)
             src.seqs.promise_from(_taken(src))
+            src.new_place = True
         if getattr(consumer, "expired", False):
             lost = consumer.lost_to - consumer.lost_from
             self.ledger.error(f"durable subscription {self.name!r} on {segment} expired while "
@@ -311,6 +312,7 @@ class SourceRegistry:
         producer = src.producer or "?"
         hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high,
                       self._leftovers(src), _taken(src))
+        src.owed_numbers()     # (after the leftover file: it may hold the unheard entry)
         for a, b in src.seqs.missing_below(hb_next):
             src.report_lost(a, b - a, src.lost_reason(a, f"{reason}: never recorded in the "
                                                          f"ring"))

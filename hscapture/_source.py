@@ -128,6 +128,12 @@ class Source:
         #: the incarnation's unheard entry (one at most) was read in the ring: a copy of it
         #: in the leftover file (kept there while the ring had no room) is not read again
         self.unheard_read = False
+        #: (a new place) an unheard entry is owed to us: the last heartbeat said ``heard``
+        #: false, so the producer had not yet named the rows it committed before our attach;
+        #: None before any heartbeat (:meth:`owed_numbers`)
+        self.owed_unheard: bool | None = None
+        self.new_place = False    # neither continuing nor resumed: promised from the attach
+        self.owed_below = 0       # numbers below it: owed by an unheard entry that never came
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
         #: durable: the acknowledgements a resumer of this place reads (what an earlier owner
@@ -149,9 +155,22 @@ class Source:
         if self.seqs.base is None:
             self.seqs.base = 0
 
+    def owed_numbers(self) -> None:
+        """At the end of the incarnation: if the unheard entry owed to this new place never
+        came (the producer was SIGKILLed, or closed, before the heartbeat that writes it; not
+        in the ring, not in the leftover file), the numbers it took before our attach are
+        missing too, reported as lost by number (their rids died with the producer). Until
+        2026-12-06 they were named nowhere (GUARANTEES gap 13(b), fault hunt a3: 6/6)."""
+        if self.owed_unheard and not self.unheard_read and self.seqs.floor:
+            self.owed_below = self.seqs.floor
+            self.seqs.floor = self.seqs.base = 0
+
     def lost_reason(self, first: int, reason: str) -> str:
         """Why numbers from ``first`` on are lost: ``reason``, unless they came before this
-        (continuing) subscriber's place in the ring."""
+        (continuing) subscriber's place in the ring, or before this new place's attach."""
+        if first < self.owed_below:
+            return ("committed before this subscriber attached; the producer ended before it "
+                    "named them (its unheard entry was never written)")
         if self.continuing and (self.first_read is None or first < self.first_read):
             return ("committed before this subscriber attached to the producer's new "
                     "incarnation (it restarted), before its place in the ring, and named by no "
@@ -188,6 +207,8 @@ class Source:
                               f"past the ring's own head {self.consumer.head}", "forged_notices")
             return
         self.hb = msg
+        if self.new_place and self.owed_unheard is not False:
+            self.owed_unheard = not msg["heard"]   # once heard, never owed again
 
     # -- the ring --------------------------------------------------------------------------
 

@@ -1002,6 +1002,39 @@ def test_captures_before_the_first_subscriber_are_named_when_the_ring_had_no_roo
             Subscriber(endpoint, name="away").unsubscribe()
 
 
+def test_captures_before_the_first_subscriber_are_reported_when_the_producer_dies_before_naming_them(
+        endpoint):
+    # The unheard entry naming the captures before the first attach is written at the
+    # heartbeat after the attach. A producer SIGKILLed before it left those captures named
+    # nowhere (GUARANTEES gap 13(b); fault hunt a3, 6/6). The subscriber's heartbeats said
+    # `heard` false since its attach: their numbers are now reported lost (their rids died
+    # with the producer). Heartbeats 5 s apart: the kill lands well inside that window.
+    prod = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from fault_support import source
+        from hscapture import Producer
+        p = Producer({endpoint!r}, producer_id="g13b", heartbeat_interval_s=5.0)
+        for rid in ("w0", "w1", "w2"):
+            tensors, ids = source(rid, 8)
+            assert p.capture(rid, tensors, layers={list(LAYERS)!r}, token_ids=ids)
+        p.flush()
+        assert p.wait_for_consumers(1, 60)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)], stderr=subprocess.PIPE, text=True)
+    got: dict = {}
+    with Subscriber(endpoint, producer_timeout_s=1.0) as b:
+        try:
+            _take(b, got, lambda: b.stats()["lost"], "the three numbers to be reported", 60)
+        finally:
+            prod.wait(timeout=60)
+        st = b.stats()
+    assert prod.returncode == -signal.SIGKILL, prod.stderr.read()
+    assert not got and not st["dropped"]
+    assert [(x["first"], x["count"]) for x in st["lost"]] == [(0, 3)], st["lost"]
+    assert "before this subscriber attached" in st["lost"][0]["reason"]
+
+
 def test_captures_before_the_first_subscribers_are_named_to_one_at_the_head_beside_a_resumed_place(
         endpoint):
     # A durable name that went away has a place kept from the new ring's start. 20 captures
