@@ -256,7 +256,6 @@ class SourceRegistry:
             # of it (until 2026-12-06 nothing below the first number read counted as
             # missing, and with nothing read nothing did: fault hunt 2026-12-06, a1/a2)
             src.seqs.promise_from(_taken(src))
-            src.new_place = True
         if getattr(consumer, "expired", False):
             lost = consumer.lost_to - consumer.lost_from
             self.ledger.error(f"durable subscription {self.name!r} on {segment} expired while "

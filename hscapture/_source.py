@@ -132,7 +132,6 @@ class Source:
         #: false, so the producer had not yet named the rows it committed before our attach;
         #: None before any heartbeat (:meth:`owed_numbers`)
         self.owed_unheard: bool | None = None
-        self.new_place = False    # neither continuing nor resumed: promised from the attach
         self.owed_below = 0       # numbers below it: owed by an unheard entry that never came
         self.order = order        # attach order: the earlier of two conflicting wins
         self.resumed = resumed    # took over an existing durable place
@@ -207,7 +206,8 @@ class Source:
                               f"past the ring's own head {self.consumer.head}", "forged_notices")
             return
         self.hb = msg
-        if self.new_place and self.owed_unheard is not False:
+        # (a new place: neither continuing nor resumed, promised from its attach)
+        if not self.continuing and not self.resumed and self.owed_unheard is not False:
             self.owed_unheard = not msg["heard"]   # once heard, never owed again
 
     # -- the ring --------------------------------------------------------------------------
