@@ -326,6 +326,7 @@ NB_MODULE(_ring, m) {
     so["attached_at"] = L::S_ATTACHED_AT;
     so["delivered"] = L::S_DELIVERED;
     so["unsettled"] = L::S_UNSETTLED;
+    so["read_through"] = L::S_READ_THROUGH;
     m.attr("SLOT_OFFSETS") = so;
     nb::dict rh;
     rh["state"] = L::R_STATE;
@@ -486,6 +487,13 @@ NB_MODULE(_ring, m) {
                      "resume (0: no bound but delivered), as the slot holds it.")
         .def("store_unsettled", &hsc::Consumer::store_unsettled, "value"_a,
              "Durable: record the bound above (any value; anonymous consumers: a no-op).")
+        .def_prop_ro("read_through", &hsc::Consumer::read_through,
+                     "Durable: 1 + the highest sample number of an entry the owners of this "
+                     "place read (0: none), as the slot holds it; a resumer reads the previous "
+                     "owner's value: numbers at or above it no owner read.")
+        .def("store_read_through", &hsc::Consumer::store_read_through, "value"_a,
+             "Durable: record the bound above before releasing the records it covers "
+             "(monotonic; anonymous consumers: a no-op).")
         .def_prop_ro("expired", &hsc::Consumer::expired)
         .def_prop_ro("lost_from", &hsc::Consumer::lost_from)
         .def_prop_ro("lost_to", &hsc::Consumer::lost_to)

@@ -44,6 +44,12 @@
 //       `released` store (2) that lets the ring pass the chunks it protects, and a larger one
 //       only AFTER the `delivered` store that covers them, so whatever pair of values a crash
 //       leaves is conservative.
+//       read_through (1 + the highest sample number of any entry the owners of the place
+//       read) is stored by the owner alike (release, monotonic) BEFORE each `released`
+//       store (2): a record the ring may pass has its numbers below it, so a resumer that
+//       acquire-loads it after its CAS knows every number at or above it is either in the
+//       ring past `released` or was never committed (reported lost when the incarnation
+//       retires). Zeroed alike; an EXPIRED slot of our name keeps it, as `delivered`.
 //   (9) taken: only the producer stores it (release, monotonic, as it takes sample numbers);
 //       a consumer acquire-loads it when it retires the incarnation, after the producer is
 //       gone. It publishes nothing else: it only bounds the numbers a retirer reports lost.
@@ -843,6 +849,7 @@ uint64_t Consumer::register_protocol(ConsumerSlot& s, uint64_t word) {
     // keeps its value: its numbers are this segment's, and acknowledged stays acknowledged)
     if (fresh) s.delivered.store(0, std::memory_order_relaxed);
     if (fresh) s.unsettled.store(0, std::memory_order_relaxed);
+    if (fresh) s.read_through.store(0, std::memory_order_relaxed);
     uint64_t mine;
     do {
         mine = slot_word(slot_generation(word) + 1, SLOT_ACTIVE, durable);
@@ -993,6 +1000,21 @@ void Consumer::store_unsettled(uint64_t value) {
     if (resume_name_.empty()) return;   // anonymous: nobody resumes it
     // SYNC POINT (8) release: before the released store (2) it must precede, when smaller
     my_slot_->unsettled.store(value, std::memory_order_release);
+}
+
+uint64_t Consumer::read_through() const {
+    require_open("read_through");
+    // SYNC POINT (8) acquire: the previous owner's last store (it is gone).
+    return my_slot_->read_through.load(std::memory_order_acquire);
+}
+
+void Consumer::store_read_through(uint64_t value) {
+    require_open("store_read_through");
+    if (resume_name_.empty()) return;   // anonymous: nobody resumes it
+    // SYNC POINT (8) release, monotonic: before the released store (2) that passes the
+    // records whose numbers it covers
+    if (value > my_slot_->read_through.load(std::memory_order_relaxed))
+        my_slot_->read_through.store(value, std::memory_order_release);
 }
 
 void Consumer::store_released(uint64_t position) {

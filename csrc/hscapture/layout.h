@@ -170,7 +170,8 @@ constexpr std::size_t SLOT_NAME_LEN = 64;
 constexpr std::size_t S_ATTACHED_AT = S_NAME + SLOT_NAME_LEN;
 constexpr std::size_t S_DELIVERED = S_ATTACHED_AT + sizeof(uint64_t);
 constexpr std::size_t S_UNSETTLED = S_DELIVERED + sizeof(uint64_t);
-constexpr std::size_t S_END = S_UNSETTLED + sizeof(uint64_t);
+constexpr std::size_t S_READ_THROUGH = S_UNSETTLED + sizeof(uint64_t);
+constexpr std::size_t S_END = S_READ_THROUGH + sizeof(uint64_t);
 static_assert(SLOT_NAME_LEN % sizeof(uint64_t) == 0, "the name is stored as whole u64 words");
 static_assert(S_END <= SLOT_SIZE, "slot overflows its two cache lines");
 
@@ -277,6 +278,10 @@ struct ConsumerSlot {
     // Written only by the slot's owner (release store, not monotonic); zeroed like
     // `delivered`; loaded by a resumer after its CAS, before `delivered`.
     std::atomic<uint64_t> unsettled;
+    // Written only by the slot's owner (release store, monotonic) before each `released`
+    // store; zeroed like `delivered`; loaded by a resumer after its CAS. 0 in a segment of an
+    // older build (the field was padding, zero-filled): the resumer then has no bound.
+    std::atomic<uint64_t> read_through;
     uint8_t pad[SLOT_SIZE - S_END];
 };
 
@@ -321,6 +326,7 @@ static_assert(offsetof(ConsumerSlot, name) == S_NAME);
 static_assert(offsetof(ConsumerSlot, attached_at) == S_ATTACHED_AT);
 static_assert(offsetof(ConsumerSlot, delivered) == S_DELIVERED);
 static_assert(offsetof(ConsumerSlot, unsettled) == S_UNSETTLED);
+static_assert(offsetof(ConsumerSlot, read_through) == S_READ_THROUGH);
 static_assert(sizeof(ConsumerSlot) == SLOT_SIZE);
 
 static_assert(offsetof(RecordHeader, state) == R_STATE);

@@ -217,6 +217,12 @@ public:
     // what it means is the subscriber's (hscapture/_source.py). Not monotonic.
     uint64_t unsettled() const;
     void store_unsettled(uint64_t value);
+    // Durable: 1 + the highest sample number of an entry this place's owners read (0: none,
+    // or a segment of an older build), as the slot holds it (a resumer reads the previous
+    // owner's value); store_read_through keeps it monotonic. Store it before releasing the
+    // records it covers.
+    uint64_t read_through() const;
+    void store_read_through(uint64_t value);
     bool expired() const { return expired_; }
     uint64_t lost_from() const { return lost_from_; }
     uint64_t lost_to() const { return lost_to_; }
