@@ -114,6 +114,9 @@ class Delivery:
         self.closed = False
         #: called with a source after a released sample gave some of its records back
         self.on_released: Callable[[Source], None] = lambda src: None
+        #: durable: by epoch, the unheard record whose rows a source holds as cut, kept in
+        #: the ring while any sample is cut (:meth:`_hold_cut`)
+        self._cut_holds: dict[int, _FailureHold] = {}
         #: durable: the settlement of every partial tracked as unsettled, by key
         self._unsettled: dict[tuple[int, str], Settlement] = {}
         #: durable: what names failures not yet acknowledged, in the order held
@@ -147,6 +150,7 @@ class Delivery:
         elif kind == "unheard":
             src.unheard_read = True
             failed = len(self.ledger.failure_log)
+            was_cut = len(src.cut)
             for row in entry.rows:
                 seq = row["seq"]
                 if src.seqs.seen(seq):
@@ -174,6 +178,8 @@ class Delivery:
                     src.seqs.add(seq, 1)
             if len(self.ledger.failure_log) > failed:
                 self.hold_failure(src, record.position)
+            if len(src.cut) > was_cut:
+                self._hold_cut(src, record.position)
             # (a continuing source reports the numbers no row names as lost, by range)
             if entry.meta["overflow"] and not src.continuing:
                 self.ledger.lost.append(LostRange(
@@ -776,6 +782,30 @@ class Delivery:
             src.release()
             self.on_released(src)
 
+    def _hold_cut(self, src: Source, position: int) -> None:
+        """Durable: keep the unheard record at ``position`` in the ring while ``src`` holds a
+        sample it names as cut (its first rows before our place, its fate unknown): a
+        resumer of a subscriber that dies meanwhile reads it again and reports the sample
+        when its fate is known. Until 2026-12-06 the record was released at once, and a
+        drain SIGKILLed then left such a sample named nowhere (fault hunt h1, 4/4;
+        GUARANTEES 13(e)). Given back once no sample is cut (the fate of each was reported,
+        or a restart discarded it), or after ``partial_hold_s`` or a quarter of the ring, as a
+        failure is."""
+        if not self.durable or self.closed or src.epoch in self._cut_holds:
+            return
+        src.borrowed.add(position)
+        self._cut_holds[src.epoch] = _FailureHold(0, src, position, time.monotonic())
+
+    def _bound_cut_holds(self, now: float) -> None:
+        for epoch, hold in list(self._cut_holds.items()):
+            consumer = hold.src.consumer
+            if hold.src.cut and consumer is not None and \
+                    now - hold.since <= self.partial_hold_s and \
+                    consumer.position - hold.position <= consumer.capacity // 4:
+                continue
+            del self._cut_holds[epoch]
+            self._give_back(hold)
+
     def _bound_failure_holds(self, now: float) -> None:
         """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
         quarter of it, each (past that a resumer may not learn of them: only a crash could
@@ -807,6 +837,8 @@ class Delivery:
         """Stop holding the ring for partials idle past ``partial_hold_s``; fail those idle
         past ``incomplete_timeout_s``; bound the failures not acknowledged."""
         self._bound_failure_holds(now)
+        if self._cut_holds:
+            self._bound_cut_holds(now)
         if self.durable:
             # the quarter-of-the-ring bound, also when no chunk of a partial arrives (whole
             # samples only: until 2026-12-05 one open partial then pinned the ring for

@@ -29,7 +29,7 @@ ADOPT_S = 1.0
 #: the place of a source whose ring was gone before it attached: every entry lies before it
 _BEYOND_THE_RING = 1 << 64
 
-__all__ = ["SourceRegistry"]
+__all__ = ["SourceRegistry", "taken_numbers"]
 
 
 class _HeldAt:
@@ -255,7 +255,9 @@ class SourceRegistry:
             # took but never committed before it died are reported even when we read nothing
             # of it (until 2026-12-06 nothing below the first number read counted as
             # missing, and with nothing read nothing did: fault hunt 2026-12-06, a1/a2)
-            src.seqs.promise_from(_taken(src))
+            src.seqs.promise_from(taken_numbers(src))
+        elif src.resumed and src.settlement.durable:
+            src.promise_inherited()
         if getattr(consumer, "expired", False):
             lost = consumer.lost_to - consumer.lost_from
             self.ledger.error(f"durable subscription {self.name!r} on {segment} expired while "
@@ -310,7 +312,7 @@ class SourceRegistry:
         src.retired = True
         producer = src.producer or "?"
         hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high,
-                      self._leftovers(src), _taken(src))
+                      self.read_leftovers(src), taken_numbers(src))
         src.owed_numbers()     # (after the leftover file: it may hold the unheard entry)
         for a, b in src.seqs.missing_below(hb_next):
             src.report_lost(a, b - a, src.lost_reason(a, f"{reason}: never recorded in the "
@@ -326,7 +328,7 @@ class SourceRegistry:
             del self.current[producer]
         self.maybe_finish(src)
 
-    def _leftovers(self, src: Source) -> int:
+    def read_leftovers(self, src: Source) -> int:
         """What ``src``'s producer closed with and never got into its ring (the leftover
         file beside the segment, :mod:`hscapture._leftover`): each entry not read yet is
         dispatched as if the ring held it (its rows named by rid, held for a resumer until
@@ -468,7 +470,7 @@ class SourceRegistry:
         return out
 
 
-def _taken(src: Source) -> int:
+def taken_numbers(src: Source) -> int:
     """The numbers ``src``'s producer took, as its segment header says (0: not attached,
     or a segment of an older build): a SIGKILL can leave drops named neither by a heartbeat
     nor by the leftover file, but never this."""

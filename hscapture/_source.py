@@ -138,6 +138,10 @@ class Source:
         #: durable: the acknowledgements a resumer of this place reads (what an earlier owner
         #: acknowledged is skipped, not repeated: :mod:`hscapture._settlement`)
         self.settlement = Settlement(consumer, resumed)
+        #: durable: 1 + the highest number of an entry read from this ring (and the value
+        #: stored in the slot): stored before each release, so that a resumer knows the
+        #: numbers no owner of the place read (:meth:`promise_inherited`)
+        self.read_max = self.read_stored = 0
         self.unread = False       # the last budgeted pump stopped with entries maybe left
         #: called (no arguments) just before the ring is unmapped: a reader that registered
         #: :meth:`data_region` with CUDA unregisters it here (hscapture.stream, device=)
@@ -153,6 +157,18 @@ class Source:
         self.start = position
         if self.seqs.base is None:
             self.seqs.base = 0
+
+    def promise_inherited(self) -> None:
+        """A resumed durable place: every number at or above the slot's ``read_through`` (no
+        earlier owner of the place read it) is promised, so those its producer took and never
+        committed are reported lost when the incarnation retires, even when this resumer
+        reads nothing (until 2026-12-06 nothing counted as missing below the first number
+        a resumer read: fault hunt f1, GUARANTEES gap 13(a)). 0 (nothing read, or a segment
+        of an older build): no promise, as before."""
+        through = int(getattr(self.consumer, "read_through", 0) or 0)
+        if through:
+            self.read_max = self.read_stored = through
+            self.seqs.promise_from(through)
 
     def owed_numbers(self) -> None:
         """At the end of the incarnation: if the unheard entry owed to this new place never
@@ -256,6 +272,8 @@ class Source:
                 continue
             if self.producer is None:
                 self.producer = entry.meta["producer"]
+            if entry.n and entry.seq + entry.n > self.read_max:
+                self.read_max = entry.seq + entry.n
             if self.first_read is None:
                 self.first_read = entry.seq
             notice = self.notices.pop(entry.seq, None) if entry.kind != "unheard" else None
@@ -315,11 +333,16 @@ class Source:
                 entry = rec.read_entry(record.payload, payload_len=record.payload_len,
                                        epoch=self.epoch, producer=self.producer,
                                        tag=record.tag)
-            except NoticeError:
+            except NoticeError as exc:   # named lost, from its notice (gap 12)
                 entry = None
+                self.ledger.error(f"ring entry at {record.position} of {self.producer!r}: "
+                                  f"{exc}", "corrupt_records")
+                self._report_unreadable(record, exc)
             if entry is not None and entry.kind == "batch":
+                self.seqs.add(entry.seq, entry.n)     # (read: a closing subscriber counts it)
                 rids.extend(row["rid"] for row in entry.rows)
             elif entry is not None and (not entry.n or not self.seqs.seen(entry.seq)):
+                self.seqs.add(entry.seq, entry.n)
                 sink.on_entry(self, record, entry)
             record = None
         self.release()
@@ -348,6 +371,10 @@ class Source:
         if oldest is not None:
             limit = min(limit, oldest)
         if limit > consumer.released:
+            if self.read_max > self.read_stored and self.settlement.durable:
+                # before the release: the records it passes have their numbers below it
+                consumer.store_read_through(self.read_max)
+                self.read_stored = self.read_max
             consumer.release(limit)
 
     def data_region(self) -> tuple[int, int] | None:

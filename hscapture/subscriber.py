@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from ._closing import name_what_was_taken
 from ._delivery import Delivery
 from ._fork import GENERATION, generation
 from ._ledger import Ledger, LostRange
@@ -149,6 +150,7 @@ class Subscriber:
         self.errors = ledger.errors
         self._last_housekeeping = 0.0
         self._closed = False
+        self._settled = False          # (_skim_before_close ran)
         #: an anonymous subscriber's samples committed and never handed out, named at close
         self._undelivered: list[str] = []
         if name:
@@ -319,7 +321,28 @@ class Subscriber:
         what it did not read stays in the ring for the next one of its name."""
         if self.name or self._closed:
             return []
-        return list(dict.fromkeys(self._skim(giving_up=False)))
+        return list(dict.fromkeys(self._skim_before_close()))
+
+    def _skim_before_close(self) -> list[str]:
+        """:meth:`skim_unread` and the anonymous :meth:`close`: the first call reads every
+        ring to the numbers its producer took so far, drops the backlog still held
+        included (:func:`hscapture._closing.name_what_was_taken`: up to ``SETTLE_S`` while
+        they are on their way); a later one (a close after ``skim_unread``) reads what the
+        rings hold then."""
+        if self._settled:
+            return self._skim(giving_up=False)
+        self._settled = True
+        wants = self._delivery.wants
+        return [rid for rid in name_what_was_taken(
+            self._registry, self._delivery,
+            lambda seconds: self._wire.receive(seconds, self._route_known)) if wants(rid)]
+
+    def _route_known(self, msg: dict[str, Any]) -> None:
+        """A notice arriving while this subscriber closes: taken by the incarnation it reads
+        (the notice of an entry found unreadable names its numbers lost, with the reason),
+        never the start of a new one."""
+        if msg["epoch"] in self._registry.sources:
+            self._registry.route(msg)
 
     def _skim(self, giving_up: bool) -> list[str]:
         """Every ring's unread data rows' rids (:meth:`Source.skim <hscapture._source.Source.
@@ -348,8 +371,11 @@ class Subscriber:
             return
         if not self._closed and not self.name:
             left = [s.rid for s in self._delivery.ready]
+            # what it holds pins the ring: given back first, so that the drops the producer
+            # keeps for lack of room reach the ring while we still read it
+            self._release_borrowed()
             try:
-                left += self._skim(giving_up=False)
+                left += self._skim_before_close()
             except HSCaptureError as exc:     # a ring gone under us: name what we have
                 log.warning("hscapture: closing, the unread rows of a ring could not be "
                             "read (%s)", exc)
@@ -432,6 +458,17 @@ class Subscriber:
             registry.housekeeping(now)
             self._delivery.housekeeping(now)
 
+    def _release_borrowed(self) -> None:
+        # closed first: the views of the samples never taken are emptied below, but neither
+        # acknowledged nor given back (a durable place gets them again)
+        self._delivery.closed = True
+        # and every borrowed sample handed out and still held: its views end with our
+        # places in the rings (an anonymous place's records are reused at once; until
+        # 2026-12-05 such a sample's bytes changed under its holder)
+        for sample in [*self._delivery.ready, *self._delivery.lent.values()]:
+            if sample.borrowed:
+                sample.release()
+
     def _forked(self) -> bool:
         """True (and closed, touching nothing) in a forked child: the rings' slots, their
         locks, the socket and the borrowed samples are the parent's, still in use. Until
@@ -446,15 +483,7 @@ class Subscriber:
     def _shutdown(self, unsubscribe: bool) -> None:
         if self._closed or self._forked():
             return
-        # closed first: the views of the samples never taken are emptied below, but neither
-        # acknowledged nor given back (a durable place gets them again)
-        self._delivery.closed = True
-        # and every borrowed sample handed out and still held: its views end with our
-        # places in the rings (an anonymous place's records are reused at once; until
-        # 2026-12-05 such a sample's bytes changed under its holder)
-        for sample in [*self._delivery.ready, *self._delivery.lent.values()]:
-            if sample.borrowed:
-                sample.release()
+        self._release_borrowed()
         self._closed = True
         self._registry.close(unsubscribe)
         self._wire.close()

@@ -16,6 +16,7 @@ PKG = Path(__file__).resolve().parent.parent / "hscapture"
 LAYERS: list[list[str]] = [
     ["stream"],
     ["subscriber"],
+    ["_closing"],
     ["_registry", "_wire"],
     ["_delivery"],
     ["_source"],
