@@ -41,3 +41,34 @@ def test_an_unheard_entry_past_the_backlogs_bound_counts_every_row_it_names_unre
     log.note_unheard(_committed(0, 1, ["a", "b", "c"]))
     log.add(_unheard(log, 4, attached_at=4096))
     assert log.unrecorded == 3 and log.told   # named nowhere: counted, never waited for
+
+
+def test_past_the_unheard_bound_only_ended_rows_are_counted_and_open_ones_stay_named():
+    # 4 rows named, then 2 more ended samples (counted: overflow 2), then z's first chunk and
+    # an abort: z's row is still named (a restart may discard it, and did) and the abort's
+    # number is listed discarded. Until 2026-12-06 both were past the bound: z stayed in the
+    # overflow count (a false count) and the abort's number was listed nowhere, so a
+    # follower reported it lost (fault hunt i1, GUARANTEES 13(f))
+    log = ControlLog(unheard_rows=4)
+    for k in range(6):
+        log.note_unheard(_committed(k, k, [f"w{k}"]))
+    log.note_unheard(_committed(6, 6, ["z"], last=False))
+    meta = _unheard(log, 8, attached_at=4096)       # taken while z is open
+    assert meta["overflow"] == 2
+    assert [r["rid"] for r in meta["rows"]] == ["w0", "w1", "w2", "w3", "z"]
+    assert meta["rows"][-1]["last"] is False and meta["discarded"] == []
+    log = ControlLog(unheard_rows=4)
+    for k in range(6):
+        log.note_unheard(_committed(k, k, [f"w{k}"]))
+    log.note_unheard(_committed(6, 6, ["z"], last=False))
+    log.note_unheard(SimpleNamespace(position=7, seq=7, rows=[], abort=("z", True)))
+    meta = _unheard(log, 8, attached_at=4096)       # taken after z's restart abort
+    assert meta["overflow"] == 2 and [r["rid"] for r in meta["rows"]] == ["w0", "w1", "w2", "w3"]
+    assert meta["discarded"] == [6, 7]
+
+
+def test_open_rows_past_the_unheard_bound_are_themselves_bounded():
+    log = ControlLog(unheard_rows=2)
+    log.note_unheard(_committed(0, 0, [f"o{k}" for k in range(10)], last=False))
+    rows, overflow, discarded = log.take_unheard(4096)
+    assert len(rows) == 4 and overflow == 6 and discarded == []
