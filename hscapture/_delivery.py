@@ -209,7 +209,8 @@ class Delivery:
                 rid, seq = row["rid"], entry.seq + r
                 key = (epoch, rid)
                 if src.seqs.seen(seq) or not self.wants(rid) or \
-                        self._of_a_failed_sample(key, row["token_start"], row["cached_prefix"]):
+                        self._of_a_failed_sample(key, row["token_start"], row["cached_prefix"],
+                                                 seq):
                     continue
                 if row["last"]:
                     src.cut.pop(rid, None)
@@ -223,7 +224,7 @@ class Delivery:
             src.seqs.add(entry.seq, entry.n)
 
     def _of_a_failed_sample(self, key: tuple[int, str], token_start: int,
-                            cached_prefix: int) -> bool:
+                            cached_prefix: int, seq: int | None = None) -> bool:
         """Whether a row of ``key``'s rid belongs to a sample already reported (nothing of it
         is used or reported again). A row that starts a sample (at token 0, or where its
         cached prefix ends) begins a new one of the rid instead (the SGLang hook publishes
@@ -232,6 +233,13 @@ class Delivery:
         if not self.ledger.has_failed(key):
             return False
         if token_start != 0 and token_start != cached_prefix:
+            return True
+        at = self.ledger.failed_at(key)
+        if seq is not None and at is not None and seq < at:
+            # numbered before the row or entry that failed it: the failed sample's own start,
+            # read out of order (a drop the producer's backlog wrote late), not a retry (a
+            # retry is captured after the failure). Until 2026-12-06 it was taken for a new
+            # attempt and its drop reported the rid a second time (fault hunt F3)
             return True
         self.ledger.new_attempt(key)
         return False
@@ -247,7 +255,8 @@ class Delivery:
             src.cut.pop(rid, None)
         if self.rid_filter is not None and not self.rid_filter(rid):
             return
-        if self._of_a_failed_sample(key, row["token_start"], row.get("cached_prefix", 0)):
+        if self._of_a_failed_sample(key, row["token_start"], row.get("cached_prefix", 0),
+                                    entry.seq + r):
             return
         self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
                   _event(src, entry.seq + r))
@@ -435,7 +444,7 @@ class Delivery:
             self.hold_failure(src, record.position)
             if not starts:
                 return
-        if self._of_a_failed_sample(key, rv.token_start, rv.cached_prefix):
+        if self._of_a_failed_sample(key, rv.token_start, rv.cached_prefix, rv.seq):
             counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
             return
         p = self.asm.get(key)

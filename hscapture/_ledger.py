@@ -40,6 +40,14 @@ class LostRange:
     reason: str
 
 
+def _event_seq(event: str | None) -> int | None:
+    """The sequence number of a failure event ``"epoch:seq"`` (None: none or malformed)."""
+    if not event:
+        return None
+    _, sep, seq = event.rpartition(":")
+    return int(seq) if sep and seq.isdigit() else None
+
+
 class Ledger:
     """The reports and counters of one subscriber.
 
@@ -62,7 +70,9 @@ class Ledger:
         self.rejected: dict[str, str] = {}
         self.lost: list[LostRange] = []
         self.conflicts: dict[str, str] = {}
-        self._failed: collections.OrderedDict[tuple[int, str], None] = \
+        #: (epoch, rid) of a failed sample -> the sequence number of the row or entry that
+        #: failed it (None: no record did)
+        self._failed: collections.OrderedDict[tuple[int, str], int | None] = \
             collections.OrderedDict()
         #: every failure in the order it was recorded: ``(kind, rid, reason, event)``, kind
         #: one of ``dropped`` / ``incomplete`` / ``rejected``, event ``"epoch:seq"`` of the
@@ -89,10 +99,7 @@ class Ledger:
         """Sample ``key`` = (epoch, rid) failed: ``kind`` is ``dropped``, ``rejected`` or
         anything else (``incomplete``); ``event`` names the record that says so (see
         :attr:`failure_log`). A known event fails the sample without reporting it again."""
-        self._failed[key] = None
-        self._failed.move_to_end(key)
-        while len(self._failed) > MAX_FAILED:
-            self._failed.popitem(last=False)
+        self.known_failed(key, _event_seq(event))
         if event is not None and event in self.known_events:
             self.counts["failures_known_before"] += 1
             return
@@ -103,8 +110,23 @@ class Ledger:
         self.failure_log.append((kind, rid, reason, event))
         self.counts[f"{kind}_samples"] += 1
 
+    def known_failed(self, key: tuple[int, str], seq: int | None = None) -> None:
+        """Sample ``key`` failed and a caller already reported it (an earlier owner of a
+        durable place): its later chunks are recognised (:meth:`has_failed`) and neither used
+        nor reported as another failure of the rid; a new sample of the rid begins as usual
+        (:meth:`new_attempt`); ``seq``: the number of the row or entry that failed it."""
+        self._failed[key] = seq
+        self._failed.move_to_end(key)
+        while len(self._failed) > MAX_FAILED:
+            self._failed.popitem(last=False)
+
     def has_failed(self, key: tuple[int, str]) -> bool:
         return key in self._failed
+
+    def failed_at(self, key: tuple[int, str]) -> int | None:
+        """The number of the row or entry that failed ``key``'s sample (None: unknown): a
+        start of the rid numbered below it is that sample's own, read out of order."""
+        return self._failed.get(key)
 
     def new_attempt(self, key: tuple[int, str]) -> None:
         """A new sample of ``key``'s rid begins after its failed one (a client retrying with

@@ -243,6 +243,11 @@ class SourceRegistry:
         src = Source(consumer.epoch, producer, segment, consumer, self.ledger,
                      notice_grace_s=self.notice_grace_s, order=next(self._attach_order),
                      resumed=bool(getattr(consumer, "resumed", False)))
+        # the entries committed before now had their notices sent before we listened: read
+        # as they are, not held for notice_grace_s each (until 2026-12-06 this stayed 0, and
+        # a resumer of a producer whose heartbeats were far apart read one such entry a
+        # second)
+        src.attach_head = int(consumer.head)
         self.sources[src.epoch] = src
         self.ledger.counts["attached"] += 1
         if producer is not None:

@@ -42,9 +42,10 @@ class ReportLog:
         earlier drain recorded and never named in a report (it was killed first)."""
         return self.read()[0]
 
-    def read(self) -> tuple[list[tuple[str, str, str]], set[str]]:
-        """:meth:`unreported`, and the events of every failure in the file."""
-        events: set[str] = set()
+    def read(self) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+        """:meth:`unreported`, and the event of every failure in the file with its rid
+        (:meth:`hscapture.Subscriber.known_failures` takes them)."""
+        events: dict[str, str] = {}
         try:
             with open(self.path, "rb") as f:
                 raw = f.read()
@@ -64,7 +65,7 @@ class ReportLog:
             elif d.get("kind") in KINDS and isinstance(d.get("rid"), str):
                 out.append((d["kind"], d["rid"], str(d.get("reason", ""))))
                 if isinstance(d.get("event"), str):
-                    events.add(d["event"])
+                    events[d["event"]] = d["rid"]
         return out, events
 
     def append(self, failures: list[tuple[str, str, str, str | None]]) -> None:

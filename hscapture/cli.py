@@ -156,8 +156,9 @@ Exit codes:
   1    error (one line "hscapture: error: ..."; --debug shows the traceback)
   2    usage error (bad option or argument), or a refusal (export: the shards
        cannot produce what was asked; nothing written)
-  3    done, but some samples were dropped, incomplete, rejected, in flight or lost, or
-       two producers shared an id (all listed)
+  3    done, but some samples were dropped, incomplete, rejected, in flight or lost,
+       numbers were not seen yet at the stop (unresolved), or two producers shared an id
+       (all listed)
   130  interrupted (Ctrl-C); what was written is kept
 
 \b
@@ -318,7 +319,8 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
               "duplicate_rids": stats.get("skipped", [])[:1000],
               "stopped_by": res.stopped_by, "dropped": res.dropped,
               "incomplete": res.incomplete, "rejected": res.rejected,
-              "in_flight": res.in_flight, "lost": res.lost, "conflicts": res.conflicts,
+              "in_flight": res.in_flight, "lost": res.lost, "unresolved": res.unresolved,
+              "conflicts": res.conflicts,
               "not_written": stats.get("not_written", []),
               "lost_notices": stats.get("lost_notices", 0),
               "malformed_notices": stats.get("malformed_notices", 0),
@@ -346,6 +348,9 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
     for lost in res.lost:
         log.warning("lost %s events of producer %s@%016x (seq %s..): %s", lost["count"],
                     lost["producer"], lost["epoch"], lost["first"], lost["reason"])
+    for left in res.unresolved:
+        log.warning("%s events of producer %s@%016x (seq %s..) %s", left["count"],
+                    left["producer"], left["epoch"], left["first"], left["reason"])
     # the failures are marked reported only now that the report is out: a second Ctrl-C
     # (or a closed pipe) before this leaves them for the next drain to name again
     sys.stdout.flush()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ._closing import name_what_was_taken
 from ._delivery import Delivery
@@ -297,12 +297,22 @@ class Subscriber:
         subscriber of the name so that it does not report them again."""
         return self._ledger.failure_log[since:]
 
-    def known_failures(self, events: Iterable[str]) -> None:
+    def known_failures(self, events: Iterable[str] | Mapping[str, str]) -> None:
         """Failures the caller already recorded (their :meth:`failures` events, e.g. from
         an earlier run that crashed after recording them): read again from the ring by this
         resumer, their samples still fail (nothing of them is delivered) but are not
-        reported a second time."""
+        reported a second time. Given as a mapping of event to rid (the drain's
+        ``reports.jsonl`` pairs them), the failed samples themselves are known too: a later
+        chunk of one (another dropped chunk, rows a resumer meets without their start) is
+        not reported as another failure of the rid (until 2026-12-06 a restarted drain named
+        such a rid a second time: fault hunt F3), while a new sample of the rid, from its
+        first row, is delivered as usual."""
         self._ledger.known_events.update(e for e in events if e)
+        if isinstance(events, Mapping):
+            for event, rid in events.items():
+                epoch, sep, seq = str(event).partition(":")
+                if sep and epoch.isdigit() and seq.isdigit() and isinstance(rid, str):
+                    self._ledger.known_failed((int(epoch), rid), int(seq))
 
     def acknowledge_failures(self, through: int) -> None:
         """A durable subscriber (``name=...``): the first ``through`` :meth:`failures` are
@@ -395,8 +405,28 @@ class Subscriber:
             return
         try:
             self._close(shown=1 << 62)
+            if not self.name:
+                self._log_report(self.stats())
         except Exception:   # interpreter shutdown: nothing left to report to
             pass
+
+    @staticmethod
+    def _log_report(st: dict[str, Any]) -> None:
+        """An anonymous subscriber collected without ``close()``: its failures, every rid
+        and range, go to the log, the only place left that names them (its :meth:`stats`
+        can no longer be read). Until 2026-12-06 only the samples never handed out were
+        logged: its drops (those its close read from the producer's backlog included),
+        incomplete and rejected samples and lost ranges were named nowhere (fault hunt F1:
+        79-93 rids, 2/2)."""
+        for kind in ("dropped", "incomplete", "rejected", "in_flight", "conflicts"):
+            rids = list(st.get(kind) or ())
+            if rids:
+                log.warning("hscapture: subscriber collected without close(); %d sample(s) "
+                            "%s: %s", len(rids), kind.replace("_", " "), ", ".join(rids))
+        if st.get("lost"):
+            log.warning("hscapture: subscriber collected without close(); %d range(s) of "
+                        "samples lost whose rids are unknown: %s", len(st["lost"]),
+                        st["lost"])
 
     def unsubscribe(self) -> list[str]:
         """End a durable subscription: give its place in every ring of its endpoints back,

@@ -20,4 +20,4 @@ def test_a_failure_appended_after_a_torn_reports_line_stays_readable(tmp_path):
     log.append([("rejected", "y", "expected 5 tokens, found 8", None)])
     assert log.unreported() == [("rejected", "y", "expected 5 tokens, found 8")]
     assert (tmp_path / "reports.jsonl").read_bytes().endswith(b"\n")
-    assert log.read()[1] == {"7:1", "7:5"}      # every recorded event, reported or not
+    assert log.read()[1] == {"7:1": "a", "7:5": "x"}   # every recorded event, and its rid
