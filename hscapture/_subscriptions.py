@@ -52,11 +52,15 @@ log = logging.getLogger("hscapture")
 __all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
            "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
-           "KEEP_S"]
+           "acknowledged", "record_acknowledged", "KEEP_S", "ACKED_KEEP"]
 
 _FILE_PREFIX = "hscapture.subs-"
 _RINGS_PREFIX = "hscapture.rings-"
 _WHO_PREFIX = "hscapture.who-"
+_ACKED_PREFIX = "hscapture.acked-"
+#: failures a durable name's record of acknowledgements keeps (the newest): older ones' ring
+#: records are long gone, and a resumer cannot read them again
+ACKED_KEEP = 1 << 16
 #: how long a name whose subscriber is gone keeps places in new incarnations (seconds)
 KEEP_S = 7 * 24 * 3600.0
 #: consumer slots a new incarnation leaves free for subscribers that attach (reserve_places
@@ -367,3 +371,56 @@ def who(name: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return got if isinstance(got, dict) and got.get("name") == name else None
+
+
+def _acked_path(name: str) -> Path:
+    digest = hashlib.sha1(name.encode()).hexdigest()[:16]
+    return _dir() / f"{_ACKED_PREFIX}{os.geteuid()}-{digest}"
+
+
+def acknowledged(name: str) -> dict[str, str]:
+    """``event -> rid`` of the failures subscribers of the durable ``name`` acknowledged
+    (:func:`record_acknowledged`): a resumer passes them to ``Subscriber.known_failures``, so
+    that a failure whose ring record an older record held back is not reported twice."""
+    try:
+        text = _acked_path(name).read_text()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.split("\n")[-ACKED_KEEP - 1:-1]:    # (a torn last line is ignored)
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and isinstance(d.get("event"), str) and \
+                isinstance(d.get("rid"), str):
+            out[d["event"]] = d["rid"]
+    return out
+
+
+def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str | None]]) -> None:
+    """Append the events of ``failures`` (``Subscriber.failures()`` tuples) that a subscriber
+    of the durable ``name`` acknowledges, before it does: in ``$HSCAPTURE_SUBS_DIR``, which a
+    SIGKILL leaves as it was. The file is cut to its newest :data:`ACKED_KEEP` lines when it
+    grows past twice that. Best effort: a failure not recorded may be reported again by a
+    resumer (logged), never lost."""
+    lines = "".join(json.dumps({"event": e, "rid": rid}) + "\n"
+                    for _kind, rid, _reason, e in failures if e)
+    if not lines:
+        return
+    path = _acked_path(name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, lines.encode())
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size > ACKED_KEEP * 2 * 64:
+            # (one live subscriber per durable name: no append races this rewrite)
+            _rewrite(path, lambda text: text.split("\n")[:-1],
+                     lambda kept: "".join(x + "\n" for x in kept),
+                     lambda kept: kept.__delitem__(slice(0, len(kept) - ACKED_KEEP)))
+    except OSError as exc:
+        log.warning("hscapture subscriber: cannot record the failures %r acknowledged (%s): a "
+                    "resumer of the name may report them again", name, exc)
