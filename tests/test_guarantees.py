@@ -980,16 +980,30 @@ def test_unsubscribing_ends_the_places_new_incarnations_keep_for_a_durable_name(
         assert not [c for c in info["consumers"] if c["durable"] and c["state"] != "free"]
 
 
+def _first_chunk(p: Producer, rid: str, tokens: int):
+    """``rid``'s first 4 of ``tokens`` positions captured, its sample left open; returns its
+    source tensors and ids."""
+    t, ids = source(rid, tokens)
+    assert p.capture(rid, [x[:4] for x in t], layers=LAYERS, token_ids=ids[:4],
+                     token_start=0, is_last_chunk=False)
+    return t, ids
+
+
+def _b_aborted_after_its_first_chunk_then_c(p: Producer, tokens: int):
+    """B's first chunk (4 of ``tokens``), B aborted, then C whole, all published; returns B's
+    source tensors and ids."""
+    tb, ib = _first_chunk(p, "B", tokens)
+    p.abort("B", "client cancelled")
+    _capture(p, "C", 3)
+    p.flush()
+    return tb, ib
+
+
 def _stop_a_drain_that_reported_b_aborted(p: Producer, d, out: Path, tokens: int):
     """The drain ``d`` into ``out`` reads B's first chunk (4 of ``tokens``) and its abort,
     and C whole; once B's failure is recorded it is stopped with Ctrl-C and its report
     names B. Returns B's source tensors and ids."""
-    tb, ib = source("B", tokens)
-    assert p.capture("B", [t[:4] for t in tb], layers=LAYERS, token_ids=ib[:4],
-                     token_start=0, is_last_chunk=False)
-    p.abort("B", "client cancelled")
-    _capture(p, "C", 3)
-    p.flush()
+    tb, ib = _b_aborted_after_its_first_chunk_then_c(p, tokens)
     wait_until(lambda: "C" in durable_rids(out) and (out / "reports.jsonl").exists(), 20,
                "C written and B's abort recorded")
     d.send_signal(signal.SIGINT)
@@ -1010,9 +1024,7 @@ def test_a_failure_a_stopped_drain_reported_is_not_reported_again_by_its_restart
                   heartbeat_interval_s=0.02) as p:
         d = _drain(procs, endpoint, out)
         assert p.wait_for_consumers(1, 30)
-        ta, ia = source("A", 8)
-        assert p.capture("A", [t[:4] for t in ta], layers=LAYERS, token_ids=ia[:4],
-                         token_start=0, is_last_chunk=False)         # open: holds the ring
+        ta, ia = _first_chunk(p, "A", 8)                              # open: holds the ring
         _stop_a_drain_that_reported_b_aborted(p, d, out, 8)
         assert p.capture("A", [t[4:] for t in ta], layers=LAYERS, token_ids=ia[4:],
                          token_start=4, is_last_chunk=True)
@@ -1089,15 +1101,8 @@ def test_a_failure_a_durable_subscriber_acknowledged_is_not_reported_again_by_it
                   heartbeat_interval_s=0.02) as p:
         d = Subscriber(endpoint, name=name)
         d.wait_ready(timeout=20)
-        ta, ia = source("A", 8)
-        assert p.capture("A", [t[:4] for t in ta], layers=LAYERS, token_ids=ia[:4],
-                         token_start=0, is_last_chunk=False)         # open: holds the ring
-        tb, ib = source("B", 8)
-        assert p.capture("B", [t[:4] for t in tb], layers=LAYERS, token_ids=ib[:4],
-                         token_start=0, is_last_chunk=False)
-        p.abort("B", "client cancelled")
-        assert all(_capture(p, "C", 3))
-        p.flush()
+        ta, ia = _first_chunk(p, "A", 8)                              # open: holds the ring
+        _b_aborted_after_its_first_chunk_then_c(p, 8)
         d.get("C", timeout=10).release()
         wait_until(lambda: (d.pump(0.02), "B" in d.stats()["incomplete"])[1], 10, "B's abort")
         d.acknowledge_failures(len(d.failures()))
