@@ -136,8 +136,12 @@ def test_producer_sigkill_mid_stream_leaves_nothing_silently_missing(endpoint, t
                                                                     interval):
     reqs = requests(100_000, seed=12, tokens=(8, 40), chunks=(4, 8))
     sizes = {r: t for r, t, _ in reqs}
+    # paced (1,000 requests/s, ~4,000 rows/s: a subscriber keeps up even on a loaded 2-core
+    # machine): unpaced, a CI run's subscriber fell behind, the full ring dropped every
+    # sample in flight at the kill (reported dropped, 664 of them), and none was left to be
+    # reported incomplete, which is what this test needs to see
     p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "fk",
-                      "consumers": 1, "interleave": 8, "capacity": 2 << 20,
+                      "consumers": 1, "interleave": 8, "capacity": 2 << 20, "rate": 1000,
                       "progress_every": 200, "publish_interval_s": interval}, tmp_path)
     try:
         with Subscriber(endpoint, producer_timeout_s=1.0) as sub:
