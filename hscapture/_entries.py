@@ -127,7 +127,7 @@ class EntryWriter:
             raise CaptureConfigError(f"capture: the batch cannot be encoded: {exc}") from None
         t1 = time.perf_counter_ns() if timed else 0
         self.ring.store_taken(seq + len(row_maps))   # before the reserve: see next_seq
-        position = self.reserve(plan.length, plan.tag)
+        position = self.reserve_data(plan.length, plan.tag)
         if position == -1 and self._settings.full_policy == "wait" and may_wait:
             return None
         if position == -2 and len(row_maps) > 1:   # too large as one entry: split it
@@ -211,7 +211,7 @@ class EntryWriter:
             return
         t1 = time.perf_counter_ns() if timed else 0
         self.ring.store_taken(seq + len(maps))       # before the reserve: see next_seq
-        position = self.reserve(plan.length, plan.tag)
+        position = self.reserve_data(plan.length, plan.tag)
         if position == -2 and len(rows) > 1:      # too large as one entry: halves
             half = len(rows) // 2
             self._write_rows_locked(groups, rows[:half], layout)
@@ -271,6 +271,21 @@ class EntryWriter:
             counters["time_plan_ns"] += t1 - t0
             counters["time_reserve_ns"] += t2 - t1
             counters["time_copy_ns"] += time.perf_counter_ns() - t2
+
+    def reserve_data(self, length: int, tag: int) -> int:
+        """:meth:`reserve` for a data entry, never ahead of the backlog: the drops and aborts
+        waiting there for room are written first (their numbers are lower), and while any
+        of them still waits the ring counts as full (-1): the entry is dropped, or waited
+        for, behind them. Until 2026-12-06 a data entry took room freed before the next
+        heartbeat wrote the backlog: a rid aborted while the ring was full and captured
+        again at once had its retry read before the abort, as an overlap of the open
+        first attempt; the retry was rejected ("delivered twice") and lost, and the abort
+        reported nothing (fault hunt H11, 5/5)."""
+        if self._control.peek() is not None:
+            self.flush_backlog_locked()
+            if self._control.peek() is not None:
+                return -1
+        return self.reserve(length, tag)
 
     def reserve(self, length: int, tag: int) -> int:
         """Ring position, -1 when full, -2 when it can never fit (one try, never waits)."""

@@ -316,13 +316,15 @@ def test_drops_left_by_a_producer_reach_a_drain_that_had_read_its_whole_ring(
     assert not rep["lost"] and not first["lost"], (first["lost"], rep["lost"])
 
 
-def test_numbers_a_stopped_drain_has_not_seen_yet_are_unresolved_not_lost(
+def test_a_capture_after_drops_waiting_in_the_backlog_writes_them_first_for_a_drain_to_name(
         endpoint, procs, tmp_path):
-    # Drops wait in the producer's backlog (a stalled subscriber filled the ring) while a
-    # later capture reaches the ring: the drain sees a number above them and is stopped
-    # before the backlog is written. Its durable place keeps them for the next drain, which
-    # names each by rid. Until 2026-12-06 the stopped drain reported them `lost`
-    # ("unresolved at stop"), which the next drain contradicted (fault hunt F2, 1 of 3)
+    # Drops wait in the producer's backlog (a stalled subscriber filled the ring); once the
+    # ring has room, a later capture writes them before its own entry, so a drain stopped
+    # right after reading that entry has named every drop and leaves nothing to its
+    # restart. Until 2026-12-06 the capture took the room ahead of them: the stopped drain
+    # saw a number above drops it had not read, reported them `lost` ("unresolved at stop",
+    # fault hunt F2, 1 of 3; then `unresolved`, kept for the next drain, which named them),
+    # and a rid retried in that window was lost (fault hunt H11)
     out = tmp_path / "out"
     p = Producer(endpoint, producer_id="g2v", capacity=256 << 10, full_policy="drop",
                  heartbeat_interval_s=0.05)
@@ -341,20 +343,21 @@ def test_numbers_a_stopped_drain_has_not_seen_yet_are_unresolved_not_lost(
         segment = p.segment
         wait_until(lambda: any(c["durable"] and c["released"] == _ring.segment_info(segment)
                                ["head"] for c in _slots(segment)), 30, "the drain to catch up")
-        assert all(_capture(p, "after", 4))  # the ring has room: above the backlog's numbers
+        assert all(_capture(p, "after", 4))  # the ring has room: the backlog goes first
+        assert p.stats()["backlog"] == 0, p.stats()
         p.flush()
         wait_until(lambda: "after" in durable_rids(out), 30, "the drain to write 'after'")
         d.send_signal(signal.SIGINT)
         rc, first, err = drain_report(d)
         assert rc == EXIT_INTERRUPTED, (rc, err)
-        assert not first["lost"] and first["unresolved"], first
-        assert sum(u["count"] for u in first["unresolved"]) == backlog, first
+        assert not first["lost"] and not first["unresolved"], first
+        assert set(first["dropped"]) == set(rids) - kept, first
     finally:
         p.close()
-    rep, written = _restarted_drain_names_drops(procs, endpoint, out)
-    assert len(rep["dropped"]) == backlog and not rep["lost"], rep
-    assert set(rep["dropped"]) | set(first["dropped"]) == set(rids) - kept
-    assert not rep["unresolved"] and set(written) == kept | {"after"}
+    assert sorted(durable_rids(out)) == sorted(kept | {"after"})
+    # nothing left for a restart: the drain's place had read the whole ring, so the producer
+    # kept neither its segment nor a leftover file at its close
+    assert not os.path.exists(f"/dev/shm/{segment}"), segment
 
 
 @pytest.mark.parametrize("cleanup", ["none", "forced by another process"])
@@ -1035,13 +1038,15 @@ def test_a_failure_a_stopped_drain_reported_is_not_reported_again_by_its_restart
         assert not second["dropped"] and not second["rejected"], second
 
 
-def test_a_start_dropped_in_the_backlog_and_read_after_a_later_chunk_names_the_rid_once(
+def test_a_start_dropped_in_the_backlog_is_written_before_a_later_chunk_and_names_the_rid_once(
         endpoint, procs, tmp_path):
     # S's first chunk is dropped into the producer's backlog (the ring pinned full); its
-    # second chunk reaches the ring first. The resumed drain meets that chunk without its
-    # start and reports S incomplete at once (#13b); then the backlog's drop of the first
-    # chunk comes, numbered below it. Until 2026-12-06 a start after a failure was taken for
-    # a retry of the rid, and S was reported again, dropped (fault hunt F3)
+    # second chunk is captured once a resumed drain freed the ring, before any heartbeat
+    # wrote the backlog. Until 2026-12-06 (fault hunt H11) that chunk took the room first:
+    # the drain met it without its start and reported S incomplete (#13b), then read the
+    # drop numbered below it (reported again, dropped, until the fix of fault hunt F3 the
+    # same day). The backlog now goes into the ring before any later data entry: S is
+    # reported once, dropped, and its second chunk discarded as part of a failed sample
     out = tmp_path / "out"
     p = Producer(endpoint, producer_id="g1w", capacity=256 << 10, full_policy="drop",
                  heartbeat_interval_s=0.05)
@@ -1073,7 +1078,7 @@ def test_a_start_dropped_in_the_backlog_and_read_after_a_later_chunk_names_the_r
                          token_start=4, is_last_chunk=True)
         p.flush()
         wait_until(lambda: '"S"' in (out / "reports.jsonl").read_text(), 30,
-                   "S reported incomplete")
+                   "S reported dropped")
         p.heartbeat_interval_s = 0.05
         assert all(_capture(p, "z", 4))      # wakes the publisher: the backlog goes out
         p.flush()
@@ -1083,9 +1088,52 @@ def test_a_start_dropped_in_the_backlog_and_read_after_a_later_chunk_names_the_r
         rc, rep, err = drain_report(d)
     finally:
         p.close()
-    assert "S" in rep["incomplete"] and "S" not in rep["dropped"], rep
+    assert "S" in rep["dropped"] and "S" not in rep["incomplete"], rep
     lines = [json.loads(x) for x in (out / "reports.jsonl").read_text().splitlines()]
-    assert [x["kind"] for x in lines if x.get("rid") == "S"] == ["incomplete"], lines
+    assert [x["kind"] for x in lines if x.get("rid") == "S"] == ["dropped"], lines
+
+
+def test_a_retry_captured_while_its_abort_waits_in_the_backlog_arrives_after_the_abort(
+        endpoint):
+    # x's first chunk is read; the subscriber stalls, the ring fills and the backlog holds
+    # drops; x is aborted (into the backlog) and, once the subscriber has caught up, captured
+    # again whole before any heartbeat wrote the backlog. Until 2026-12-06 the retry's entry
+    # took the freed room ahead of the abort: read as an overlap of x's open first attempt,
+    # x was rejected ("delivered twice"), the retry lost and the abort reported nothing
+    # (fault hunt H11, 5/5). A data entry now never goes ahead of the backlog.
+    p = Producer(endpoint, producer_id="g12b", capacity=256 << 10, full_policy="drop",
+                 heartbeat_interval_s=0.05)
+    sub = Subscriber(endpoint)
+    try:
+        sub.wait_ready(timeout=20)
+        assert p.wait_for_consumers(1, timeout_s=30)
+        _first_chunk(p, "x", 8)
+        p.flush()
+        wait_until(lambda: (sub.pump(0.02), "x" in sub.in_flight())[1], 10, "x's first chunk")
+        p.heartbeat_interval_s = 600.0       # the backlog is written at heartbeats: none now
+        kept = [rid for rid in (f"f-{i}" for i in range(300)) if all(_capture(p, rid, 64))]
+        p.flush()
+        assert p.stats()["backlog"] > 0, p.stats()
+        p.abort("x", "client retry")
+        assert p.stats()["backlog"] > 0, p.stats()
+        for rid in kept:                     # the subscriber catches up: the ring has room
+            sub.get(rid, timeout=10).release()
+        segment = p.segment
+        wait_until(lambda: all(c["released"] == _ring.segment_info(segment)["head"]
+                               for c in _slots(segment) if c["active"]), 10, "ring released")
+        assert all(_capture(p, "x", 8, chunk=4))     # the retry, whole
+        p.flush()
+        got = sub.get("x", timeout=10)
+        p.heartbeat_interval_s = 0.05
+        wait_until(lambda: (sub.pump(0.02), "x" in sub.stats()["incomplete"])[1], 10,
+                   "x's first attempt reported")
+        st = sub.stats()
+    finally:
+        sub.close()
+        p.close()
+    check_exact(got.tensors, got.token_ids, "x", 8)
+    assert "x" not in st["rejected"] and "x" not in st["dropped"], st
+    assert "aborted" in st["incomplete"]["x"], st["incomplete"]
 
 
 def test_a_failure_a_durable_subscriber_acknowledged_is_not_reported_again_by_its_resumer(
