@@ -254,7 +254,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=7, help="counted pairs (>= 5), after 1 warm-up")
-    ap.add_argument("--formats", default="specforge,speculators")
+    ap.add_argument("--formats", default="specforge,speculators",
+                    help="comma-separated; 'specforge:nocrc' = SpecForge with crc32=False "
+                         "(hscapture export --no-crc: zip records' CRC-32 written as 0)")
     ap.add_argument("--fsync", action="store_true", help="fsync every file on both sides")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--crc", choices=["default", "isal", "zlib"], default="default",
@@ -298,18 +300,24 @@ def main() -> None:
         build(src, a.samples, a.tokens, a.hidden)
         ss = open_shards(src)
         entries = [ss.entry(i) for i in range(len(ss))]
-        for fmt in a.formats.split(","):
+        for label in a.formats.split(","):
+            fmt, _, mode = label.partition(":")
+            if mode not in ("", "nocrc") or (mode and fmt != "specforge"):
+                raise SystemExit(f"--formats: unknown {label!r} (specforge[:nocrc], speculators)")
+            crc = mode != "nocrc"
+            opts = {} if crc else {"crc32": False}   # (older code, an A/B's baseline: no such option)
             names = _names(fmt)
             out, raw_out = os.path.join(root, fmt), os.path.join(root, fmt + "-raw")
             _clear(out)
-            export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers)
+            export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers, **opts)
             sizes = [os.path.getsize(os.path.join(out, _rel(fmt, i))) for i in range(len(ss))]
             other = _du(out) - sum(sizes)   # manifest, dataset, token_freq.pt
 
             def run_export(_rep: int) -> dict:
                 _clear(out)
                 t0 = time.perf_counter()
-                res = export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers)
+                res = export(src, out, fmt, progress=False, fsync=a.fsync, workers=a.workers,
+                             **opts)
                 dt = time.perf_counter() - t0
                 return {"s": dt, "bytes": _du(out), "bytes_reported": res.bytes_written}
 
@@ -348,7 +356,7 @@ def main() -> None:
                 return {"s": time.perf_counter() - t0, "bytes": total}
 
             def on_rep(i: int, ex: dict, raw: dict) -> None:
-                print(f"{fmt} pair {i}: export {ex['s']:.3f} s, raw {raw['s']:.3f} s, "
+                print(f"{label} pair {i}: export {ex['s']:.3f} s, raw {raw['s']:.3f} s, "
                       f"ratio {raw['s'] / ex['s']:.3f}", flush=True)
 
             p = _stats.run_paired(run_export, run_raw, reps=a.reps, warmup=1, order="ABBA",
@@ -359,7 +367,7 @@ def main() -> None:
                                  f"export {nb}: not the same bytes")
             ratios = [b / c for c, b in zip(p.candidate, p.baseline)]   # speed ratio
             summ = _stats.pair_summary(ratios, GOAL, ">=")
-            results[fmt] = {
+            results[label] = {
                 "bytes_written": nb,
                 "export_s": _stats.summarize(p.candidate),
                 "raw_s": _stats.summarize(p.baseline),
@@ -368,15 +376,15 @@ def main() -> None:
                 "export_vs_raw": summ,
                 "order": p.order,
             }
-            goals.append(_stats.goal_record(f"{fmt} export/raw speed", ratios, GOAL, ">="))
+            goals.append(_stats.goal_record(f"{label} export/raw speed", ratios, GOAL, ">="))
             print(_stats.format_goal(goals[-1]), flush=True)
-            if a.profile:
-                results[fmt]["profile_ms_per_sample"] = prof = profile_stages(
+            if a.profile and crc:
+                results[label]["profile_ms_per_sample"] = prof = profile_stages(
                     src, os.path.join(root, fmt + "-prof"), fmt)
                 print(f"{fmt} profile (ms/sample, 1 thread): " +
                       ", ".join(f"{k} {v:.3f}" for k, v in prof.items()), flush=True)
-            if a.breakdown and fmt == "specforge":
-                results[fmt]["breakdown_us_per_sample"] = bd = breakdown_specforge(
+            if a.breakdown and fmt == "specforge" and crc:
+                results[label]["breakdown_us_per_sample"] = bd = breakdown_specforge(
                     src, os.path.join(root, fmt + "-parts"))
                 print(f"{fmt} breakdown (us/sample, 1 thread): " +
                       ", ".join(f"{k} {v:.0f}" for k, v in bd.items()), flush=True)

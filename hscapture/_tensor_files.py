@@ -272,8 +272,10 @@ class _TorchZip:
     fields): :func:`_torch_save` falls back to torch.save beyond that."""
 
     def __init__(self, sink: _Sink, substitutes: dict[int, torch.Tensor | _Joined],
-                 alignment: int, serialization_id: str | None = None) -> None:
+                 alignment: int, serialization_id: str | None = None,
+                 crc32: bool = True) -> None:
         self.sink = sink
+        self.crc32 = crc32              # False: every record's CRC-32 0 (torch's option)
         self.subst = substitutes        # placeholder storage data_ptr -> what is written
         self.alignment = alignment
         self.sid = serialization_id
@@ -306,10 +308,10 @@ class _TorchZip:
         crc = 0
         if isinstance(what, bytes):     # data.pkl, .format_version, ...: small
             if size:
-                crc = _crc32(what)
+                crc = _crc32(what) if self.crc32 else 0
                 self.sink.write(what)
         else:
-            crc = _write_tensor(self.sink, what)
+            crc = _write_tensor(self.sink, what, self.crc32)
         if size:
             self.sink.write(struct.pack("<IIII", 0x08074B50, crc, size, size))
             # torch combines the CRCs its data descriptor writes carry: non-empty records'
@@ -356,7 +358,10 @@ def _torch_names_hash(names: tuple[str, ...]) -> str | None:
     theirs = [x.filename.split("/", 1)[1] for x in z.infolist()]
     if tuple(theirs[:-1]) != names or theirs[-1] != ".data/serialization_id":
         return None
-    return z.read(z.infolist()[-1]).decode()[:20]
+    try:
+        return z.read(z.infolist()[-1]).decode()[:20]
+    except zipfile.BadZipFile:  # a caller's set_crc32_options(False): CRCs 0, zipfile refuses
+        return None
 
 
 def _own_zip_ok() -> bool:
@@ -385,12 +390,16 @@ def _materialized(obj: dict[str, Any]) -> dict[str, Any]:
             _own(v) if isinstance(v, torch.Tensor) else v for k, v in obj.items()}
 
 
-def _torch_save(obj: dict[str, Any], f: Any, *, serialization_id: str | None = None) -> None:
+def _torch_save(obj: dict[str, Any], f: Any, *, serialization_id: str | None = None,
+                crc32: bool = True) -> None:
     """``torch.save(obj, f)`` for a dict whose tensor values may be :class:`_Joined`: the bytes
     torch.save writes for the dict with those assembled (see :class:`_TorchZip` for the two
     differences), every tensor written as its own bytes (never a larger buffer it views), no
-    tensor assembled or copied whole. Falls back to torch.save itself when this torch's
-    ``_save`` differs or the file would need zip64 records."""
+    tensor assembled or copied whole. Without ``crc32``, the bytes torch.save writes under
+    ``torch.serialization.set_crc32_options(False)`` (every record's CRC-32 0: no pass over
+    the data to take it). Falls back to torch.save itself when this torch's ``_save`` differs
+    or the file would need zip64 records (with CRCs then, whatever ``crc32`` says: torch's
+    switch is process-wide)."""
     import pickle
 
     total = sum(v.nbytes if isinstance(v, _Joined) else
@@ -413,6 +422,6 @@ def _torch_save(obj: dict[str, Any], f: Any, *, serialization_id: str | None = N
             v = ph
         flat[k] = v
     align = getattr(torch.serialization, "_get_storage_alignment", lambda: 64)()
-    z = _TorchZip(_Sink(f), subst, int(align), serialization_id)
+    z = _TorchZip(_Sink(f), subst, int(align), serialization_id, crc32)
     torch.serialization._save(flat, z, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
     z.finish()

@@ -39,6 +39,10 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
 @click.option("--gzip", "gz", is_flag=True,
               help="SpecForge: write data_{i}.ckpt.gz (gzip level 6, as SpecForge reads "
                    "them) instead of data_{i}.ckpt.")
+@click.option("--no-crc", "no_crc", is_flag=True,
+              help="SpecForge .ckpt: write every zip record's CRC-32 as 0, as torch.save does "
+                   "under torch.serialization.set_crc32_options(False): one pass over the "
+                   "data less; torch.load (SpecForge) reads them, zip tools report CRC errors.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT instead of "
                                                  "resuming it.")
 @click.option("--allow-mixed-models", "mixed_models", is_flag=True,
@@ -51,8 +55,8 @@ def _layers(ctx: click.Context, param: click.Parameter, value: str | None) -> li
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_mask: str,
-           num_layers: int | None, gz: bool, overwrite: bool, mixed_models: bool,
-           no_fsync: bool,
+           num_layers: int | None, gz: bool, no_crc: bool, overwrite: bool,
+           mixed_models: bool, no_fsync: bool,
            workers: int | None, quiet: bool, as_json: bool) -> None:
     """Export the samples of SHARD_DIR to OUT in SpecForge's or speculators' layout.
 
@@ -67,7 +71,7 @@ def export(fmt: str, shard_dir: str, out: str, layers: list[int] | None, loss_ma
         r = json_error_too(as_json, lambda: run_export(
             shard_dir, out, fmt, layers=layers, loss_mask=loss_mask, num_layers=num_layers,
             progress=not quiet, overwrite=overwrite, fsync=not no_fsync, workers=workers,
-            gzip=gz, mixed_models=mixed_models))
+            gzip=gz, mixed_models=mixed_models, crc32=not no_crc))
     except KeyboardInterrupt:
         click.echo(f"hscapture: export to {out} interrupted: every file in place is complete; "
                    f"rerun to resume", err=True)

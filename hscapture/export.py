@@ -142,6 +142,7 @@ class _Plan:
     rids: list[str]
     no_mask: list[int]          # positions without a stored loss_mask
     gzip: bool = False          # SpecForge data_{i}.ckpt.gz
+    crc32: bool = True          # SpecForge .ckpt zip records carry their CRC-32 (else 0)
     with_meta: int = 0          # samples carrying per-sample metadata (extra["meta"])
     #: each sample's capture, aligned with rids: "producer:epoch:values" (values "fp8" when
     #: its shard stores it as FP8, else "exact"): the same rid of another capture or with
@@ -156,6 +157,8 @@ class _Plan:
              "hidden": self.hidden, "dtype": self.dtype, "loss_mask_mode": self.loss_mask_mode}
         if self.gzip:   # only when set: manifests written before the option still resume
             k["gzip"] = True
+        if not self.crc32:
+            k["zip_crc32"] = False
         return k
 
 
@@ -225,12 +228,17 @@ def _check_one_model(ss: ShardSet) -> None:
 
 
 def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: str,
-               num_layers: int | None, gzip: bool = False) -> _Plan:
+               num_layers: int | None, gzip: bool = False, crc32: bool = True) -> _Plan:
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
     if gzip and fmt != "specforge":
         raise ExportError(f"gzip applies to SpecForge's .ckpt files only; {fmt} reads "
                           f"uncompressed safetensors")
+    if not crc32 and (fmt != "specforge" or gzip):
+        raise ExportError(
+            "crc32=False (--no-crc) applies to SpecForge's .ckpt zip files only; "
+            + ("the .ckpt.gz files carry gzip's own CRC and go through torch.save" if gzip
+               else f"{fmt} writes safetensors, which have no CRC"))
     if loss_mask not in ("require", "all"):
         raise ExportError(f"loss_mask must be 'require' or 'all', got {loss_mask!r}")
     n = len(ss)
@@ -319,7 +327,7 @@ def _make_plan(ss: ShardSet, fmt: str, layers: Sequence[int] | None, loss_mask: 
             f"train on every token of those samples")
     return _Plan(fmt, aux, [layer_name(l, "residual") for l in aux], target, N,
                  hiddens.pop(), dtypes.pop(), loss_mask, list(ss.rids), no_mask, bool(gzip),
-                 with_meta, origins)
+                 bool(crc32), with_meta, origins)
 
 
 # -- files ----------------------------------------------------------------------------------
@@ -333,14 +341,16 @@ def _specforge_rel(i: int, gz: bool = False) -> str:
 #: gzip level of SpecForge's .ckpt.gz files
 GZIP_LEVEL = 6
 
-def _save_specforge(d: dict[str, Any], f: Any, gz: bool) -> None:
+def _save_specforge(d: dict[str, Any], f: Any, gz: bool, crc32: bool = True) -> None:
     """torch.save's bytes for ``d`` (zip format) into ``f``: by :func:`_torch_save` (the same
-    bytes, faster); with ``gz``, torch.save itself through gzip level 6, with no name and
-    mtime 0 in the gzip header (the same samples give the same bytes: deflate's output
+    bytes, faster; without ``crc32``, those torch.save writes under
+    ``torch.serialization.set_crc32_options(False)``: every record's CRC-32 0); with ``gz``,
+    torch.save itself through gzip level 6, with no name and mtime 0 in the gzip header
+    (the same samples give the same bytes: deflate's output
     depends on how its input is split into writes, so the writes are torch.save's own; the
     compression, not the writer, sets the speed there)."""
     if not gz:
-        _torch_save(d, f)
+        _torch_save(d, f, crc32=crc32)
         return
     with _gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=f,
                         mtime=0) as z:
@@ -534,7 +544,9 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
         target = {"name": "hidden_state", "hscapture": plan.target_name,
                   "what": "last decoder layer after the final norm"}
         files = ("rows_{g}-{g+2000}/data_{i}.ckpt.gz (torch.save bytes through gzip level 6)"
-                 if plan.gzip else "rows_{g}-{g+2000}/data_{i}.ckpt")
+                 if plan.gzip else "rows_{g}-{g+2000}/data_{i}.ckpt" + (
+                     "" if plan.crc32 else " (zip records' CRC-32 written as 0, as torch.save "
+                     "under set_crc32_options(False): torch.load reads them, zip tools do not)"))
         hint = {"model.aux_hidden_state_layer_ids": trainer_aux,
                 "data.hidden_states_path": os.path.abspath(out)}
     else:
@@ -562,6 +574,7 @@ def _manifest(plan: _Plan, ss: ShardSet, out: str, status: str, counts: dict) ->
         "trainer_settings": hint,
         "hidden": plan.hidden,
         "dtype": plan.dtype,
+        "zip_crc32": plan.crc32 if plan.fmt == "specforge" and not plan.gzip else None,
         "loss_mask": counts,
         "meta": {"samples": plan.with_meta, "where": (
             f"'{META_KEY}' key of data_{{i}}.ckpt (a dict), only in samples that carry one"
@@ -614,7 +627,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
            layers: Sequence[int] | None = None, loss_mask: str = "require",
            num_layers: int | None = None, progress: bool = True, overwrite: bool = False,
            fsync: bool = True, workers: int | None = None, gzip: bool = False,
-           mixed_models: bool = False) -> ExportResult:
+           mixed_models: bool = False, crc32: bool = True) -> ExportResult:
     """Export every sample of ``shard_dir`` to ``out_dir`` in trainer layout ``fmt``.
 
     Args:
@@ -638,6 +651,11 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
             (default: refused, naming each model: a drafter trained on two verifiers' hidden
             states is trained on neither; pass it when they are the same weights under two
             names, e.g. a hub id and a local path).
+        crc32: SpecForge ``.ckpt`` only: ``False`` writes every zip record's CRC-32 as 0, as
+            ``torch.save`` does under ``torch.serialization.set_crc32_options(False)``, saving
+            a pass over every byte. ``torch.load`` (SpecForge's loader) reads such files;
+            zip tools (``unzip -t``, Python's ``zipfile``) report CRC errors in them. Recorded
+            in the manifest (``zip_crc32``); an export is resumed only in the mode it began.
 
     Returns an :class:`ExportResult`; raises :class:`ExportError` (nothing written) when the
     shards cannot produce the target, and :class:`ExportWriteError` (an ``ExportError``) for a
@@ -649,7 +667,7 @@ def export(shard_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str, *
     src = os.fspath(shard_dir)
     out = os.fspath(out_dir)
     ss = ShardSet(src)
-    plan = _make_plan(ss, fmt, layers, loss_mask, num_layers, gzip)
+    plan = _make_plan(ss, fmt, layers, loss_mask, num_layers, gzip, crc32)
     if not mixed_models:
         _check_one_model(ss)
     if os.path.realpath(out) == os.path.realpath(src):
@@ -722,7 +740,8 @@ def _write_all(ss: ShardSet, plan: _Plan, out: str, fmt: str, counts: dict[str, 
         s = ss.load(i, names=names)
         if fmt == "specforge":
             d = _build_specforge(s, plan)
-            n = _write_atomic(path, lambda f: _save_specforge(d, f, plan.gzip), fsync)
+            n = _write_atomic(path, lambda f: _save_specforge(d, f, plan.gzip, plan.crc32),
+                              fsync)
         else:
             items = _build_speculators(s, plan)
             n = _write_atomic(path, lambda f: _write_safetensors(f, items), fsync)

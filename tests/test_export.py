@@ -61,11 +61,12 @@ def aux_cat(s, layers=(1, 3, 5)) -> torch.Tensor:
     return torch.cat([s.tensors[f"layer_{l}"] for l in layers], dim=-1)
 
 
-@pytest.mark.parametrize("gz", [False, True], ids=["ckpt", "ckpt.gz"])
+@pytest.mark.parametrize("gz,crc", [(False, True), (True, True), (False, False)],
+                         ids=["ckpt", "ckpt.gz", "ckpt without zip CRCs"])
 def test_specforge_export_reads_back_through_specforge_loaders_field_by_field(
-        shard_dir, samples, tmp_path, gz):
+        shard_dir, samples, tmp_path, gz, crc):
     out = tmp_path / "sf"
-    r = export(shard_dir, out, "specforge", progress=False, fsync=False, gzip=gz)
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False, gzip=gz, crc32=crc)
     assert (r.samples, r.written, r.skipped) == (N, N, 0)
     files = list_local_files(str(out))
     assert len(files) == N
@@ -106,6 +107,7 @@ def test_specforge_export_reads_back_through_specforge_loaders_field_by_field(
     assert "SGLang" in m["conventions"]["specforge"] and "hscapture" in m["conventions"]
     assert m["source_convention"] == ["test-convention"]
     assert m["loss_mask"] == {"mode": "require", "stored": N, "all_ones": 0, "all_ones_rids": []}
+    assert m["zip_crc32"] == (None if gz else crc)
 
 
 def test_speculators_export_reads_back_through_speculators_loaders_field_by_field(
@@ -164,6 +166,28 @@ def test_speculators_dataset_past_int32_offsets_is_large_list_and_reads_back_exa
     export(shard_dir, tmp_path / "sp2", "speculators", progress=False, fsync=False)
     ds2 = ArrowDataset(max_len=4096, datapath=str(tmp_path / "sp2"), on_missing="raise")
     assert "LargeList" not in repr(ds2.data.features["input_ids"])
+
+
+def test_no_crc_is_refused_where_there_is_no_zip_crc_and_an_export_resumes_only_in_its_mode(
+        shard_dir, tmp_path):
+    with pytest.raises(ExportError, match="safetensors, which have no CRC"):
+        export(shard_dir, tmp_path / "sp", "speculators", progress=False, crc32=False)
+    with pytest.raises(ExportError, match="gzip's own CRC"):
+        export(shard_dir, tmp_path / "gz", "specforge", progress=False, gzip=True, crc32=False)
+    assert not (tmp_path / "sp").exists() and not (tmp_path / "gz").exists()
+    out = tmp_path / "sf"
+    export(shard_dir, out, "specforge", progress=False, fsync=False, crc32=False)
+    with pytest.raises(ExportError, match="holds another export"):
+        export(shard_dir, out, "specforge", progress=False, fsync=False)
+    r = export(shard_dir, out, "specforge", progress=False, fsync=False, crc32=False)
+    assert (r.written, r.skipped) == (0, N)
+    res = CliRunner().invoke(export_cmd, ["-f", "specforge", "--no-crc", "--overwrite", "-q",
+                                          "--no-fsync", str(shard_dir), str(out)])
+    assert res.exit_code == 0, res.output
+    assert manifest(out)["zip_crc32"] is False
+    res = CliRunner().invoke(export_cmd, ["-f", "speculators", "--no-crc", "-q",
+                                          str(shard_dir), str(tmp_path / "sp2")])
+    assert res.exit_code == 2 and "no CRC" in res.output
 
 
 def test_speculators_refuses_a_capture_without_the_prenorm_final_layer(tmp_path):

@@ -85,6 +85,47 @@ def test_a_file_loads_with_mmap_passes_every_zip_crc_and_writes_only_the_views_b
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k])
 
 
+@pytest.fixture
+def torch_crc_off():
+    """torch.save writing every record's CRC-32 as 0 (torch's process-wide switch), restored."""
+    torch.serialization.set_crc32_options(False)
+    yield
+    torch.serialization.set_crc32_options(True)
+
+
+@pytest.mark.parametrize("T,H,dtype", [(37, 16, torch.bfloat16), (300, 2048, torch.bfloat16),
+                                       (0, 16, torch.float16)])
+def test_without_crc_a_file_is_torch_saves_bytes_under_its_crc_off_switch_and_loads(
+        T, H, dtype, tmp_path, torch_crc_off):
+    d, want = _specforge_dict(T, H, dtype, {"row": 1}, seed=3)
+    p = tmp_path / "data_0.ckpt"
+    with open(p, "wb") as f:                          # a real file: the native writer's path
+        TF._torch_save(d, f, crc32=False)
+    assert p.read_bytes() == _torch_bytes(want)      # taken with torch's CRCs off
+    with zipfile.ZipFile(p) as z:
+        assert all(i.CRC == 0 for i in z.infolist())
+    got = torch.load(p, mmap=True, weights_only=True)   # what SpecForge's loader does
+    for k in want:
+        if isinstance(want[k], torch.Tensor):
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k])
+
+
+def test_the_default_writer_keeps_its_crcs_when_a_caller_turned_torchs_off(tmp_path,
+                                                                           torch_crc_off):
+    """The serialization id's names part is read from a torch.save; with torch's CRCs off
+    that file has none, and the export's default files still carry every CRC."""
+    TF._torch_names_hash.cache_clear()
+    d, want = _specforge_dict(12, 64, torch.bfloat16, None, seed=4)
+    p = tmp_path / "data_0.ckpt"
+    with open(p, "wb") as f:
+        TF._torch_save(d, f)
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+    got = torch.load(p, mmap=True, weights_only=True)
+    assert torch.equal(got["aux_hidden_state"], want["aux_hidden_state"])
+    TF._torch_names_hash.cache_clear()
+
+
 def test_join_interleaves_rows_of_each_source_in_order():
     ls = _layers(7, 4, 3, torch.float32, 2)
     j = TF._join(ls, (7, 3, 4))
