@@ -85,6 +85,16 @@ class ControlLog:
         if meta["kind"] == "unheard":
             self.unheard_waiting = False
 
+    def give_up_first(self) -> int:
+        """Drop the oldest entry, one the ring can never hold (larger than it), counting what
+        it names as unrecorded; returns that count. Kept, it would stop every later control
+        entry, and every later data entry with it (they never go ahead of the backlog)."""
+        meta = self._backlog[0]
+        self.pop()
+        n = _named(meta) if meta["kind"] == "unheard" else _rows(meta)
+        self.unrecorded += n
+        return n
+
     @property
     def told(self) -> bool:
         """What a heartbeat calls ``heard``: the first subscriber's attach was handled and its

@@ -508,11 +508,19 @@ class Producer:
                 raise CaptureConfigError("abort on a closed Producer")
             entries.write_stage_locked()   # staged rows first: they were captured before
             meta = rec.abort_meta(self.producer_id, self.epoch, entries.next_seq, self.dp_rank,
-                                  rid, str(reason), bool(restart), _plain(extra, "extra"))
+                                  rid, rec.clip_reason(str(reason)), bool(restart),
+                                  _plain(extra, "extra"))
             try:
-                rec.control_payload(meta, check=False)   # encodable, before taking the number
+                # encodable and small enough for the ring's control headroom, before taking
+                # the number (one that never fits would be given up, counted, not named)
+                size = len(rec.control_payload(meta, check=False))
             except HSCaptureError as exc:
                 raise CaptureConfigError(f"abort: {exc}") from None
+            if size > self._ring.control_reserve:
+                raise CaptureConfigError(
+                    f"abort: its entry would be {size} bytes (its extra: {len(repr(extra))} "
+                    f"characters); expected at most the ring's control headroom, "
+                    f"{self._ring.control_reserve} bytes: pass a smaller extra")
             entries.next_seq += 1
             self._counters["aborted"] += 1
             entries.control_locked(meta)

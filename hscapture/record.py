@@ -388,6 +388,18 @@ def drop_meta(producer: str, epoch: int, seq: int, dp_rank: int, reason: str,
                       "token_count": r["token_count"], "last": r["last"]} for r in rows]}
 
 
+#: the most characters of a drop or abort reason a producer records (the rest cut, marked)
+REASON_MAX_CHARS = 1000
+
+
+def clip_reason(reason: str) -> str:
+    """``reason`` cut to :data:`REASON_MAX_CHARS` (a human's text: a reason too long for the
+    ring's control headroom would otherwise make its abort unrecordable)."""
+    if len(reason) <= REASON_MAX_CHARS:
+        return reason
+    return reason[:REASON_MAX_CHARS - 20] + f" ... ({len(reason)} chars)"
+
+
 def abort_meta(producer: str, epoch: int, seq: int, dp_rank: int, rid: str, reason: str,
                restart: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
     """An ``abort`` meta: ``rid``'s sample can never complete (``restart``: a new attempt

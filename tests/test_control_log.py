@@ -72,3 +72,13 @@ def test_open_rows_past_the_unheard_bound_are_themselves_bounded():
     log.note_unheard(_committed(0, 0, [f"o{k}" for k in range(10)], last=False))
     rows, overflow, discarded = log.take_unheard(4096)
     assert len(rows) == 4 and overflow == 6 and discarded == []
+
+
+def test_an_entry_the_ring_can_never_hold_is_given_up_and_counted_unrecorded():
+    log = ControlLog()
+    log.add({"kind": "drop", "seq": 4, "rows": [{"rid": "a"}, {"rid": "b"}]})
+    log.add({"kind": "abort", "seq": 6, "rid": "c"})
+    assert (log.backlog_rows, log.recorded_through(9)) == (3, 4)
+    assert log.give_up_first() == 2
+    assert (log.backlog_rows, log.unrecorded, log.recorded_through(9)) == (1, 2, 6)
+    assert log.peek()["rid"] == "c"

@@ -1223,6 +1223,60 @@ def test_captures_before_the_first_subscriber_are_reported_by_rid(endpoint):
             assert not sub.stats()["lost"]
 
 
+def test_captures_before_the_first_subscriber_too_many_to_name_in_a_small_ring_are_counted(
+        endpoint):
+    # 1,500 captures with long rids before any subscriber, in a 64 KiB ring: the entry
+    # naming them would not fit the ring. Until 2026-12-06 it was never written and every
+    # one of them was named nowhere, the subscriber told nothing was missing (fault hunt
+    # H13, 3/3). The rows past what fits are counted in its `overflow` now: named by rid
+    # or counted in a lost range, every one of them; later captures arrive
+    with Producer(endpoint, producer_id="g2u", capacity=64 << 10, full_policy="drop",
+                  heartbeat_interval_s=0.02) as p:
+        early = [f"{'u' * 30}-pre-{i:05d}" for i in range(1500)]
+        t, ids = source("one", 1)
+        for rid in early:
+            p.capture(rid, t, layers=LAYERS, token_ids=ids)
+        p.flush()
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(timeout=10)
+            wait_until(lambda: (sub.pump(0.02), sub.stats()["lost"])[1], 10,
+                       "the overflow to be reported")
+            _capture(p, "late", 4)
+            sample = sub.get("late", timeout=10)
+            st = sub.stats()
+    check_exact(sample.tensors, sample.token_ids, "late", 4)
+    named = [r for r in early if r in st["dropped"]]
+    assert named and all("before any subscriber attached" in st["dropped"][r] for r in named)
+    counted = sum(x["count"] for x in st["lost"])
+    assert len(named) + counted == len(early), (len(named), st["lost"])
+
+
+def test_an_abort_reason_too_long_is_cut_and_one_too_large_for_the_ring_is_refused(endpoint):
+    # An abort whose entry could never fit the ring stayed first in the producer's backlog:
+    # before 2026-12-06 every later drop and abort queued behind it, and since data entries
+    # never go ahead of the backlog, every later capture raised (fault hunt H13, 2/2). A long
+    # reason is cut now; an extra too large for the control headroom is refused before the
+    # abort takes a number
+    with Producer(endpoint, producer_id="g8a", capacity=256 << 10,
+                  heartbeat_interval_s=0.02) as p:
+        with Subscriber(endpoint) as sub:
+            sub.wait_ready(10)
+            _first_chunk(p, "a", 8)
+            p.abort("a", "x" * 300_000)
+            with pytest.raises(CaptureConfigError, match="control headroom"):
+                p.abort("b", "big extra", extra={"blob": "y" * 300_000})
+            assert all(_capture(p, "c", 4))
+            p.flush()
+            got = sub.get("c", timeout=10)
+            wait_until(lambda: (sub.pump(0.02), "a" in sub.stats()["incomplete"])[1], 10,
+                       "a's abort")
+            st = sub.stats()
+        assert p.stats()["backlog"] == 0
+    check_exact(got.tensors, got.token_ids, "c", 4)
+    assert len(st["incomplete"]["a"]) < 1200 and "300000 chars" in st["incomplete"]["a"]
+    assert not st["lost"], st["lost"]                # the refused abort took no number
+
+
 def test_captures_before_a_first_subscriber_that_attached_just_before_close_are_reported(
         endpoint):
     # The subscriber attaches after the producer's last periodic heartbeat; the producer
