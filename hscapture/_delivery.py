@@ -22,7 +22,9 @@ import torch
 from . import notice as nt
 from . import record as rec
 from ._assembly import Assembler, Chunk, Partial
+from ._headless import HeadlessSamples, gone
 from ._ledger import MAX_SKIPPED, Ledger, LostRange
+from ._ledger import failure_event as _event
 from ._settlement import Settlement
 from ._source import Source
 from .errors import SampleMismatchError
@@ -126,6 +128,9 @@ class Delivery:
         #: (a plain dict, emptied by each sample's release: a borrowed sample must be
         #: released anyway, its record stays referenced until it is)
         self.lent: dict[int, Sample] = {}
+        #: durable, resumed: samples met without their start below the inherited
+        #: ``delivered``, decided by their last row (GUARANTEES gap 14(a))
+        self.headless = HeadlessSamples(self)
         #: :class:`_Shape` by schema (an engine has one or two; bounded all the same)
         self._shapes: dict[tuple, _Shape] = {}
 
@@ -134,6 +139,8 @@ class Delivery:
     def on_entry(self, src: Source, record: Any, entry: Any) -> None:
         counts = self.ledger.counts
         kind = entry.kind
+        if self.headless and entry.seq >= src.settlement.acknowledged_below:
+            self.headless.settle(src)   # their last rows did not come below it
         if kind == "batch":
             counts["entries"] += 1
             self._on_batch(src, record, entry)
@@ -270,6 +277,7 @@ class Delivery:
             src.cut.pop(key[1], None)
         if entry.meta["restart"]:
             self.ledger.counts["restarted"] += 1
+            self.headless.forget(key)
             self.pop_partial(key)
             return False
         if (self.rid_filter is not None and not self.rid_filter(key[1])) or \
@@ -329,6 +337,7 @@ class Delivery:
         filtering = self.rid_filter is not None or self.skip_rid is not None
         has_failed = self.ledger.has_failed
         partials = self.asm.partials
+        headless = self.headless
         epoch, seq = src.epoch, entry.seq
         cut = src.cut          # (rids a restarted producer's ring began before our place)
         caps, slots = None, None
@@ -346,7 +355,8 @@ class Delivery:
                 if filtering and self._turned_away(rid):
                     pass
                 elif lasts[r] and not starts[r] and (epoch, rid) not in partials and \
-                        not has_failed((epoch, rid)) and (not cut or rid not in cut):
+                        not has_failed((epoch, rid)) and (not cut or rid not in cut) and \
+                        (not headless or (epoch, rid) not in headless):
                     got = self._whole(src, record, meta, shape, rid, seq + r, count, cached[r],
                                       extras[r], fields[r], views, r0, caps, slot)
                     if got:
@@ -444,6 +454,9 @@ class Delivery:
             self.hold_failure(src, record.position)
             if not starts:
                 return
+        if self.headless and key in self.headless and \
+                (rv.token_start == 0 or rv.token_start == rv.cached_prefix):
+            self.headless.settle(key=key)   # its rid begins anew: the one held never ended
         if self._of_a_failed_sample(key, rv.token_start, rv.cached_prefix, rv.seq):
             counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
             return
@@ -463,15 +476,15 @@ class Delivery:
                 counts["acknowledged_before"] += 1
                 return
             if not starts and self.durable and src.resumed:
+                if self.headless.row(src, record, key, rv):
+                    return      # below `delivered`: its last row decides (_headless)
                 # its first rows lie before where this resumed place starts (an earlier owner
                 # read them, and they left the ring: a partial that stopped pinning it, or a
                 # sample read whole but never acknowledged): it can never complete here.
                 # Failed now, its record held until the failure is recorded; kept open as a
                 # partial, it stopped pinning the ring in its turn, and a resumer killed
                 # before the report left the next one nothing of it (until 2026-12-05)
-                self.fail(key, f"its first rows were read by an earlier subscriber of "
-                               f"{src.segment}'s durable place and are gone from the ring; "
-                               f"positions from {rv.token_start} on arrived", "incomplete",
+                self.fail(key, gone(src.segment, rv.token_start), "incomplete",
                           _event(src, rv.seq))
                 self.hold_failure(src, record.position)
                 return
@@ -750,6 +763,7 @@ class Delivery:
              event: str | None = None) -> None:
         """Sample ``key`` = (epoch, rid) cannot be delivered: report it as ``kind``
         (``event``: the record that says so, :attr:`Ledger.failure_log`)."""
+        self.headless.failed(key)   # (its held first row names it to a resumer)
         p = self.asm.pop(key)
         settled = self._unsettled.pop(key, None)
         if settled is not None:
@@ -846,6 +860,8 @@ class Delivery:
         """Stop holding the ring for partials idle past ``partial_hold_s``; fail those idle
         past ``incomplete_timeout_s``; bound the failures not acknowledged."""
         self._bound_failure_holds(now)
+        if self.headless:
+            self.headless.settle(older_than=now - self.incomplete_timeout_s)
         if self._cut_holds:
             self._bound_cut_holds(now)
         if self.durable:
@@ -870,12 +886,6 @@ class Delivery:
         parts = [f"[{c.start}, {c.start + c.count})" for k, p in self.asm.partials.items()
                  if k[1] == rid for c in p.chunks]
         return ", ".join(parts) or "none"
-
-
-def _event(src: Source, seq: int) -> str:
-    """The failure event a ring row or entry of ``src`` names (:attr:`Ledger.failure_log`):
-    read again by a resumer, the same event; a new attempt of the rid, another one."""
-    return f"{src.epoch}:{seq}"
 
 
 @dataclasses.dataclass

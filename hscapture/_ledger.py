@@ -12,12 +12,13 @@ from __future__ import annotations
 import collections
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import IncompleteSampleError, SampleDroppedError, SampleMismatchError
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["LostRange", "Ledger", "MAX_ERRORS", "MAX_FAILED"]
+__all__ = ["LostRange", "Ledger", "MAX_ERRORS", "MAX_FAILED", "failure_event"]
 
 #: error messages kept (the counters keep counting past it)
 MAX_ERRORS = 200
@@ -159,3 +160,10 @@ class Ledger:
             raise SampleMismatchError(self.rejected[rid])
         if rid in self.incomplete:
             raise IncompleteSampleError(f"sample {rid!r} is incomplete: {self.incomplete[rid]}")
+
+
+def failure_event(src: Any, seq: int) -> str:
+    """The failure event a ring row or entry numbered ``seq`` of source ``src`` names
+    (:attr:`Ledger.failure_log`): read again by a resumer, the same event; a new attempt of
+    the rid, another one."""
+    return f"{src.epoch}:{seq}"

@@ -1136,6 +1136,72 @@ def test_a_retry_captured_while_its_abort_waits_in_the_backlog_arrives_after_the
     assert "aborted" in st["incomplete"]["x"], st["incomplete"]
 
 
+def test_a_resumer_does_not_report_a_sample_its_killed_predecessor_acknowledged(
+        endpoint, procs):
+    # P's open first chunk stops pinning (the reader went a quarter of the ring past it), so
+    # the place's `unsettled` word stays at P; S (rows S0, S1, S2) is handed out and
+    # acknowledged, while Q, begun between S0 and S1, holds the ring at Q0: S0 leaves the
+    # ring, S1 and S2 stay. The subscriber is SIGKILLed; its resumer starts at Q0 and meets
+    # S1 without its start, above `min(delivered, unsettled - 1)`. Until 2026-12-06 it
+    # reported S incomplete, a sample the killed owner had received whole (GUARANTEES gap
+    # 14(a), fault hunts of 2026-12-06, 2 of 9 and 2 of 4 runs): S's last row lies below
+    # `delivered`, so an earlier owner acknowledged it
+    name = f"g14s-{os.getpid()}"
+    with Producer(endpoint, producer_id="g14s", capacity=256 << 10,
+                  heartbeat_interval_s=0.02) as p:
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from hscapture import Subscriber
+            s = Subscriber({endpoint!r}, name={name!r}, partial_hold_s=600)
+            s.wait_ready(10)
+            print("attached", flush=True)
+            for sample in s.samples(timeout=30):
+                rid = sample.rid
+                sample.release()
+                print(rid, flush=True)
+                if rid == "S":
+                    break
+            sys.stdin.readline()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        procs.append(child)
+        assert child.stdout.readline().strip() == "attached"
+        assert p.wait_for_consumers(1, 30)
+        segment = p.segment
+        _first_chunk(p, "P", 8)                           # open: stops pinning below
+        for i in range(10):                               # 10 x 8 KiB: past a quarter
+            assert all(_capture(p, f"f-{i}", 64))
+        ts, ids = source("S", 12)
+
+        def s_rows(a: int, b: int) -> None:
+            assert p.capture("S", [t[a:b] for t in ts], layers=LAYERS, token_ids=ids[a:b],
+                             token_start=a, is_last_chunk=b == 12)
+
+        s_rows(0, 4)
+        p.flush()
+        q0 = _ring.segment_info(segment)["head"]          # where Q's first row goes
+        tq, iq = _first_chunk(p, "Q", 8)
+        s_rows(4, 8)
+        s_rows(8, 12)
+        p.flush()
+        got = [child.stdout.readline().strip() for _ in range(11)]
+        assert got == [f"f-{i}" for i in range(10)] + ["S"], got
+        wait_until(lambda: any(c["name"] == name and c["released"] == q0
+                               for c in _slots(segment)), 10, "the ring released up to Q0")
+        child.kill()
+        child.wait(10)
+        assert p.capture("Q", [t[4:] for t in tq], layers=LAYERS, token_ids=iq[4:],
+                         token_start=4, is_last_chunk=True)
+        p.flush()
+        d = Subscriber(endpoint, name=name)
+        try:
+            q = d.get("Q", timeout=10)                    # read after S1 and S2
+            st = d.stats()
+        finally:
+            d.unsubscribe()
+    check_exact(q.tensors, q.token_ids, "Q", 8)
+    assert "S" not in st["incomplete"] and "S" not in st["dropped"], st["incomplete"]
+
+
 def test_a_failure_a_durable_subscriber_acknowledged_is_not_reported_again_by_its_resumer(
         endpoint):
     # A's open first chunk holds the ring back behind B's abort, which the durable
