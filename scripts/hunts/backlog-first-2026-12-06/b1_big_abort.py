@@ -1,6 +1,8 @@
 """b1: an abort larger than the ring (a long reason) waits at the backlog's head forever.
 usage: python b1_big_abort.py RUNS [CAP_KIB] [REASON_LEN]"""
 import sys, json, shutil, subprocess as sp, threading as th
+from pathlib import Path as _P
+sys.path.insert(0, str(_P(__file__).resolve().parent.parent / "retry-backlog-2026-12-06"))  # its harness
 from hd10 import *
 RUNS = int(sys.argv[1]); CAP = int(sys.argv[2]) if len(sys.argv) > 2 else 256; RLEN = int(sys.argv[3]) if len(sys.argv) > 3 else 300000
 def lines_of(proc, evs):

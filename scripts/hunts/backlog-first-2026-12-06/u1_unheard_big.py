@@ -2,6 +2,8 @@
 usage: python u1_unheard_big.py RUNS [N] [CAP_KIB] [RIDLEN]
 Expected: every pre-attach rid written or named by the drain's report (row 2); a lost range would at least count them."""
 import sys, json, time, shutil, subprocess as sp, threading as th
+from pathlib import Path as _P
+sys.path.insert(0, str(_P(__file__).resolve().parent.parent / "retry-backlog-2026-12-06"))  # its harness
 from hd10 import *
 RUNS = int(sys.argv[1]); N = int(sys.argv[2]) if len(sys.argv) > 2 else 1500
 CAP = int(sys.argv[3]) if len(sys.argv) > 3 else 64; RL = int(sys.argv[4]) if len(sys.argv) > 4 else 40
