@@ -352,11 +352,15 @@ class EntryWriter:
                                 overflow, discarded)
         payload = rec.control_payload(meta, check=False)
         limit = self.ring.capacity // 2
-        while len(payload) > limit and rows:
+        if len(payload) > limit:
             # too large for the ring (thousands of long rids in a small one): the rows past
             # what fits are counted in `overflow`, which subscribers report as a lost range
             # (until 2026-12-06 such an entry was never written and its rows named nowhere:
-            # fault hunt H13, 1,500 of 1,500 in a 64 KiB ring)
+            # fault hunt H13, 1,500 of 1,500 in a 64 KiB ring). Rows whose sample is still
+            # open are kept named first, as past UNHEARD_ROWS (_control): counted, a later
+            # chunk of theirs would be reported a second time
+            rows = [r for r in rows if not r["last"]] + [r for r in rows if r["last"]]
+        while len(payload) > limit and rows:
             keep = min(len(rows) - 1, int(len(rows) * limit / len(payload) * 0.9))
             overflow += len(rows) - keep
             rows = rows[:keep]
