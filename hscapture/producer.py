@@ -511,16 +511,18 @@ class Producer:
                                   rid, rec.clip_reason(str(reason)), bool(restart),
                                   _plain(extra, "extra"))
             try:
-                # encodable and small enough for the ring's control headroom, before taking
-                # the number (one that never fits would be given up, counted, not named)
+                # encodable and at most half the ring (as the unheard entry), before taking
+                # the number (one that never fits would be given up, counted, not named; the
+                # control headroom, which may be 0, is only what data leaves free)
                 size = len(rec.control_payload(meta, check=False))
             except HSCaptureError as exc:
                 raise CaptureConfigError(f"abort: {exc}") from None
-            if size > self._ring.control_reserve:
+            if size > self._ring.capacity // 2:
                 raise CaptureConfigError(
-                    f"abort: its entry would be {size} bytes (its extra: {len(repr(extra))} "
-                    f"characters); expected at most the ring's control headroom, "
-                    f"{self._ring.control_reserve} bytes: pass a smaller extra")
+                    f"abort: its entry would be {size} bytes (rid, reason cut to "
+                    f"{rec.REASON_MAX_CHARS} characters, and extra of {len(repr(extra))} "
+                    f"characters); expected at most half the ring, {self._ring.capacity // 2} "
+                    f"bytes: pass a smaller extra")
             entries.next_seq += 1
             self._counters["aborted"] += 1
             entries.control_locked(meta)

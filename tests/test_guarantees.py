@@ -1317,19 +1317,21 @@ def test_captures_before_the_first_subscriber_too_many_to_name_in_a_small_ring_a
     assert len(named) + counted == len(early), (len(named), st["lost"])
 
 
-def test_an_abort_reason_too_long_is_cut_and_one_too_large_for_the_ring_is_refused(endpoint):
+@pytest.mark.parametrize("headroom", [None, 0], ids=["default headroom", "no headroom"])
+def test_an_abort_reason_too_long_is_cut_and_one_too_large_for_the_ring_is_refused(endpoint,
+                                                                                    headroom):
     # An abort whose entry could never fit the ring stayed first in the producer's backlog:
     # before 2026-12-06 every later drop and abort queued behind it, and since data entries
     # never go ahead of the backlog, every later capture raised (fault hunt H13, 2/2). A long
-    # reason is cut now; an extra too large for the control headroom is refused before the
-    # abort takes a number
-    with Producer(endpoint, producer_id="g8a", capacity=256 << 10,
+    # reason is cut now; an extra too large for half the ring is refused before the abort
+    # takes a number (not the control headroom, which may be 0: fault hunt H14)
+    with Producer(endpoint, producer_id="g8a", capacity=256 << 10, control_reserve=headroom,
                   heartbeat_interval_s=0.02) as p:
         with Subscriber(endpoint) as sub:
             sub.wait_ready(10)
             _first_chunk(p, "a", 8)
             p.abort("a", "x" * 300_000)
-            with pytest.raises(CaptureConfigError, match="control headroom"):
+            with pytest.raises(CaptureConfigError, match="half the ring"):
                 p.abort("b", "big extra", extra={"blob": "y" * 300_000})
             assert all(_capture(p, "c", 4))
             p.flush()

@@ -19,6 +19,7 @@ LAYERS: list[list[str]] = [
     ["_closing"],
     ["_registry", "_wire"],
     ["_delivery"],
+    ["_headless"],
     ["_source"],
     ["_settlement", "_ledger"],
 ]
