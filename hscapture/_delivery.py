@@ -240,7 +240,9 @@ class Delivery:
         if not self.ledger.has_failed(key):
             return False
         if token_start != 0 and token_start != cached_prefix:
-            return True
+            # the failed sample's later rows, unless an abort numbered below this row ended
+            # it: then a later attempt's, whose start this subscriber never saw
+            return seq is None or not self.ledger.ended_before(key, seq)
         at = self.ledger.failed_at(key)
         if seq is not None and at is not None and seq < at:
             # numbered before the row or entry that failed it: the failed sample's own start,
@@ -282,9 +284,10 @@ class Delivery:
             return False
         if (self.rid_filter is not None and not self.rid_filter(key[1])) or \
                 self.ledger.has_failed(key):
+            self.ledger.ended(key, entry.seq)
             self.pop_partial(key)
             return False
-        self.fail(key, f"aborted by producer: {entry.meta['reason']}", "incomplete",
+        self.fail(key, f"{rec.ABORTED}: {entry.meta['reason']}", "incomplete",
                   _event(src, entry.seq))
         return True
 

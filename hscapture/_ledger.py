@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import IncompleteSampleError, SampleDroppedError, SampleMismatchError
+from .record import ended_by_abort
 
 log = logging.getLogger("hscapture")
 
@@ -100,7 +101,7 @@ class Ledger:
         """Sample ``key`` = (epoch, rid) failed: ``kind`` is ``dropped``, ``rejected`` or
         anything else (``incomplete``); ``event`` names the record that says so (see
         :attr:`failure_log`). A known event fails the sample without reporting it again."""
-        self.known_failed(key, _event_seq(event))
+        self.known_failed(key, _event_seq(event), ended_by_abort(reason))
         if event is not None and event in self.known_events:
             self.counts["failures_known_before"] += 1
             return
@@ -111,12 +112,14 @@ class Ledger:
         self.failure_log.append((kind, rid, reason, event))
         self.counts[f"{kind}_samples"] += 1
 
-    def known_failed(self, key: tuple[int, str], seq: int | None = None) -> None:
+    def known_failed(self, key: tuple[int, str], seq: int | None = None,
+                     ended: bool = False) -> None:
         """Sample ``key`` failed and a caller already reported it (an earlier owner of a
         durable place): its later chunks are recognised (:meth:`has_failed`) and neither used
         nor reported as another failure of the rid; a new sample of the rid begins as usual
-        (:meth:`new_attempt`); ``seq``: the number of the row or entry that failed it."""
-        self._failed[key] = seq
+        (:meth:`new_attempt`); ``seq``: the number of the row or entry that failed it;
+        ``ended``: that was an abort, which ends the sample (:meth:`ended_before`)."""
+        self._failed[key] = (seq, ended)
         self._failed.move_to_end(key)
         while len(self._failed) > MAX_FAILED:
             self._failed.popitem(last=False)
@@ -127,7 +130,23 @@ class Ledger:
     def failed_at(self, key: tuple[int, str]) -> int | None:
         """The number of the row or entry that failed ``key``'s sample (None: unknown): a
         start of the rid numbered below it is that sample's own, read out of order."""
-        return self._failed.get(key)
+        got = self._failed.get(key)
+        return None if got is None else got[0]
+
+    def ended_before(self, key: tuple[int, str], seq: int) -> bool:
+        """Whether an abort numbered below ``seq`` ended ``key``'s failed sample: a row of the
+        rid numbered ``seq`` is then a later attempt's, even one that does not start a
+        sample (its start read by an earlier owner of a durable place and gone from the
+        ring). Until 2026-12-06 such rows were taken for the aborted sample's and the retry
+        was neither delivered nor reported (fault hunt H14, GUARANTEES gap 15)."""
+        got = self._failed.get(key)
+        return got is not None and got[1] and got[0] is not None and seq > got[0]
+
+    def ended(self, key: tuple[int, str], seq: int) -> None:
+        """An abort numbered ``seq`` came for ``key``'s sample, which had failed before (a
+        dropped chunk): it ends the sample there."""
+        if key in self._failed:
+            self._failed[key] = (seq, True)
 
     def new_attempt(self, key: tuple[int, str]) -> None:
         """A new sample of ``key``'s rid begins after its failed one (a client retrying with

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 
+from .record import ended_by_abort
 from .shard_format import REPORTS_NAME, jdump
 from .shard_index import fsync_dir, repair_tail
 
@@ -42,15 +43,17 @@ class ReportLog:
         earlier drain recorded and never named in a report (it was killed first)."""
         return self.read()[0]
 
-    def read(self) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
-        """:meth:`unreported`, and the event of every failure in the file with its rid
-        (:meth:`hscapture.Subscriber.known_failures` takes them)."""
+    def read(self) -> tuple[list[tuple[str, str, str]], dict[str, str], set[str]]:
+        """:meth:`unreported`, the event of every failure in the file with its rid, and the
+        events of those an abort ended (:meth:`hscapture.Subscriber.known_failures` takes
+        both)."""
         events: dict[str, str] = {}
+        aborted: set[str] = set()
         try:
             with open(self.path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            return [], events
+            return [], events, aborted
         out: list[tuple[str, str, str]] = []
         for line in raw.split(b"\n")[:-1]:          # the part after the last newline is torn
             try:
@@ -66,7 +69,9 @@ class ReportLog:
                 out.append((d["kind"], d["rid"], str(d.get("reason", ""))))
                 if isinstance(d.get("event"), str):
                     events[d["event"]] = d["rid"]
-        return out, events
+                    if ended_by_abort(str(d.get("reason", ""))):
+                        aborted.add(d["event"])
+        return out, events, aborted
 
     def append(self, failures: list[tuple[str, str, str, str | None]]) -> None:
         """Append ``failures`` (``(kind, rid, reason, event)``) and make them durable (file

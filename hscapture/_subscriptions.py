@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import CaptureConfigError
+from .record import ended_by_abort
 from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 
 log = logging.getLogger("hscapture")
@@ -378,14 +379,16 @@ def _acked_path(name: str) -> Path:
     return _dir() / f"{_ACKED_PREFIX}{os.geteuid()}-{digest}"
 
 
-def acknowledged(name: str) -> dict[str, str]:
+def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
     """``event -> rid`` of the failures subscribers of the durable ``name`` acknowledged
-    (:func:`record_acknowledged`): a resumer passes them to ``Subscriber.known_failures``, so
-    that a failure whose ring record an older record held back is not reported twice."""
+    (:func:`record_acknowledged`), and the events of those an abort ended: a resumer passes
+    them to ``Subscriber.known_failures``, so that a failure whose ring record an older
+    record held back is not reported twice."""
+    aborted: set[str] = set()
     try:
         text = _acked_path(name).read_text()
     except OSError:
-        return {}
+        return {}, aborted
     out: dict[str, str] = {}
     for line in text.split("\n")[-ACKED_KEEP - 1:-1]:    # (a torn last line is ignored)
         try:
@@ -395,7 +398,9 @@ def acknowledged(name: str) -> dict[str, str]:
         if isinstance(d, dict) and isinstance(d.get("event"), str) and \
                 isinstance(d.get("rid"), str):
             out[d["event"]] = d["rid"]
-    return out
+            if d.get("aborted") is True:
+                aborted.add(d["event"])
+    return out, aborted
 
 
 def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str | None]]) -> None:
@@ -404,8 +409,9 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
     SIGKILL leaves as it was. The file is cut to its newest :data:`ACKED_KEEP` lines when it
     grows past twice that. Best effort: a failure not recorded may be reported again by a
     resumer (logged), never lost."""
-    lines = "".join(json.dumps({"event": e, "rid": rid}) + "\n"
-                    for _kind, rid, _reason, e in failures if e)
+    lines = "".join(json.dumps({"event": e, "rid": rid,
+                                **({"aborted": True} if ended_by_abort(reason) else {})}) + "\n"
+                    for _kind, rid, reason, e in failures if e)
     if not lines:
         return
     path = _acked_path(name)

@@ -159,8 +159,8 @@ def drain(
     reports = ReportLog(out_dir)
     # a killed predecessor's failures are named in this report; every recorded one, read
     # again from the ring (an older record held it back), is not reported twice
-    earlier, known = reports.read()
-    sub.known_failures(known)
+    earlier, known, aborted = reports.read()
+    sub.known_failures(known, aborted=aborted)
     recorded = 0                     # sub.failures()[:recorded] are in reports.jsonl
 
     def append_reports(failures: list[tuple[str, str, str, str | None]]) -> None:

@@ -400,6 +400,17 @@ def clip_reason(reason: str) -> str:
     return reason[:REASON_MAX_CHARS - 20] + f" ... ({len(reason)} chars)"
 
 
+#: how a subscriber's reason for a sample an abort entry failed begins: an abort ends its
+#: sample, so a later row of the rid that does not start one belongs to a later attempt
+ABORTED = "aborted by producer"
+
+
+def ended_by_abort(reason: str) -> bool:
+    """Whether a failure's ``reason`` (a subscriber's report) says an abort ended the sample
+    (:data:`ABORTED`): what a resumer loading recorded failures needs to know of each."""
+    return reason.startswith(ABORTED)
+
+
 def abort_meta(producer: str, epoch: int, seq: int, dp_rank: int, rid: str, reason: str,
                restart: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
     """An ``abort`` meta: ``rid``'s sample can never complete (``restart``: a new attempt

@@ -165,7 +165,8 @@ class Subscriber:
             # what earlier subscribers of the name acknowledged is not reported again when
             # an older record held its ring record back (until 2026-12-06 a resumed durable
             # stream logged such failures twice: fault hunt, 4 of 9 runs)
-            self.known_failures(acknowledged(name))
+            events, aborted = acknowledged(name)
+            self.known_failures(events, aborted=aborted)
             self._registry.resume_durable()
 
     @property
@@ -305,7 +306,8 @@ class Subscriber:
         subscriber of the name so that it does not report them again."""
         return self._ledger.failure_log[since:]
 
-    def known_failures(self, events: Iterable[str] | Mapping[str, str]) -> None:
+    def known_failures(self, events: Iterable[str] | Mapping[str, str], *,
+                       aborted: Iterable[str] = ()) -> None:
         """Failures the caller already recorded (their :meth:`failures` events, e.g. from
         an earlier run that crashed after recording them): read again from the ring by this
         resumer, their samples still fail (nothing of them is delivered) but are not
@@ -314,13 +316,18 @@ class Subscriber:
         chunk of one (another dropped chunk, rows a resumer meets without their start) is
         not reported as another failure of the rid (until 2026-12-06 a restarted drain named
         such a rid a second time: fault hunt F3), while a new sample of the rid, from its
-        first row, is delivered as usual."""
+        first row, is delivered as usual. ``aborted``: the events of those an abort ended (the
+        drain's ``reports.jsonl`` and the acknowledged file say which): a later row of the
+        rid that does not start a sample is then a later attempt's, not discarded with the
+        aborted one (until 2026-12-06 a resumer discarded such a retry without a word: fault
+        hunt H14, GUARANTEES gap 15)."""
         self._ledger.known_events.update(e for e in events if e)
+        ended = set(aborted)
         if isinstance(events, Mapping):
             for event, rid in events.items():
                 epoch, sep, seq = str(event).partition(":")
                 if sep and epoch.isdigit() and seq.isdigit() and isinstance(rid, str):
-                    self._ledger.known_failed((int(epoch), rid), int(seq))
+                    self._ledger.known_failed((int(epoch), rid), int(seq), event in ended)
 
     def acknowledge_failures(self, through: int) -> None:
         """A durable subscriber (``name=...``): the first ``through`` :meth:`failures` are
