@@ -216,8 +216,8 @@ class Delivery:
                 rid, seq = row["rid"], entry.seq + r
                 key = (epoch, rid)
                 if src.seqs.seen(seq) or not self.wants(rid) or \
-                        self._of_a_failed_sample(key, row["token_start"], row["cached_prefix"],
-                                                 seq):
+                        self._of_a_failed_sample(src, key, row["token_start"],
+                                                 row["cached_prefix"], seq):
                     continue
                 if row["last"]:
                     src.cut.pop(rid, None)
@@ -230,7 +230,7 @@ class Delivery:
         if entry.n:
             src.seqs.add(entry.seq, entry.n)
 
-    def _of_a_failed_sample(self, key: tuple[int, str], token_start: int,
+    def _of_a_failed_sample(self, src: Source, key: tuple[int, str], token_start: int,
                             cached_prefix: int, seq: int | None = None) -> bool:
         """Whether a row of ``key``'s rid belongs to a sample already reported (nothing of it
         is used or reported again). A row that starts a sample (at token 0, or where its
@@ -240,9 +240,12 @@ class Delivery:
         if not self.ledger.has_failed(key):
             return False
         if token_start != 0 and token_start != cached_prefix:
-            # the failed sample's later rows, unless an abort numbered below this row ended
-            # it: then a later attempt's, whose start this subscriber never saw
-            return seq is None or not self.ledger.ended_before(key, seq)
+            # the failed sample's later rows; but for a resumed durable place, after an abort
+            # numbered below this row, a later attempt's whose start an earlier owner read
+            # (a subscriber that read on from the abort saw any retry's start: a row without
+            # one is a straggler of the aborted sample, discarded)
+            return seq is None or not (self.durable and src.resumed and
+                                       self.ledger.ended_before(key, seq))
         at = self.ledger.failed_at(key)
         if seq is not None and at is not None and seq < at:
             # numbered before the row or entry that failed it: the failed sample's own start,
@@ -264,7 +267,7 @@ class Delivery:
             src.cut.pop(rid, None)
         if self.rid_filter is not None and not self.rid_filter(rid):
             return
-        if self._of_a_failed_sample(key, row["token_start"], row.get("cached_prefix", 0),
+        if self._of_a_failed_sample(src, key, row["token_start"], row.get("cached_prefix", 0),
                                     entry.seq + r):
             return
         self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
@@ -460,7 +463,7 @@ class Delivery:
         if self.headless and key in self.headless and \
                 (rv.token_start == 0 or rv.token_start == rv.cached_prefix):
             self.headless.settle(key=key)   # its rid begins anew: the one held never ended
-        if self._of_a_failed_sample(key, rv.token_start, rv.cached_prefix, rv.seq):
+        if self._of_a_failed_sample(src, key, rv.token_start, rv.cached_prefix, rv.seq):
             counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
             return
         p = self.asm.get(key)
