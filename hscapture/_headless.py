@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from ._ledger import failure_event as _event
 from ._source import Source
 
 __all__ = ["HeadlessSamples", "gone"]
@@ -28,10 +29,6 @@ def gone(segment: str, start: int) -> str:
     """Why a sample whose first rows an earlier owner read cannot complete here."""
     return (f"its first rows were read by an earlier subscriber of {segment}'s durable place "
             f"and are gone from the ring; positions from {start} on arrived")
-
-
-def _event(src: Source, seq: int) -> str:
-    return f"{src.epoch}:{seq}"
 
 
 class _Owner(Protocol):
