@@ -38,6 +38,13 @@ _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
 _FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
                for name, dt in rec.NUMPY_DTYPES.items()}
 
+#: seconds a failure hold outlives the quarter-of-the-ring bound (never past
+#: ``partial_hold_s``): a consumer records what it read within this (the drain at once, a
+#: durable stream within 0.25 s while it waits). Until 2026-12-06 a burst of failures read
+#: in one pump (a producer's backlog of drops) larger than a quarter of the ring gave the
+#: oldest holds back within milliseconds, and a consumer killed then left them named by no
+#: one (fault hunt H14, problem B; GUARANTEES gap 1)
+FAILURE_GRACE_S = 2.0
 #: why a sample an ``unheard`` entry names was never delivered
 _UNHEARD = ("committed before any subscriber attached (start the subscriber first, or use "
             "Producer(wait_for_subscribers=1))")
@@ -275,8 +282,11 @@ class Delivery:
 
     def _abort(self, src: Source, entry: Any) -> bool:
         """An abort entry: a restart discards the sample's rows so far (it is captured again
-        from its start); any other abort reports the sample incomplete, once, unless it was
-        reported already or ``rid_filter`` turns the rid away. Returns whether it reported."""
+        from its start); any other abort reports the sample incomplete, once, unless
+        ``rid_filter`` turns the rid away or it was reported already (then the abort's end
+        of it goes into the failure log for a durable consumer to record:
+        :meth:`Ledger.record_end`). Returns whether the failure log grew (the entry is then
+        held until acknowledged)."""
         key = (src.epoch, entry.meta["rid"])
         if src.cut:   # its rows before our place: discarded with it, or reported here
             src.cut.pop(key[1], None)
@@ -285,13 +295,15 @@ class Delivery:
             self.headless.forget(key)
             self.pop_partial(key)
             return False
-        if (self.rid_filter is not None and not self.rid_filter(key[1])) or \
-                self.ledger.has_failed(key):
+        reason = f"{rec.ABORTED}: {entry.meta['reason']}"
+        if self.rid_filter is not None and not self.rid_filter(key[1]):
             self.ledger.ended(key, entry.seq)
             self.pop_partial(key)
             return False
-        self.fail(key, f"{rec.ABORTED}: {entry.meta['reason']}", "incomplete",
-                  _event(src, entry.seq))
+        if self.ledger.has_failed(key):   # reported already; the end is recorded with it
+            self.pop_partial(key)
+            return self.ledger.record_end(key, reason, _event(src, entry.seq))
+        self.fail(key, reason, "incomplete", _event(src, entry.seq))
         return True
 
     def cut_timeout(self, src: Source, now: float) -> None:
@@ -836,17 +848,20 @@ class Delivery:
             self._give_back(hold)
 
     def _bound_failure_holds(self, now: float) -> None:
-        """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
-        quarter of it, each (past that a resumer may not learn of them: only a crash could
-        cost that, as for a partial that stopped pinning)."""
+        """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and, once
+        older than :data:`FAILURE_GRACE_S`, a quarter of it, each (past that a resumer may
+        not learn of them: only a crash could cost that, as for a partial that stopped
+        pinning)."""
         holds = self._failure_holds
         if not holds:
             return
         kept: collections.deque[_FailureHold] = collections.deque()
+        grace = min(FAILURE_GRACE_S, self.partial_hold_s)
         for hold in holds:
             consumer = hold.src.consumer
-            if now - hold.since <= self.partial_hold_s and (
-                    consumer is None
+            age = now - hold.since
+            if age <= self.partial_hold_s and (
+                    age <= grace or consumer is None
                     or consumer.position - hold.position <= consumer.capacity // 4):
                 kept.append(hold)
             else:

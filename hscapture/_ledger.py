@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import IncompleteSampleError, SampleDroppedError, SampleMismatchError
-from .record import ended_by_abort
+from .record import ENDED, ended_by_abort
 
 log = logging.getLogger("hscapture")
 
@@ -80,7 +80,8 @@ class Ledger:
         #: one of ``dropped`` / ``incomplete`` / ``rejected``, event ``"epoch:seq"`` of the
         #: ring row or entry that named it (None when no record did: a timeout, a producer
         #: gone) (what a durable consumer persists before it acknowledges failures:
-        #: :meth:`Subscriber.failures`)
+        #: :meth:`Subscriber.failures`); kind :data:`ENDED` is not a failure of its own: an
+        #: abort that ended a sample reported failed before (:meth:`record_end`)
         self.failure_log: list[tuple[str, str, str, str | None]] = []
         #: events a caller already recorded (an earlier run's failures, read again from the
         #: ring by a resumer): the sample still fails, but is not reported twice
@@ -142,11 +143,29 @@ class Ledger:
         got = self._failed.get(key)
         return got is not None and got[1] and got[0] is not None and seq > got[0]
 
-    def ended(self, key: tuple[int, str], seq: int) -> None:
+    def ended(self, key: tuple[int, str], seq: int | None) -> None:
         """An abort numbered ``seq`` came for ``key``'s sample, which had failed before (a
         dropped chunk): it ends the sample there."""
         if key in self._failed:
             self._failed[key] = (seq, True)
+
+    def record_end(self, key: tuple[int, str], reason: str, event: str) -> bool:
+        """An abort (``event``, ``reason``) came for ``key``'s sample, which had failed before
+        (a dropped chunk): it ends the sample there (:meth:`ended_before`), and unless a
+        caller recorded the event already it goes into :attr:`failure_log` as kind
+        :data:`ENDED`, so that a durable consumer persists it beside the failure: a resumer
+        that learns the failure from the consumer's record, not from the ring, knows too
+        that later rows of the rid are another attempt's (until 2026-12-06 it knew only the
+        drop and discarded a retry met without its start: GUARANTEES gap 15). Not reported
+        to the user: the sample's failure was. Returns whether it went into the log."""
+        if key not in self._failed:
+            return False
+        self.ended(key, _event_seq(event))
+        if event in self.known_events:
+            return False
+        self.failure_log.append((ENDED, key[1], reason, event))
+        self.counts["ended_after_failure"] += 1
+        return True
 
     def new_attempt(self, key: tuple[int, str]) -> None:
         """A new sample of ``key``'s rid begins after its failed one (a client retrying with

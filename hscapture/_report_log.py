@@ -20,7 +20,7 @@ import logging
 import os
 import time
 
-from .record import ended_by_abort
+from .record import ENDED, ended_by_abort
 from .shard_format import REPORTS_NAME, jdump
 from .shard_index import fsync_dir, repair_tail
 
@@ -65,8 +65,9 @@ class ReportLog:
                 continue
             if d.get("reported"):
                 out.clear()
-            elif d.get("kind") in KINDS and isinstance(d.get("rid"), str):
-                out.append((d["kind"], d["rid"], str(d.get("reason", ""))))
+            elif d.get("kind") in KINDS + (ENDED,) and isinstance(d.get("rid"), str):
+                if d["kind"] != ENDED:     # (an abort that ended a failed sample: no report)
+                    out.append((d["kind"], d["rid"], str(d.get("reason", ""))))
                 if isinstance(d.get("event"), str):
                     events[d["event"]] = d["rid"]
                     if ended_by_abort(str(d.get("reason", ""))):

@@ -403,6 +403,10 @@ def clip_reason(reason: str) -> str:
 #: how a subscriber's reason for a sample an abort entry failed begins: an abort ends its
 #: sample, so a later row of the rid that does not start one belongs to a later attempt
 ABORTED = "aborted by producer"
+#: the kind a subscriber's failure log (and a durable consumer's record of it) gives an abort
+#: that ended a sample which had failed before (a dropped chunk): not a failure of its own,
+#: but what tells a resumer that later rows of the rid belong to another attempt
+ENDED = "ended"
 
 
 def ended_by_abort(reason: str) -> bool:

@@ -78,6 +78,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import CaptureConfigError
+from .record import ENDED
 from .sample import Sample
 from .subscriber import Subscriber
 
@@ -529,7 +530,8 @@ class SampleStream:
             return
         by_kind: dict[str, list[str]] = {}
         for kind, rid, _reason, _event in new:
-            by_kind.setdefault(kind, []).append(rid)
+            if kind != ENDED:   # (an abort that ended a sample named failed before)
+                by_kind.setdefault(kind, []).append(rid)
         for kind, rids in by_kind.items():
             log.warning("hscapture: stream %r: %d sample(s) %s (report()[%r]; acknowledged "
                         "right after this line: the next stream of this name names them "

@@ -303,7 +303,10 @@ class Subscriber:
         (the same reports as :meth:`stats`; a rid failing twice appears twice) and event
         the ``"epoch:seq"`` of the ring record that named it (None when none did: a
         timeout, a producer gone). Pass the events to :meth:`known_failures` of a later
-        subscriber of the name so that it does not report them again."""
+        subscriber of the name so that it does not report them again. Kind ``ended`` is
+        not a failure to report: an abort that ended a sample already named (a dropped
+        chunk first), kept so that a consumer recording the failures records it too (a
+        resumer then takes later rows of the rid for another attempt's)."""
         return self._ledger.failure_log[since:]
 
     def known_failures(self, events: Iterable[str] | Mapping[str, str], *,
@@ -324,17 +327,22 @@ class Subscriber:
         self._ledger.known_events.update(e for e in events if e)
         ended = set(aborted)
         if isinstance(events, Mapping):
+            known = []
             for event, rid in events.items():
                 epoch, sep, seq = str(event).partition(":")
                 if sep and epoch.isdigit() and seq.isdigit() and isinstance(rid, str):
-                    self._ledger.known_failed((int(epoch), rid), int(seq), event in ended)
+                    known.append((int(epoch), int(seq), rid, event in ended))
+            # in the order they were numbered: a drop, then the abort that ended the sample
+            for epoch, seq, rid, was_ended in sorted(known, key=lambda k: k[:2]):
+                self._ledger.known_failed((epoch, rid), seq, was_ended)
 
     def acknowledge_failures(self, through: int) -> None:
         """A durable subscriber (``name=...``): the first ``through`` :meth:`failures` are
         recorded where a restart finds them (the drain appends them to its output
         directory's ``reports.jsonl``). Until then the ring records that name a failure (a
         drop or abort entry, a failed sample's chunks) stay in the ring, for at most
-        ``partial_hold_s`` and a quarter of it, so that if this process dies first, the
+        ``partial_hold_s`` and, once older than 2 s, a quarter of it (acknowledge within
+        2 s of reading a failure), so that if this process dies first, the
         subscriber resumed under the same name reads them again and reports the failure.
         A no-op for an anonymous subscriber (nothing resumes it). The acknowledged failures'
         events are recorded beside the durable name first (``_subscriptions.

@@ -1136,6 +1136,23 @@ def test_a_retry_captured_while_its_abort_waits_in_the_backlog_arrives_after_the
     assert "aborted" in st["incomplete"]["x"], st["incomplete"]
 
 
+def _durable_child(procs, endpoint: str, name: str, body: str, **kw) -> subprocess.Popen:
+    """A subscriber of the durable ``name`` in a child process, attached; ``body`` runs with
+    it as ``s`` (its stdin and stdout are the test's pipes)."""
+    args = "".join(f", {k}={v!r}" for k, v in kw.items())
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from hscapture import Subscriber
+        s = Subscriber({endpoint!r}, name={name!r}{args})
+        s.wait_ready(10)
+        print("attached", flush=True)
+    """) + textwrap.dedent(body)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=_env())
+    procs.append(child)
+    assert child.stdout.readline().strip() == "attached"
+    return child
+
+
 def test_a_resumer_does_not_report_a_sample_its_killed_predecessor_acknowledged(
         endpoint, procs):
     # P's open first chunk stops pinning (the reader went a quarter of the ring past it), so
@@ -1149,12 +1166,7 @@ def test_a_resumer_does_not_report_a_sample_its_killed_predecessor_acknowledged(
     name = f"g14s-{os.getpid()}"
     with Producer(endpoint, producer_id="g14s", capacity=256 << 10,
                   heartbeat_interval_s=0.02) as p:
-        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-            import sys
-            from hscapture import Subscriber
-            s = Subscriber({endpoint!r}, name={name!r}, partial_hold_s=600)
-            s.wait_ready(10)
-            print("attached", flush=True)
+        child = _durable_child(procs, endpoint, name, """
             for sample in s.samples(timeout=30):
                 rid = sample.rid
                 sample.release()
@@ -1162,9 +1174,7 @@ def test_a_resumer_does_not_report_a_sample_its_killed_predecessor_acknowledged(
                 if rid == "S":
                     break
             sys.stdin.readline()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
-        procs.append(child)
-        assert child.stdout.readline().strip() == "attached"
+        """, partial_hold_s=600)
         assert p.wait_for_consumers(1, 30)
         segment = p.segment
         _first_chunk(p, "P", 8)                           # open: stops pinning below
@@ -1202,6 +1212,85 @@ def test_a_resumer_does_not_report_a_sample_its_killed_predecessor_acknowledged(
     assert "S" not in st["incomplete"] and "S" not in st["dropped"], st["incomplete"]
 
 
+#: a durable child subscriber's reading for the gap-15 tests: every sample up to "m" (X's
+#: first attempt failed before it), its failures acknowledged, then up to "f-9" (X's
+#: retry's first chunk before them) with each rid printed, then on until killed
+_ACK_AT_M_THEN_READ_ON = """
+    def read_until(last, show):
+        for sample in s.samples(timeout=30):
+            rid = sample.rid
+            sample.release()
+            if show:
+                print(rid, flush=True)
+            if rid == last:
+                return
+    read_until("m", False)
+    s.acknowledge_failures(len(s.failures()))
+    print("acked", flush=True)
+    read_until("f-9", True)
+    while True:           # reads on (its periodic bounds run) until killed
+        s.pump(0.05)
+"""
+
+
+def _drop_while_stalled(p: Producer, endpoint: str, capture) -> None:
+    """An anonymous subscriber attaches and reads nothing: ``fill-<i>`` samples of 8 KiB are
+    captured until the ring is full (the last one dropped), then ``capture()`` is called and
+    must be dropped too; the stalled subscriber closes (the drops wait in the producer's
+    backlog until its next heartbeat after that)."""
+    attached = p.stats()["ring"]["live_consumers"]
+    stalled = Subscriber(endpoint)
+    try:
+        stalled.wait_ready(timeout=20)
+        assert p.wait_for_consumers(attached + 1, 30)
+        for i in range(100):
+            if not all(_capture(p, f"fill-{i}", 64)):
+                break
+        else:
+            raise AssertionError("the ring never filled")
+        assert not capture()
+    finally:
+        stalled.close()
+
+
+def _retry_met_by_a_resumer_without_its_start(p: Producer, endpoint: str, name: str,
+                                              child: subprocess.Popen) -> dict:
+    """X's first attempt failed (aborted): "m" is captured after it; the child
+    (:data:`_ACK_AT_M_THEN_READ_ON`) acknowledges the failure, reads the first chunk of X's
+    retry, then enough whole samples that the retry stops pinning the ring (a quarter of
+    it), and is killed. The retry goes on; returns the stats of the name's resumer, which
+    starts past the retry's first chunk, once it read Z (captured after the retry)."""
+    segment = p.segment
+    wait_until(lambda: p.stats()["backlog"] == 0, 10, "the producer's backlog written")
+    assert all(_capture(p, "m", 3))
+    p.flush()
+    assert child.stdout.readline().strip() == "acked"
+    tx, ix = _first_chunk(p, "X", 12)                   # the retry's first chunk
+    for i in range(10):                                 # 10 x 8 KiB: past a quarter
+        assert all(_capture(p, f"f-{i}", 64))
+    p.flush()
+    got = [child.stdout.readline().strip() for _ in range(10)]
+    assert got == [f"f-{i}" for i in range(10)], got
+    head = _ring.segment_info(segment)["head"]
+    wait_until(lambda: any(c["name"] == name and c["released"] == head
+                           for c in _slots(segment)), 10, "the ring released")
+    child.kill()
+    child.wait(10)
+    for a, b in ((4, 8), (8, 12)):                       # the retry goes on
+        assert p.capture("X", [t[a:b] for t in tx], layers=LAYERS, token_ids=ix[a:b],
+                         token_start=a, is_last_chunk=b == 12)
+    _capture(p, "Z", 3)
+    p.flush()
+    d = Subscriber(endpoint, name=name)
+    try:
+        z = d.get("Z", timeout=10)                      # read after X's later chunks
+        st = d.stats()
+    finally:
+        d.unsubscribe()
+    check_exact(z.tensors, z.token_ids, "Z", 3)
+    return st
+
+
 def test_a_retry_after_an_acknowledged_abort_whose_start_a_killed_owner_read_is_reported(
         endpoint, procs):
     # X is aborted; the durable subscriber reports and acknowledges it, reads the first
@@ -1214,56 +1303,34 @@ def test_a_retry_after_an_acknowledged_abort_whose_start_a_killed_owner_read_is_
     name = f"g15r-{os.getpid()}"
     with Producer(endpoint, producer_id="g15r", capacity=256 << 10,
                   heartbeat_interval_s=0.02) as p:
-        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-            import sys
-            from hscapture import Subscriber
-            s = Subscriber({endpoint!r}, name={name!r})
-            s.wait_ready(10)
-            print("attached", flush=True)
-            while "X" not in s.stats()["incomplete"]:
-                s.pump(0.02)
-            s.acknowledge_failures(len(s.failures()))
-            print("acked", flush=True)
-            for sample in s.samples(timeout=30):
-                rid = sample.rid
-                sample.release()
-                print(rid, flush=True)
-                if rid == "f-9":
-                    break
-            while True:           # reads on (its periodic bounds run) until killed
-                s.pump(0.05)
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
-        procs.append(child)
-        assert child.stdout.readline().strip() == "attached"
+        child = _durable_child(procs, endpoint, name, _ACK_AT_M_THEN_READ_ON)
         assert p.wait_for_consumers(1, 30)
-        segment = p.segment
         _first_chunk(p, "X", 12)
         p.abort("X", "client gave up")
-        p.flush()
-        assert child.stdout.readline().strip() == "acked"
-        tx, ix = _first_chunk(p, "X", 12)                   # the retry's first chunk
-        for i in range(10):                                 # 10 x 8 KiB: past a quarter
-            assert all(_capture(p, f"f-{i}", 64))
-        p.flush()
-        got = [child.stdout.readline().strip() for _ in range(10)]
-        assert got == [f"f-{i}" for i in range(10)], got
-        head = _ring.segment_info(segment)["head"]
-        wait_until(lambda: any(c["name"] == name and c["released"] == head
-                               for c in _slots(segment)), 10, "the ring released")
-        child.kill()
-        child.wait(10)
-        for a, b in ((4, 8), (8, 12)):                       # the retry goes on
-            assert p.capture("X", [t[a:b] for t in tx], layers=LAYERS, token_ids=ix[a:b],
-                             token_start=a, is_last_chunk=b == 12)
-        _capture(p, "Z", 3)
-        p.flush()
-        d = Subscriber(endpoint, name=name)
-        try:
-            z = d.get("Z", timeout=10)                      # read after X's later chunks
-            st = d.stats()
-        finally:
-            d.unsubscribe()
-    check_exact(z.tensors, z.token_ids, "Z", 3)
+        st = _retry_met_by_a_resumer_without_its_start(p, endpoint, name, child)
+    assert "earlier subscriber" in st["incomplete"].get("X", ""), st["incomplete"]
+
+
+def test_a_retry_after_an_abort_that_ended_a_dropped_sample_is_reported_by_a_resumer(
+        endpoint, procs):
+    # As above, but X's first attempt failed by a dropped chunk (the ring pinned full) before
+    # its abort, which then reports nothing new. Until 2026-12-06 only the drop was recorded
+    # (the acknowledged file, the drain's reports.jsonl), and a resumer that learnt the
+    # failure from that record, not from the ring, took the later rows of X's retry for the
+    # dropped sample's and discarded them: the retry was neither delivered nor reported
+    # (fault hunt H14, d1_drain_kill.py r-933, GUARANTEES gap 15). The abort's end of the
+    # sample is recorded beside the drop now (failure kind "ended")
+    name = f"g15d-{os.getpid()}"
+    with Producer(endpoint, producer_id="g15d", capacity=256 << 10, full_policy="drop",
+                  heartbeat_interval_s=0.02) as p:
+        child = _durable_child(procs, endpoint, name, _ACK_AT_M_THEN_READ_ON)
+        assert p.wait_for_consumers(1, 30)
+        tx, ix = _first_chunk(p, "X", 200)
+        _drop_while_stalled(p, endpoint, lambda: p.capture(
+            "X", [t[4:] for t in tx], layers=LAYERS, token_ids=ix[4:], token_start=4,
+            is_last_chunk=False))                               # 25 KiB: dropped
+        p.abort("X", "client gave up")
+        st = _retry_met_by_a_resumer_without_its_start(p, endpoint, name, child)
     assert "earlier subscriber" in st["incomplete"].get("X", ""), st["incomplete"]
 
 
@@ -2085,6 +2152,43 @@ def test_a_resumer_that_finds_only_the_last_rows_of_a_sample_reports_it_at_once(
             assert resumer.poll(timeout=0.2) is None
         finally:
             resumer.unsubscribe()
+
+
+def test_failures_read_in_a_burst_past_a_quarter_of_the_ring_stay_held_for_a_resumer(
+        endpoint, procs):
+    # Drops wait in the producer's backlog while the ring is full and are written when room
+    # comes back; a durable subscriber reads them with more than a quarter of the ring of
+    # samples after them in one go, and is killed before it records them. Until 2026-12-06
+    # the quarter-of-the-ring bound gave their holds back within milliseconds, and the
+    # resumer started past them: named by no one (fault hunt H14 problem B: 46-97 drops in
+    # 2 of 14 stream runs, 1 of 15 drain runs; GUARANTEES gap 1). A hold younger than
+    # FAILURE_GRACE_S outlives that bound
+    name = f"g1b-{os.getpid()}"
+    with Producer(endpoint, producer_id="g1b", capacity=256 << 10, full_policy="drop",
+                  heartbeat_interval_s=0.02) as p:
+        child = _durable_child(procs, endpoint, name, """
+            for sample in s.samples(timeout=30):
+                sample.release()
+                if sample.rid == "m":
+                    break
+            s.pump(0.05)                                 # its bounds run
+            s.pump(0.05)
+            print(",".join(sorted(s.dropped)), flush=True)
+            sys.stdin.readline()
+        """)
+        assert p.wait_for_consumers(1, 30)
+        _drop_while_stalled(p, endpoint, lambda: all(_capture(p, "D", 200)))
+        wait_until(lambda: p.stats()["backlog"] == 0, 10, "the backlog written")
+        for i in range(12):                                 # 12 x 8 KiB: past a quarter
+            assert all(_capture(p, f"f-{i}", 64))
+        _capture(p, "m", 3)
+        p.flush()
+        assert "D" in child.stdout.readline().strip().split(",")
+        child.kill()
+        child.wait(10)
+        with Subscriber(endpoint, name=name) as again:   # nothing was acknowledged
+            wait_until(lambda: (again.pump(0.02), "D" in again.dropped)[1], 10,
+                       "the resumer to report D")
 
 
 def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
