@@ -139,9 +139,11 @@ def test_producer_sigkill_mid_stream_leaves_nothing_silently_missing(endpoint, t
     # paced (1,000 requests/s, ~4,000 rows/s: a subscriber keeps up even on a loaded 2-core
     # machine): unpaced, a CI run's subscriber fell behind, the full ring dropped every
     # sample in flight at the kill (reported dropped, 664 of them), and none was left to be
-    # reported incomplete, which is what this test needs to see
+    # reported incomplete, which is what this test needs to see; a 16 MiB ring rides out a
+    # subscriber starved for seconds (with 2 MiB, a CI run on a machine loaded by a second
+    # test run dropped 1,010 rows, and again none was left in flight)
     p = ProducerProc({"endpoint": endpoint, "requests": reqs, "producer_id": "fk",
-                      "consumers": 1, "interleave": 8, "capacity": 2 << 20, "rate": 1000,
+                      "consumers": 1, "interleave": 8, "capacity": 16 << 20, "rate": 1000,
                       "progress_every": 200, "publish_interval_s": interval}, tmp_path)
     try:
         with Subscriber(endpoint, producer_timeout_s=1.0) as sub:
