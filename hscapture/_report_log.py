@@ -7,7 +7,9 @@ in the ring (a restarted drain reads it again) or in this file, and a drain kill
 printed its report leaves its failures to the next drain into the directory, which reports
 them. Format (:mod:`hscapture.shard_format`): one JSON object per line, ``\\n``-terminated;
 ``{"kind": "dropped"|"incomplete"|"rejected", "rid": ..., "reason": ..., "event": ...}`` per
-failure (``event``: the ring record that named it, ``"epoch:seq"``, or null), and
+failure (``event``: the ring record that named it, ``"epoch:seq"``, or null), the same with
+``"kind": "ended"`` for an abort that ended a sample which had failed before (not reported:
+what tells the next drain that later rows of the rid are another attempt's), and
 ``{"reported": true, "at": ISO-8601}`` once a drain's report named every failure above it. A
 torn last line is ignored. Every event in the file is known to the next drain: read again
 from the ring (an older record held it back), such a failure is not reported twice.

@@ -99,9 +99,11 @@ reports.jsonl
 * Written by ``hscapture drain`` (:mod:`hscapture._report_log`), absent otherwise; readers
   and exports ignore it. One JSON object per line: ``{"kind", "rid", "reason"}`` for each
   sample the drain's subscriber reported (``kind``: ``dropped``, ``incomplete`` or
-  ``rejected``), appended and fsync'd before the ring records that name the failure are given
-  back; ``{"reported": true, "at"}`` once a drain's final report named every failure above
-  it. A drain that finds failures after the last ``reported`` line (its predecessor was
+  ``rejected``; with ``event``, ``"epoch:seq"`` of the ring record that named it, or null),
+  appended and fsync'd before the ring records that name the failure are given back; kind
+  ``ended`` is not a failure (never reported): an abort that ended a sample reported failed
+  before, by an earlier line (a later row of the rid belongs to another attempt);
+  ``{"reported": true, "at"}`` once a drain's final report named every failure above it. A drain that finds failures after the last ``reported`` line (its predecessor was
   killed) reports them. A torn last line MUST be ignored.
 
 Journals and recovery

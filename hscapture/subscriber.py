@@ -341,8 +341,9 @@ class Subscriber:
         recorded where a restart finds them (the drain appends them to its output
         directory's ``reports.jsonl``). Until then the ring records that name a failure (a
         drop or abort entry, a failed sample's chunks) stay in the ring, for at most
-        ``partial_hold_s`` and, once older than 2 s, a quarter of it (acknowledge within
-        2 s of reading a failure), so that if this process dies first, the
+        ``partial_hold_s`` and a quarter of it (half while younger than 2 s, for a caller
+        that acknowledges within 2 s of reading a failure), so that if this process dies
+        first, the
         subscriber resumed under the same name reads them again and reports the failure.
         A no-op for an anonymous subscriber (nothing resumes it). The acknowledged failures'
         events are recorded beside the durable name first (``_subscriptions.

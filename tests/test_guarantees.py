@@ -2154,41 +2154,108 @@ def test_a_resumer_that_finds_only_the_last_rows_of_a_sample_reports_it_at_once(
             resumer.unsubscribe()
 
 
-def test_failures_read_in_a_burst_past_a_quarter_of_the_ring_stay_held_for_a_resumer(
-        endpoint, procs):
+#: a durable child subscriber's reading for the burst tests: samples up to "m", its bounds
+#: run, the rids it knows dropped printed; then it waits (for a SIGKILL)
+_READ_TO_M_AND_NAME_DROPS = """
+    for sample in s.samples(timeout=30):
+        sample.release()
+        if sample.rid == "m":
+            break
+    s.pump(0.05)                                 # its bounds run
+    s.pump(0.05)
+    print(",".join(sorted(s.dropped)), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _burst_of_drops_then_samples(p: Producer, endpoint: str, rid: str, fillers: int,
+                                 name: str) -> None:
+    """``rid`` dropped (with a filler) while the ring is full, its drop written from the
+    backlog and the ring given back up to it by the durable ``name``, then ``fillers`` x 8
+    KiB samples and "m", all read in one go."""
+    _drop_while_stalled(p, endpoint, lambda: all(_capture(p, rid, 200)))
+    wait_until(lambda: p.stats()["backlog"] == 0, 10, "the backlog written")
+    wait_until(lambda: _held(p.segment, name) < 32 << 10, 10,
+               "the ring given back up to the drops")
+    for i in range(fillers):
+        assert all(_capture(p, f"f-{i}", 64))
+    _capture(p, "m", 3)
+    p.flush()
+
+
+def _held(segment: str, name: str) -> int:
+    """Bytes of the ring the durable place ``name`` holds (head - released)."""
+    (slot,) = [c for c in _slots(segment) if c["name"] == name]
+    return _ring.segment_info(segment)["head"] - slot["released"]
+
+
+@pytest.mark.parametrize("fillers", [12, 20], ids=["past a quarter", "past half"])
+def test_failures_read_in_a_burst_stay_held_for_a_resumer_up_to_half_the_ring(
+        endpoint, procs, fillers):
     # Drops wait in the producer's backlog while the ring is full and are written when room
-    # comes back; a durable subscriber reads them with more than a quarter of the ring of
-    # samples after them in one go, and is killed before it records them. Until 2026-12-06
-    # the quarter-of-the-ring bound gave their holds back within milliseconds, and the
-    # resumer started past them: named by no one (fault hunt H14 problem B: 46-97 drops in
-    # 2 of 14 stream runs, 1 of 15 drain runs; GUARANTEES gap 1). A hold younger than
-    # FAILURE_GRACE_S outlives that bound
+    # comes back; a durable subscriber reads them with `fillers` x 8 KiB of samples after
+    # them in one go, and is killed before it records them. Until 2026-12-06 the
+    # quarter-of-the-ring bound gave their holds back within milliseconds, and the resumer
+    # started past them: named by no one (fault hunt H14 problem B: 46-97 drops in 2 of 14
+    # stream runs, 1 of 15 drain runs; GUARANTEES gap 1). A hold younger than
+    # FAILURE_GRACE_S outlives that bound, but never half the ring: kept whatever its size,
+    # a consumer that never acknowledges held the ring full, every capture a drop it held
+    # in turn (fault hunt H15: the producer dropped for as long as it captured, 10/10)
     name = f"g1b-{os.getpid()}"
-    with Producer(endpoint, producer_id="g1b", capacity=256 << 10, full_policy="drop",
+    cap = 256 << 10
+    with Producer(endpoint, producer_id="g1b", capacity=cap, full_policy="drop",
                   heartbeat_interval_s=0.02) as p:
-        child = _durable_child(procs, endpoint, name, """
-            for sample in s.samples(timeout=30):
-                sample.release()
-                if sample.rid == "m":
-                    break
-            s.pump(0.05)                                 # its bounds run
-            s.pump(0.05)
-            print(",".join(sorted(s.dropped)), flush=True)
-            sys.stdin.readline()
-        """)
+        child = _durable_child(procs, endpoint, name, _READ_TO_M_AND_NAME_DROPS)
         assert p.wait_for_consumers(1, 30)
-        _drop_while_stalled(p, endpoint, lambda: all(_capture(p, "D", 200)))
-        wait_until(lambda: p.stats()["backlog"] == 0, 10, "the backlog written")
-        for i in range(12):                                 # 12 x 8 KiB: past a quarter
-            assert all(_capture(p, f"f-{i}", 64))
-        _capture(p, "m", 3)
-        p.flush()
+        _burst_of_drops_then_samples(p, endpoint, "D", fillers, name)
         assert "D" in child.stdout.readline().strip().split(",")
+        held = _held(p.segment, name)
+        if fillers == 20:                     # ~175 KiB read past the drops: given back
+            assert held <= cap // 2, held
+            return
+        assert held > cap // 4, held          # ~105 KiB: kept
         child.kill()
         child.wait(10)
         with Subscriber(endpoint, name=name) as again:   # nothing was acknowledged
             wait_until(lambda: (again.pump(0.02), "D" in again.dropped)[1], 10,
                        "the resumer to report D")
+
+
+def test_a_durable_subscriber_that_has_not_acknowledged_for_longer_than_the_grace_gets_none(
+        endpoint, procs):
+    # The grace above is for a consumer that records what it reads within it (the drain at
+    # once, a stream within 0.25 s). One that has left a failure unacknowledged for longer
+    # gets the quarter bound back for every hold, young ones too: with only the hold's own
+    # age counted, one that never acknowledged held half the ring with drops read in the
+    # last 0.1 s all the time, and its producer dropped 2-3x as many captures (fault hunt
+    # H15, 2,000 4 KiB captures/s into 256 KiB)
+    name = f"g1l-{os.getpid()}"
+    cap = 256 << 10
+    with Producer(endpoint, producer_id="g1l", capacity=cap, full_policy="drop",
+                  heartbeat_interval_s=0.02) as p:
+        child = _durable_child(procs, endpoint, name, textwrap.dedent("""
+            import time
+            import hscapture._delivery
+            hscapture._delivery.FAILURE_GRACE_S = 1.0
+            for sample in s.samples(timeout=30):
+                sample.release()
+                if sample.rid == "m0":
+                    break
+            t = time.monotonic()
+            while time.monotonic() - t < 1.2:            # no acknowledgement for 1.2 s
+                s.pump(0.05)
+            print("waited", flush=True)
+        """) + textwrap.dedent(_READ_TO_M_AND_NAME_DROPS))
+        assert p.wait_for_consumers(1, 30)
+        _drop_while_stalled(p, endpoint, lambda: all(_capture(p, "C", 200)))
+        wait_until(lambda: p.stats()["backlog"] == 0, 10, "the backlog written")
+        _capture(p, "m0", 3)
+        p.flush()
+        assert child.stdout.readline().strip() == "waited"
+        _burst_of_drops_then_samples(p, endpoint, "D", 12, name)
+        assert "D" in child.stdout.readline().strip().split(",")
+        held = _held(p.segment, name)
+        assert held <= cap // 4, held         # D's hold is young, but given back
 
 
 def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
