@@ -38,18 +38,6 @@ _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
 _FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
                for name, dt in rec.NUMPY_DTYPES.items()}
 
-#: seconds a failure hold outlives the quarter-of-the-ring bound, up to half the ring (never
-#: past ``partial_hold_s``): a consumer records what it read within this (the drain at once,
-#: a durable stream within 0.25 s while it waits). Until 2026-12-06 a burst of failures read
-#: in one pump (a producer's backlog of drops) larger than a quarter of the ring gave the
-#: oldest holds back within milliseconds, and a consumer killed then left them named by no
-#: one (fault hunt H14, problem B; GUARANTEES gap 1). Not the whole ring: a consumer that
-#: never acknowledges would then hold it full, every capture a drop whose record it holds
-#: for the next 2 s (fault hunt H15: 10 of 10 runs jammed for as long as they captured).
-#: A consumer that has not acknowledged for longer than this gets no grace until it does
-#: (given half the ring, one that never acknowledges held half of it all the time and its
-#: producer dropped 2-3x as many captures: 2,000 4 KiB captures/s into 256 KiB).
-FAILURE_GRACE_S = 2.0
 #: why a sample an ``unheard`` entry names was never delivered
 _UNHEARD = ("committed before any subscriber attached (start the subscriber first, or use "
             "Producer(wait_for_subscribers=1))")
@@ -135,10 +123,9 @@ class Delivery:
         self._unsettled: dict[tuple[int, str], Settlement] = {}
         #: durable: what names failures not yet acknowledged, in the order held
         self._failure_holds: collections.deque[_FailureHold] = collections.deque()
-        #: when the first failure hold since the last acknowledgement was taken (None: none
-        #: since): one older than FAILURE_GRACE_S means this consumer records late (or
-        #: never), and its holds get no grace
-        self._unacked_since: float | None = None
+        #: the failure log's length when the current pump began: holds numbered past it were
+        #: taken in this pump, and its caller has not had them yet (:meth:`begin_pump`)
+        self._fresh_from = 0
         #: borrowed (zero-copy) samples handed out and alive: emptied when the subscriber
         #: closes, as its places in the rings go (an anonymous one's records are reused)
         #: (a plain dict, emptied by each sample's release: a borrowed sample must be
@@ -816,11 +803,12 @@ class Delivery:
             return
         if not borrowed:
             src.borrowed.add(position)
-        now = time.monotonic()
-        if self._unacked_since is None:
-            self._unacked_since = now
         self._failure_holds.append(_FailureHold(len(self.ledger.failure_log), src, position,
-                                                now))
+                                                time.monotonic()))
+
+    def begin_pump(self) -> None:
+        """A pump begins: the failure holds it takes are its caller's to record first."""
+        self._fresh_from = len(self.ledger.failure_log)
 
     def acknowledge_failures(self, through: int) -> None:
         """The first ``through`` failures of the ledger's ``failure_log`` are recorded by the
@@ -828,7 +816,6 @@ class Delivery:
         holds = self._failure_holds
         while holds and holds[0].serial <= through:
             self._give_back(holds.popleft())
-        self._unacked_since = holds[0].since if holds else None
 
     def _give_back(self, hold: "_FailureHold") -> None:
         src, position = hold.src, hold.position
@@ -862,21 +849,25 @@ class Delivery:
 
     def _bound_failure_holds(self, now: float) -> None:
         """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
-        quarter of it (half while younger than :data:`FAILURE_GRACE_S`, for a consumer that
-        acknowledges within that), each (past that a resumer may not learn of them: only a
-        crash could cost that, as for a partial that stopped pinning)."""
+        quarter of it, each (past that a resumer may not learn of them: only a crash could
+        cost that, as for a partial that stopped pinning), but never in the pump that took
+        them: its caller has not seen them yet, and could not have recorded them. Until
+        2026-12-06 a burst of failures read in one pump past a quarter of the ring (a
+        producer's backlog of drops written when room came back) lost its holds within
+        milliseconds, before the drain or a stream had them, and one killed then left them
+        named by no one (fault hunts H14 problem B, H17; GUARANTEES gap 1). (A time grace
+        tried the same day held the ring for up to 2 s: a subscriber that never
+        acknowledges, or does every 1.5 s, made its producer drop 2-10x as many captures,
+        fault hunts H15, H17.)"""
         holds = self._failure_holds
         if not holds:
             return
         kept: collections.deque[_FailureHold] = collections.deque()
-        late = self._unacked_since is not None and now - self._unacked_since > FAILURE_GRACE_S
-        grace = 0.0 if late else min(FAILURE_GRACE_S, self.partial_hold_s)
         for hold in holds:
             consumer = hold.src.consumer
-            age = now - hold.since
-            if age <= self.partial_hold_s and (
-                    consumer is None or consumer.position - hold.position <=
-                    consumer.capacity // (2 if age <= grace else 4)):
+            if hold.serial > self._fresh_from or now - hold.since <= self.partial_hold_s and (
+                    consumer is None
+                    or consumer.position - hold.position <= consumer.capacity // 4):
                 kept.append(hold)
             else:
                 self.ledger.counts["failures_unpinned"] += 1

@@ -219,10 +219,15 @@ class Subscriber:
         if ready:   # (no pump: what the last one read comes first, as below)
             return ready.popleft()
         deadline = time.monotonic() + timeout
+        failures = self._ledger.failure_log
+        known = len(failures)
         while not ready:
             remaining = deadline - time.monotonic()
             self._pump(max(0.0, min(remaining, 0.05)), _POLL_BUDGET_ROWS, _POLL_BUDGET_BYTES)
-            if not ready and time.monotonic() >= deadline:
+            if not ready and (time.monotonic() >= deadline or
+                              self.name and len(failures) > known):
+                # durable: new failures are the caller's to record before a later pump may
+                # give their ring records back (the bounds spare only the pump that read them)
                 return None
         return ready.popleft()
 
@@ -255,9 +260,13 @@ class Subscriber:
         """Yield up to ``limit`` samples; stop after ``timeout`` seconds without a new one."""
         n = 0
         while limit is None or n < limit:
-            sample = self.poll(timeout=1e9 if timeout is None else timeout)
-            if sample is None:
-                return
+            deadline = None if timeout is None else time.monotonic() + timeout
+            sample = None
+            while sample is None:   # (a durable poll returns early with new failures)
+                remaining = 1e9 if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                sample = self.poll(timeout=remaining)
             n += 1
             yield sample
 
@@ -341,9 +350,9 @@ class Subscriber:
         recorded where a restart finds them (the drain appends them to its output
         directory's ``reports.jsonl``). Until then the ring records that name a failure (a
         drop or abort entry, a failed sample's chunks) stay in the ring, for at most
-        ``partial_hold_s`` and a quarter of it (half while younger than 2 s, for a caller
-        that acknowledges within 2 s of reading a failure), so that if this process dies
-        first, the
+        ``partial_hold_s`` and a quarter of it (never given back before the call that read
+        them returned: :meth:`poll` returns early, None, when it read new failures), so that
+        if this process dies first, the
         subscriber resumed under the same name reads them again and reports the failure.
         A no-op for an anonymous subscriber (nothing resumes it). The acknowledged failures'
         events are recorded beside the durable name first (``_subscriptions.
@@ -510,6 +519,7 @@ class Subscriber:
                 f"durable subscription {self.name!r}: {registry.in_use}. Another subscriber "
                 f"of this name (a drain into the same directory, a stream of the same name) "
                 f"is running: stop it first, or use another name")
+        self._delivery.begin_pump()
         self._wire.receive(0.0 if registry.unread else timeout, registry.route)
         registry.pump_all(budget, budget_bytes)
         now = time.monotonic()

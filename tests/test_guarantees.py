@@ -1236,8 +1236,8 @@ _ACK_AT_M_THEN_READ_ON = """
 def _drop_while_stalled(p: Producer, endpoint: str, capture) -> None:
     """An anonymous subscriber attaches and reads nothing: ``fill-<i>`` samples of 8 KiB are
     captured until the ring is full (the last one dropped), then ``capture()`` is called and
-    must be dropped too; the stalled subscriber closes (the drops wait in the producer's
-    backlog until its next heartbeat after that)."""
+    must be dropped too; the stalled subscriber closes (drops the ring had no room to record
+    wait in the producer's backlog until its next heartbeat after that)."""
     attached = p.stats()["ring"]["live_consumers"]
     stalled = Subscriber(endpoint)
     try:
@@ -1249,6 +1249,7 @@ def _drop_while_stalled(p: Producer, endpoint: str, capture) -> None:
         else:
             raise AssertionError("the ring never filled")
         assert not capture()
+        p.flush()                                   # what was committed is announced
     finally:
         stalled.close()
 
@@ -2154,29 +2155,14 @@ def test_a_resumer_that_finds_only_the_last_rows_of_a_sample_reports_it_at_once(
             resumer.unsubscribe()
 
 
-#: a durable child subscriber's reading for the burst tests: samples up to "m", its bounds
-#: run, the rids it knows dropped printed; then it waits (for a SIGKILL)
-_READ_TO_M_AND_NAME_DROPS = """
-    for sample in s.samples(timeout=30):
-        sample.release()
-        if sample.rid == "m":
-            break
-    s.pump(0.05)                                 # its bounds run
-    s.pump(0.05)
-    print(",".join(sorted(s.dropped)), flush=True)
-    sys.stdin.readline()
-"""
-
-
 def _burst_of_drops_then_samples(p: Producer, endpoint: str, rid: str, fillers: int,
                                  name: str) -> None:
     """``rid`` dropped (with a filler) while the ring is full, its drop written from the
     backlog and the ring given back up to it by the durable ``name``, then ``fillers`` x 8
-    KiB samples and "m", all read in one go."""
+    KiB samples and "m"."""
     _drop_while_stalled(p, endpoint, lambda: all(_capture(p, rid, 200)))
     wait_until(lambda: p.stats()["backlog"] == 0, 10, "the backlog written")
-    wait_until(lambda: _held(p.segment, name) < 32 << 10, 10,
-               "the ring given back up to the drops")
+    wait_until(lambda: _held(p.segment, name) < 32 << 10, 10, "the ring given back to the drops")
     for i in range(fillers):
         assert all(_capture(p, f"f-{i}", 64))
     _capture(p, "m", 3)
@@ -2189,31 +2175,55 @@ def _held(segment: str, name: str) -> int:
     return _ring.segment_info(segment)["head"] - slot["released"]
 
 
-@pytest.mark.parametrize("fillers", [12, 20], ids=["past a quarter", "past half"])
-def test_failures_read_in_a_burst_stay_held_for_a_resumer_up_to_half_the_ring(
-        endpoint, procs, fillers):
-    # Drops wait in the producer's backlog while the ring is full and are written when room
-    # comes back; a durable subscriber reads them with `fillers` x 8 KiB of samples after
-    # them in one go, and is killed before it records them. Until 2026-12-06 the
-    # quarter-of-the-ring bound gave their holds back within milliseconds, and the resumer
-    # started past them: named by no one (fault hunt H14 problem B: 46-97 drops in 2 of 14
-    # stream runs, 1 of 15 drain runs; GUARANTEES gap 1). A hold younger than
-    # FAILURE_GRACE_S outlives that bound, but never half the ring: kept whatever its size,
-    # a consumer that never acknowledges held the ring full, every capture a drop it held
-    # in turn (fault hunt H15: the producer dropped for as long as it captured, 10/10)
+def test_a_failure_read_in_a_burst_is_held_for_a_resumer_until_the_call_that_read_it_returns(
+        endpoint, procs):
+    # A drop (written from the producer's backlog), then more than half the ring of
+    # samples after it, read in one pump. The durable subscriber records what poll() told
+    # it (the drain and a stream do at every return), but is killed the moment poll() has
+    # told it D was dropped. Until 2026-12-06 the pump that read D gave its
+    # record back (the quarter-of-the-ring bound) before poll() returned, and the resumer
+    # started past it: D named by no one (fault hunts H14 problem B, H17: 8-277 drops in
+    # runs with drains and streams; GUARANTEES gap 1). A pump never gives back what it read,
+    # and a durable poll() returns (None) once it read new failures. (The child runs the
+    # bounds at every pump: no timing decides.)
     name = f"g1b-{os.getpid()}"
-    cap = 256 << 10
-    with Producer(endpoint, producer_id="g1b", capacity=cap, full_policy="drop",
+    with Producer(endpoint, producer_id="g1b", capacity=256 << 10, full_policy="drop",
                   heartbeat_interval_s=0.02) as p:
-        child = _durable_child(procs, endpoint, name, _READ_TO_M_AND_NAME_DROPS)
+        child = _durable_child(procs, endpoint, name, """
+            import hscapture.subscriber
+            hscapture.subscriber._HOUSEKEEPING_S = 0.0
+            while "D" not in s.dropped:
+                sample = s.poll(0.05)
+                if sample is not None:
+                    sample.release()
+            print("D", flush=True)
+            sys.stdin.readline()
+        """)
         assert p.wait_for_consumers(1, 30)
-        _burst_of_drops_then_samples(p, endpoint, "D", fillers, name)
-        assert "D" in child.stdout.readline().strip().split(",")
-        held = _held(p.segment, name)
-        if fillers == 20:                     # ~175 KiB read past the drops: given back
-            assert held <= cap // 2, held
-            return
-        assert held > cap // 4, held          # ~105 KiB: kept
+        segment = p.segment
+        stalled = Subscriber(endpoint)       # pins the ring until it is full
+        try:
+            stalled.wait_ready(timeout=20)
+            assert p.wait_for_consumers(2, 30)
+            p.heartbeat_interval_s = 600.0   # drops wait in the backlog for the next capture
+            for i in range(100):
+                if not all(_capture(p, f"fill-{i}", 64)):
+                    break
+            p.flush()
+            assert not all(_capture(p, "D", 200))    # dropped: D's drop waits in the backlog
+            wait_until(lambda: _held(segment, name) < 32 << 10, 10, "the child to catch up")
+            os.kill(child.pid, signal.SIGSTOP)
+        finally:
+            stalled.close()
+        try:
+            for i in range(20):              # D's drop first, then 20 x 8 KiB: past half
+                assert all(_capture(p, f"f-{i}", 64))
+            _capture(p, "m", 3)
+            p.flush()
+        finally:
+            os.kill(child.pid, signal.SIGCONT)  # it reads them all in its next pump
+        p.heartbeat_interval_s = 0.02
+        assert child.stdout.readline().strip() == "D"
         child.kill()
         child.wait(10)
         with Subscriber(endpoint, name=name) as again:   # nothing was acknowledged
@@ -2221,41 +2231,31 @@ def test_failures_read_in_a_burst_stay_held_for_a_resumer_up_to_half_the_ring(
                        "the resumer to report D")
 
 
-def test_a_durable_subscriber_that_has_not_acknowledged_for_longer_than_the_grace_gets_none(
+def test_failures_a_durable_subscriber_never_acknowledges_hold_no_more_than_a_quarter_of_the_ring(
         endpoint, procs):
-    # The grace above is for a consumer that records what it reads within it (the drain at
-    # once, a stream within 0.25 s). One that has left a failure unacknowledged for longer
-    # gets the quarter bound back for every hold, young ones too: with only the hold's own
-    # age counted, one that never acknowledged held half the ring with drops read in the
-    # last 0.1 s all the time, and its producer dropped 2-3x as many captures (fault hunt
-    # H15, 2,000 4 KiB captures/s into 256 KiB)
-    name = f"g1l-{os.getpid()}"
+    # The other side of the test above: once the call that read them has returned, holds are
+    # bounded again. A hold kept for up to 2 s whatever it pinned (a form tried on
+    # 2026-12-06) let a subscriber that never acknowledges hold the whole ring, every capture
+    # a drop it held in turn: its producer dropped for as long as it captured (fault hunt
+    # H15, 10 of 10 runs)
+    name = f"g1q-{os.getpid()}"
     cap = 256 << 10
-    with Producer(endpoint, producer_id="g1l", capacity=cap, full_policy="drop",
+    with Producer(endpoint, producer_id="g1q", capacity=cap, full_policy="drop",
                   heartbeat_interval_s=0.02) as p:
-        child = _durable_child(procs, endpoint, name, textwrap.dedent("""
-            import time
-            import hscapture._delivery
-            hscapture._delivery.FAILURE_GRACE_S = 1.0
+        child = _durable_child(procs, endpoint, name, """
             for sample in s.samples(timeout=30):
                 sample.release()
-                if sample.rid == "m0":
+                if sample.rid == "m":
                     break
-            t = time.monotonic()
-            while time.monotonic() - t < 1.2:            # no acknowledgement for 1.2 s
-                s.pump(0.05)
-            print("waited", flush=True)
-        """) + textwrap.dedent(_READ_TO_M_AND_NAME_DROPS))
+            s.pump(0.06)                                 # its bounds run
+            s.pump(0.06)
+            print(",".join(sorted(s.dropped)), flush=True)
+            sys.stdin.readline()
+        """)
         assert p.wait_for_consumers(1, 30)
-        _drop_while_stalled(p, endpoint, lambda: all(_capture(p, "C", 200)))
-        wait_until(lambda: p.stats()["backlog"] == 0, 10, "the backlog written")
-        _capture(p, "m0", 3)
-        p.flush()
-        assert child.stdout.readline().strip() == "waited"
-        _burst_of_drops_then_samples(p, endpoint, "D", 12, name)
+        _burst_of_drops_then_samples(p, endpoint, "D", 20, name)   # ~175 KiB past the drops
         assert "D" in child.stdout.readline().strip().split(",")
-        held = _held(p.segment, name)
-        assert held <= cap // 4, held         # D's hold is young, but given back
+        assert _held(p.segment, name) <= cap // 4
 
 
 def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
