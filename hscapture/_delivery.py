@@ -855,10 +855,11 @@ class Delivery:
         2026-12-06 a burst of failures read in one pump past a quarter of the ring (a
         producer's backlog of drops written when room came back) lost its holds within
         milliseconds, before the drain or a stream had them, and one killed then left them
-        named by no one (fault hunts H14 problem B, H17; GUARANTEES gap 1). (A time grace
-        tried the same day held the ring for up to 2 s: a subscriber that never
-        acknowledges, or does every 1.5 s, made its producer drop 2-10x as many captures,
-        fault hunts H15, H17.)"""
+        named by no one (fault hunts H14 problem B, H17; GUARANTEES gap 1). (A 2 s grace
+        tried the same day let a subscriber that never acknowledges hold the whole ring;
+        bounded to half, it still lost a burst larger than half, and a subscriber
+        acknowledging every 1.5 s made its producer drop 2-5x as many captures: fault hunts
+        H15, H17.)"""
         holds = self._failure_holds
         if not holds:
             return

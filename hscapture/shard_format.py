@@ -103,8 +103,9 @@ reports.jsonl
   appended and fsync'd before the ring records that name the failure are given back; kind
   ``ended`` is not a failure (never reported): an abort that ended a sample reported failed
   before, by an earlier line (a later row of the rid belongs to another attempt);
-  ``{"reported": true, "at"}`` once a drain's final report named every failure above it. A drain that finds failures after the last ``reported`` line (its predecessor was
-  killed) reports them. A torn last line MUST be ignored.
+  ``{"reported": true, "at"}`` once a drain's final report named every failure above it. A
+  drain that finds failures after the last ``reported`` line (its predecessor was killed)
+  reports them. A torn last line MUST be ignored.
 
 Journals and recovery
 ---------------------

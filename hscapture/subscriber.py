@@ -214,7 +214,10 @@ class Subscriber:
         payload bytes from each ring (at least one entry; the rest stays in the ring for the
         next call), so the first sample of a burst is handed out early, samples do not pile
         up unread, and a call returns at most one such pump after ``timeout`` (it pumps at
-        least once, even with ``timeout=0``)."""
+        least once, even with ``timeout=0``). A durable subscriber's call also returns None
+        as soon as it read new failures (:meth:`failures`), before ``timeout``: record them
+        (then :meth:`acknowledge_failures`) before the next call, which may give their ring
+        records back past a quarter of the ring."""
         ready = self._delivery.ready
         if ready:   # (no pump: what the last one read comes first, as below)
             return ready.popleft()
