@@ -116,6 +116,10 @@ class Delivery:
         self.closed = False
         #: called with a source after a released sample gave some of its records back
         self.on_released: Callable[[Source], None] = lambda src: None
+        #: durable: called with ``n`` before the bounds give back the holds of failures
+        #: ``failure_log[:n]`` not yet acknowledged (the subscriber records them for a
+        #: resumer: :func:`hscapture._subscriptions.record_pending`)
+        self.before_unpin: Callable[[int], None] = lambda n: None
         #: durable: by epoch, the unheard record whose rows a source holds as cut, kept in
         #: the ring while any sample is cut (:meth:`_hold_cut`)
         self._cut_holds: dict[int, _FailureHold] = {}
@@ -849,9 +853,11 @@ class Delivery:
 
     def _bound_failure_holds(self, now: float) -> None:
         """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
-        quarter of it, each (past that a resumer may not learn of them: only a crash could
-        cost that, as for a partial that stopped pinning), but never in the pump that took
-        them: its caller has not seen them yet, and could not have recorded them. Until
+        quarter of it, each (past that, :attr:`before_unpin` writes them where a resumer
+        reads them first: since 2026-12-06, thirty-first session; before, a consumer that
+        recorded less often than at every return, a `get()` or a periodic acknowledgement,
+        and died then left them to no one, GUARANTEES gap 1), but never in the pump that
+        took them: its caller has not seen them yet, and could not have recorded them. Until
         2026-12-06 a burst of failures read in one pump past a quarter of the ring (a
         producer's backlog of drops written when room came back) lost its holds within
         milliseconds, before the drain or a stream had them, and one killed then left them
@@ -864,6 +870,7 @@ class Delivery:
         if not holds:
             return
         kept: collections.deque[_FailureHold] = collections.deque()
+        unpinned: list[_FailureHold] = []
         for hold in holds:
             consumer = hold.src.consumer
             if hold.serial > self._fresh_from or now - hold.since <= self.partial_hold_s and (
@@ -871,8 +878,15 @@ class Delivery:
                     or consumer.position - hold.position <= consumer.capacity // 4):
                 kept.append(hold)
             else:
-                self.ledger.counts["failures_unpinned"] += 1
-                self._give_back(hold)
+                unpinned.append(hold)
+        if not unpinned:
+            return
+        # what they name is written where a resumer finds it first (the subscriber's pending
+        # file): given back, they no longer tell it
+        self.before_unpin(max(h.serial for h in unpinned))
+        self.ledger.counts["failures_unpinned"] += len(unpinned)
+        for hold in unpinned:
+            self._give_back(hold)
         self._failure_holds = kept
 
     def reject(self, key: tuple[int, str], why: str, event: str | None = None) -> None:

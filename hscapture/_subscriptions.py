@@ -29,7 +29,11 @@ The files, mode 0600, each rewritten whole under an ``flock`` of ``<file>.lock``
 the endpoint (:func:`endpoint_key`): ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``)
 ``/hscapture.subs-<uid>-ep-<key>``, one line per name: ``name<TAB>pid<TAB>unix time of the
 last attach``; ``/dev/shm/hscapture.rings-<uid>-ep-<key>`` (beside the segments), one segment
-name per line (a segment that no longer exists is dropped at the next write).
+name per line (a segment that no longer exists is dropped at the next write). Per durable
+name (PROTOCOL.md): ``hscapture.who-``, what it is; ``hscapture.acked-``, the failures its
+subscribers acknowledged (:func:`record_acknowledged`); ``hscapture.pending-``, those read
+and not acknowledged when the bounds on the ring gave their records back
+(:func:`record_pending`).
 """
 
 from __future__ import annotations
@@ -53,12 +57,14 @@ log = logging.getLogger("hscapture")
 __all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
            "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
-           "acknowledged", "record_acknowledged", "KEEP_S", "ACKED_KEEP"]
+           "acknowledged", "record_acknowledged", "pending", "record_pending",
+           "settle_pending", "forget_pending", "KEEP_S", "ACKED_KEEP"]
 
 _FILE_PREFIX = "hscapture.subs-"
 _RINGS_PREFIX = "hscapture.rings-"
 _WHO_PREFIX = "hscapture.who-"
 _ACKED_PREFIX = "hscapture.acked-"
+_PENDING_PREFIX = "hscapture.pending-"
 #: failures a durable name's record of acknowledgements keeps (the newest): older ones' ring
 #: records are long gone, and a resumer cannot read them again
 ACKED_KEEP = 1 << 16
@@ -340,8 +346,7 @@ def reserve_places(segment: str, endpoint: str) -> list[str]:
 
 
 def _who_path(name: str) -> Path:
-    digest = hashlib.sha1(name.encode()).hexdigest()[:16]
-    return _dir() / f"{_WHO_PREFIX}{os.geteuid()}-{digest}"
+    return _named_path(_WHO_PREFIX, name)
 
 
 def describe(name: str, **info: Any) -> None:
@@ -374,9 +379,13 @@ def who(name: str) -> dict[str, Any] | None:
     return got if isinstance(got, dict) and got.get("name") == name else None
 
 
-def _acked_path(name: str) -> Path:
+def _named_path(prefix: str, name: str) -> Path:
     digest = hashlib.sha1(name.encode()).hexdigest()[:16]
-    return _dir() / f"{_ACKED_PREFIX}{os.geteuid()}-{digest}"
+    return _dir() / f"{prefix}{os.geteuid()}-{digest}"
+
+
+def _acked_path(name: str) -> Path:
+    return _named_path(_ACKED_PREFIX, name)
 
 
 def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
@@ -430,3 +439,85 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
     except OSError as exc:
         log.warning("hscapture subscriber: cannot record the failures %r acknowledged (%s): a "
                     "resumer of the name may report them again", name, exc)
+
+
+#: a failure as ``Subscriber.failures()`` gives it: ``(kind, rid, reason, event)``
+Failure = tuple[str, str, str, "str | None"]
+
+
+def _pending_path(name: str) -> Path:
+    return _named_path(_PENDING_PREFIX, name)
+
+
+def _failure_lines(text: str) -> list[Failure]:
+    out: list[Failure] = []
+    for line in text.split("\n")[:-1]:                 # (a torn last line is ignored)
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and all(isinstance(d.get(k), str)
+                                       for k in ("kind", "rid", "reason", "event")):
+            out.append((d["kind"], d["rid"], d["reason"], d["event"]))
+    return out
+
+
+def _render_failures(failures: Iterable[Failure]) -> str:
+    return "".join(json.dumps({"kind": k, "rid": rid, "reason": reason, "event": e}) + "\n"
+                   for k, rid, reason, e in failures)
+
+
+def pending(name: str) -> list[Failure]:
+    """The failures a subscriber of the durable ``name`` read and had not acknowledged when
+    the bounds on the ring gave their records back (:func:`record_pending`), in the order
+    they were recorded: a resumer of the name reports them again, as it would have from the
+    ring, until one acknowledges them (:func:`settle_pending`)."""
+    try:
+        return _failure_lines(_pending_path(name).read_text())
+    except OSError:
+        return []
+
+
+def record_pending(name: str, failures: list[Failure]) -> bool:
+    """Append ``failures`` (each with its ring event) to the durable ``name``'s pending file,
+    before the ring records that name them are given back unacknowledged (a quarter of the
+    ring or ``partial_hold_s``): a SIGKILL after that leaves them to the resumer here, not
+    to no one (GUARANTEES gap 1). False (logged) when the file cannot be written."""
+    if not failures:
+        return True
+    path = _pending_path(name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, _render_failures(failures).encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.error("hscapture subscriber %r: cannot record %d failure(s) not yet acknowledged "
+                  "(%s) before their ring records are given back: if this process dies "
+                  "before acknowledging them, its resumer will not report %s", name,
+                  len(failures), exc, sorted({rid for _k, rid, _r, _e in failures}))
+        return False
+    return True
+
+
+def settle_pending(name: str, done: Iterable[Failure]) -> None:
+    """Take the failures ``done`` (acknowledged) out of the durable ``name``'s pending file
+    (removed when empty). Best effort: one left in it is reported again by a resumer
+    (logged), never lost."""
+    gone = set(done)
+    if not gone:
+        return
+    try:
+        _rewrite(_pending_path(name), _failure_lines, _render_failures,
+                 lambda kept: kept.__setitem__(slice(None),
+                                               [f for f in kept if f not in gone]))
+    except OSError as exc:
+        log.warning("hscapture subscriber: cannot update the failures %r has pending (%s): a "
+                    "resumer of the name may report them again", name, exc)
+
+
+def forget_pending(name: str) -> None:
+    """Remove the durable ``name``'s pending file (``unsubscribe``: nothing resumes it)."""
+    for path in (_pending_path(name), Path(f"{_pending_path(name)}.lock")):
+        path.unlink(missing_ok=True)

@@ -26,9 +26,11 @@ from ._fork import GENERATION, generation
 from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
-from ._subscriptions import (acknowledged, check_name, forget, record_acknowledged,
-                             remember)
+from ._subscriptions import (Failure, acknowledged, check_name, forget, forget_pending,
+                             pending, record_acknowledged, record_pending, remember,
+                             settle_pending)
 from ._wire import NoticeSocket
+from .record import ENDED
 from .errors import (CaptureConfigError, HSCaptureError, SampleTimeoutError,
                      SubscriptionInUseError)
 from .sample import Sample
@@ -37,6 +39,8 @@ __all__ = ["Subscriber", "LostRange"]
 
 log = logging.getLogger("hscapture")
 
+#: failures in a durable name's pending file, never acknowledged, past which it warns once
+_PENDING_WARN = 1 << 16
 #: how often (seconds) the pump looks at heartbeats, liveness and stale partials
 _HOUSEKEEPING_S = 0.05
 #: rows :meth:`Subscriber.poll` reads from each ring before it hands out a sample: reading a
@@ -157,7 +161,13 @@ class Subscriber:
         #: failures acknowledged so far (a durable subscriber records them: see
         #: acknowledge_failures)
         self._acked = 0
+        #: durable: ``failures()[:_spilled]`` are acknowledged or in the pending file
+        #: (:meth:`_record_pending`); those of ours in it, taken out when acknowledged
+        self._spilled = 0
+        self._pending: set[Failure] = set()
+        self._pending_read = not name
         if name:
+            self._delivery.before_unpin = self._record_pending
             # producers that bind these endpoints from now on keep a place for us from their
             # first capture, even before we ever attached to one (_subscriptions)
             for ep in self.endpoints:
@@ -355,16 +365,85 @@ class Subscriber:
         drop or abort entry, a failed sample's chunks) stay in the ring, for at most
         ``partial_hold_s`` and a quarter of it (never given back before the call that read
         them returned: :meth:`poll` returns early, None, when it read new failures), so that
-        if this process dies first, the
-        subscriber resumed under the same name reads them again and reports the failure.
+        if this process dies first, the subscriber resumed under the same name reads them
+        again and reports the failure; past those bounds they are appended to the name's
+        pending file before their records are given back, and the resumer reports them from
+        there (:meth:`_record_pending`).
         A no-op for an anonymous subscriber (nothing resumes it). The acknowledged failures'
         events are recorded beside the durable name first (``_subscriptions.
         record_acknowledged``): a resumer of the name that reads their records again (an
         older record held them back) does not report them again."""
         if self.name and through > self._acked:
-            record_acknowledged(self.name, self._ledger.failure_log[self._acked:through])
+            done = self._ledger.failure_log[self._acked:through]
+            record_acknowledged(self.name, done)
             self._acked = through
+            if self._pending:     # (recorded as acknowledged first: a crash between
+                #                    leaves them known to a resumer, not reported twice)
+                settled = [f for f in done if f in self._pending]
+                settle_pending(self.name, settled)
+                self._pending.difference_update(settled)
         self._delivery.acknowledge_failures(through)
+
+    def _record_pending(self, upto: int) -> None:
+        """The bounds on the ring are about to give back the records of failures
+        ``failures()[:upto]`` not yet acknowledged: write those named by a ring record to
+        the name's pending file first, so that a resumer after a crash reports them as it
+        would have from the ring (:meth:`_read_pending`). Until 2026-12-06 (thirty-first
+        session) a consumer recording less often than at every return (`get()`, whose
+        pumps do not return; a periodic acknowledgement) and killed then left them named by
+        no one (GUARANTEES gap 1)."""
+        start = max(self._acked, self._spilled)
+        if upto <= start:
+            return
+        spill = [f for f in self._ledger.failure_log[start:upto] if f[3] is not None]
+        if record_pending(self.name, spill):
+            had = len(self._pending)
+            self._pending.update(spill)
+            self._ledger.counts["failures_pending_recorded"] += len(spill)
+            if had < _PENDING_WARN <= len(self._pending):
+                log.warning("hscapture subscriber %r: %d failures read and never "
+                            "acknowledged are kept in its pending file for a resumer (it "
+                            "grows until they are): record failures() and call "
+                            "acknowledge_failures()", self.name, len(self._pending))
+        self._spilled = upto
+
+    def _read_pending(self) -> None:
+        """Once, before the first pump of a durable subscriber (after the caller's
+        :meth:`known_failures`): the failures an earlier subscriber of the name read and
+        left unacknowledged with their ring records given back (:meth:`_record_pending`)
+        are reported again, in the order they were numbered; those a caller or the
+        acknowledged file knows are taken out of the file."""
+        self._pending_read = True
+        ledger = self._ledger
+        known: list[Failure] = []
+
+        def number(f: Failure) -> tuple[int, int]:
+            epoch, _, seq = str(f[3]).partition(":")
+            return (int(epoch), int(seq)) if epoch.isdigit() and seq.isdigit() else (-1, -1)
+
+        for f in sorted(dict.fromkeys(pending(self.name)), key=number):
+            kind, rid, reason, event = f
+            epoch = number(f)[0]
+            if event in ledger.known_events or epoch < 0:
+                known.append(f)
+                continue
+            if kind == ENDED:
+                if not ledger.record_end((epoch, rid), reason, event):
+                    ledger.known_failed((epoch, rid), number(f)[1], ended=True)
+                    known.append(f)
+                    continue
+            else:
+                ledger.record_failure((epoch, rid), reason, kind, event)
+            ledger.known_events.add(event)      # (its ring record, read again: not twice)
+            self._pending.add(f)
+            ledger.counts["failures_pending_read"] += 1
+        settle_pending(self.name, known)
+        self._spilled = len(ledger.failure_log)    # (they are in the file already)
+        if self._pending:
+            log.warning("hscapture subscriber %r: %d failure(s) an earlier subscriber of the "
+                        "name read and never acknowledged (its ring records were given back "
+                        "before it stopped): reported again, see failures()", self.name,
+                        len(self._pending))
 
     def skim_unread(self) -> list[str]:
         """An anonymous subscriber about to close: the rids of the data rows committed so
@@ -486,9 +565,12 @@ class Subscriber:
         if not self._closed:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
             given_up += self._skim(giving_up=bool(self.name))
+        if not self._pending_read and not self._closed:
+            self._read_pending()      # (named in failures(), then gone with the name)
         self._shutdown(unsubscribe=True)
         if self.name:       # no new incarnation at our endpoints keeps a place for it
             forget(self.name, self.endpoints)
+            forget_pending(self.name)
         return list(dict.fromkeys(given_up))
 
     def __enter__(self) -> "Subscriber":
@@ -522,6 +604,8 @@ class Subscriber:
                 f"durable subscription {self.name!r}: {registry.in_use}. Another subscriber "
                 f"of this name (a drain into the same directory, a stream of the same name) "
                 f"is running: stop it first, or use another name")
+        if not self._pending_read:
+            self._read_pending()
         self._delivery.begin_pump()
         self._wire.receive(0.0 if registry.unread else timeout, registry.route)
         registry.pump_all(budget, budget_bytes)

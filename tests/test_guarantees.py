@@ -2258,6 +2258,44 @@ def test_failures_a_durable_subscriber_never_acknowledges_hold_no_more_than_a_qu
         assert _held(p.segment, name) <= cap // 4
 
 
+def test_failures_a_durable_subscriber_read_and_never_acknowledged_reach_its_resumer_after_a_kill(
+        endpoint, procs):
+    # A durable subscriber that records its failures less often than at every return (here:
+    # never; also `get()`, whose pumps do not return, or a periodic acknowledgement): past a
+    # quarter of the ring the bounds give D's record back, and it is SIGKILLed then. Until
+    # 2026-12-06 (thirty-first session) its resumer started past D's record and D was named
+    # by no one (GUARANTEES gap 1); now the record is given back only after D is written to
+    # the name's pending file, and the resumer reports it, once; acknowledged, it is not
+    # reported again
+    name = f"g1p-{os.getpid()}"
+    cap = 256 << 10
+    with Producer(endpoint, producer_id="g1p", capacity=cap, full_policy="drop",
+                  heartbeat_interval_s=0.02) as p:
+        child = _durable_child(procs, endpoint, name, """
+            for sample in s.samples(timeout=30):
+                sample.release()
+                if sample.rid == "m":
+                    break
+            s.pump(0.06)                                 # its bounds run
+            s.pump(0.06)
+            print(",".join(sorted(s.dropped)), flush=True)
+            sys.stdin.readline()
+        """)
+        assert p.wait_for_consumers(1, 30)
+        _burst_of_drops_then_samples(p, endpoint, "D", 20, name)
+        assert "D" in child.stdout.readline().strip().split(",")
+        assert _held(p.segment, name) <= cap // 4, "D's record was not given back"
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        with Subscriber(endpoint, name=name) as resumer:
+            resumer.pump(0.05)
+            assert [f[:2] for f in resumer.failures() if f[1] == "D"] == [("dropped", "D")]
+            resumer.acknowledge_failures(len(resumer.failures()))
+        with Subscriber(endpoint, name=name) as third:
+            third.pump(0.05)
+            assert "D" not in third.dropped, "an acknowledged failure was reported again"
+
+
 def test_a_durable_subscribers_failures_stay_in_the_ring_for_a_resumer_until_acknowledged(
         endpoint):
     # A durable subscriber that read a failure (an abort after a committed chunk, a chunk

@@ -251,3 +251,38 @@ def test_a_subscriber_named_none_is_an_anonymous_one(endpoint):
         assert s is not None and s.rid == "r0"
         s.release()
         assert sub.name == ""
+
+
+pending_failure = st.tuples(st.sampled_from(["dropped", "incomplete", "rejected", "ended"]),
+                            st.text(min_size=1, max_size=12), st.text(max_size=20),
+                            st.builds("{}:{}".format, st.integers(0, 2**40),
+                                      st.integers(0, 2**40)))
+
+
+@given(st.lists(pending_failure, max_size=12), st.data())
+def test_failures_recorded_pending_read_back_in_order_until_settled(failures, data):
+    # (the pending file: failures whose ring records a durable subscriber gave back before
+    # acknowledging them; GUARANTEES gap 1)
+    name = f"pend-{os.getpid()}"
+    subs.forget_pending(name)
+    half = len(failures) // 2
+    assert subs.record_pending(name, failures[:half])
+    assert subs.record_pending(name, failures[half:])
+    assert subs.pending(name) == failures
+    done = data.draw(st.lists(st.sampled_from(failures), unique=True) if failures
+                     else st.just([]))
+    subs.settle_pending(name, done)
+    assert subs.pending(name) == [f for f in failures if f not in done]
+    subs.forget_pending(name)
+    assert subs.pending(name) == []
+
+
+def test_a_torn_last_line_of_the_pending_file_is_ignored():
+    name = f"pend-torn-{os.getpid()}"
+    subs.forget_pending(name)
+    whole = ("dropped", "r1", "ring_full", "3:7")
+    assert subs.record_pending(name, [whole])
+    with open(subs._pending_path(name), "a") as f:
+        f.write('{"kind": "dropped", "rid": "r2"')
+    assert subs.pending(name) == [whole]
+    subs.forget_pending(name)
