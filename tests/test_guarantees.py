@@ -2231,6 +2231,30 @@ def test_a_failure_read_in_a_burst_is_held_for_a_resumer_until_the_call_that_rea
                        "the resumer to report D")
 
 
+_G1_CAP = 256 << 10
+
+
+def _never_acknowledging_past_a_quarter(procs, p: Producer, endpoint: str,
+                                        name: str) -> subprocess.Popen:
+    """A durable ``name`` in a child that never acknowledges: "D" dropped, then ~175 KiB
+    past it; returns once the child has D and the bounds gave its record back."""
+    child = _durable_child(procs, endpoint, name, """
+        for sample in s.samples(timeout=30):
+            sample.release()
+            if sample.rid == "m":
+                break
+        s.pump(0.06)                                 # its bounds run
+        s.pump(0.06)
+        print(",".join(sorted(s.dropped)), flush=True)
+        sys.stdin.readline()
+    """)
+    assert p.wait_for_consumers(1, 30)
+    _burst_of_drops_then_samples(p, endpoint, "D", 20, name)
+    assert "D" in child.stdout.readline().strip().split(",")
+    assert _held(p.segment, name) <= _G1_CAP // 4, "D's record was not given back"
+    return child
+
+
 def test_failures_a_durable_subscriber_never_acknowledges_hold_no_more_than_a_quarter_of_the_ring(
         endpoint, procs):
     # The other side of the test above: once the call that read them has returned, holds are
@@ -2239,23 +2263,9 @@ def test_failures_a_durable_subscriber_never_acknowledges_hold_no_more_than_a_qu
     # a drop it held in turn: its producer dropped for as long as it captured (fault hunt
     # H15, 10 of 10 runs)
     name = f"g1q-{os.getpid()}"
-    cap = 256 << 10
-    with Producer(endpoint, producer_id="g1q", capacity=cap, full_policy="drop",
+    with Producer(endpoint, producer_id="g1q", capacity=_G1_CAP, full_policy="drop",
                   heartbeat_interval_s=0.02) as p:
-        child = _durable_child(procs, endpoint, name, """
-            for sample in s.samples(timeout=30):
-                sample.release()
-                if sample.rid == "m":
-                    break
-            s.pump(0.06)                                 # its bounds run
-            s.pump(0.06)
-            print(",".join(sorted(s.dropped)), flush=True)
-            sys.stdin.readline()
-        """)
-        assert p.wait_for_consumers(1, 30)
-        _burst_of_drops_then_samples(p, endpoint, "D", 20, name)   # ~175 KiB past the drops
-        assert "D" in child.stdout.readline().strip().split(",")
-        assert _held(p.segment, name) <= cap // 4
+        _never_acknowledging_past_a_quarter(procs, p, endpoint, name)
 
 
 def test_failures_a_durable_subscriber_read_and_never_acknowledged_reach_its_resumer_after_a_kill(
@@ -2268,23 +2278,9 @@ def test_failures_a_durable_subscriber_read_and_never_acknowledged_reach_its_res
     # the name's pending file, and the resumer reports it, once; acknowledged, it is not
     # reported again
     name = f"g1p-{os.getpid()}"
-    cap = 256 << 10
-    with Producer(endpoint, producer_id="g1p", capacity=cap, full_policy="drop",
+    with Producer(endpoint, producer_id="g1p", capacity=_G1_CAP, full_policy="drop",
                   heartbeat_interval_s=0.02) as p:
-        child = _durable_child(procs, endpoint, name, """
-            for sample in s.samples(timeout=30):
-                sample.release()
-                if sample.rid == "m":
-                    break
-            s.pump(0.06)                                 # its bounds run
-            s.pump(0.06)
-            print(",".join(sorted(s.dropped)), flush=True)
-            sys.stdin.readline()
-        """)
-        assert p.wait_for_consumers(1, 30)
-        _burst_of_drops_then_samples(p, endpoint, "D", 20, name)
-        assert "D" in child.stdout.readline().strip().split(",")
-        assert _held(p.segment, name) <= cap // 4, "D's record was not given back"
+        child = _never_acknowledging_past_a_quarter(procs, p, endpoint, name)
         child.send_signal(signal.SIGKILL)
         child.wait(10)
         with Subscriber(endpoint, name=name) as resumer:
