@@ -494,3 +494,29 @@ def test_the_device_copy_plan_covers_packed_ring_views_with_few_copies_byte_exac
     finally:
         sub.close()
         p.close()
+
+
+def test_a_sample_aborted_in_the_rows_a_closing_subscriber_reads_is_named_only_as_incomplete(
+        endpoint):
+    # The close reads the rows still unread (skim_unread): a first chunk followed by the
+    # abort of its sample is named by the abort (incomplete), not also as a committed sample
+    # never handed out; a retry of the rid after the abort is such a sample. Until
+    # 2026-12-06 the aborted rid was named both ways (fault hunt H18)
+    x = [torch.ones(4, 32, dtype=torch.bfloat16)] * 2
+    ids = torch.arange(4)
+    with hscapture.Producer(endpoint, producer_id="skab", capacity=1 << 20,
+                            heartbeat_interval_s=0.02) as p:
+        sub = hscapture.Subscriber(endpoint)
+        sub.wait_ready(timeout=10)
+        p.capture("whole-1", x, layers=[0, 1], token_ids=ids)
+        p.capture("ab", x, layers=[0, 1], token_ids=ids, is_last_chunk=False)
+        p.abort("ab", "client went away")
+        p.capture("ab", x, layers=[0, 1], token_ids=ids)                 # its retry, whole
+        p.capture("cut", x, layers=[0, 1], token_ids=ids, is_last_chunk=False)
+        p.abort("cut", "client went away")
+        p.capture("whole-2", x, layers=[0, 1], token_ids=ids)
+        p.flush()
+        sub.close()
+        st = sub.stats()
+        assert st["undelivered"] == ["whole-1", "ab", "whole-2"], st
+        assert set(st["incomplete"]) == {"ab", "cut"}, st
