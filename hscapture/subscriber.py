@@ -270,7 +270,10 @@ class Subscriber:
                 yield sample
 
     def samples(self, limit: int | None = None, timeout: float | None = None) -> Iterator[Sample]:
-        """Yield up to ``limit`` samples; stop after ``timeout`` seconds without a new one."""
+        """Yield up to ``limit`` samples; stop after ``timeout`` seconds without a new one
+        (counted from the last sample: failures read meanwhile do not extend it). A durable
+        subscriber's failures read while it waits are not recorded by this call: holds the
+        bounds give back meanwhile go to the name's pending file first (:meth:`poll`)."""
         n = 0
         while limit is None or n < limit:
             deadline = None if timeout is None else time.monotonic() + timeout
