@@ -48,8 +48,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import CaptureConfigError
-from .record import ended_by_abort
+from .errors import CaptureConfigError, InvalidRidError
+from .notice import check_rid
+from .record import ENDED, ended_by_abort
 from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 
 log = logging.getLogger("hscapture")
@@ -120,6 +121,14 @@ def _dir() -> Path:
     return d
 
 
+def _read(path: Path) -> str:
+    """``path``'s text; bytes that are not UTF-8 (a file damaged or not ours) become U+FFFD,
+    so that such a line is skipped, never a UnicodeDecodeError in a subscriber or producer
+    (until 2026-12-06 a byte that is not UTF-8 in a pending or acknowledged file raised
+    out of a durable Subscriber)."""
+    return path.read_bytes().decode("utf-8", "replace")
+
+
 def _keep_s() -> float:
     try:
         return float(os.environ.get("HSCAPTURE_DURABLE_KEEP_S") or KEEP_S)
@@ -177,7 +186,7 @@ def _parse(text: str) -> dict[str, tuple[int, float]]:
 def entries(endpoint: str) -> dict[str, tuple[int, float]]:
     """The names recorded at ``endpoint``: name -> (pid, last attach time)."""
     try:
-        return _parse(endpoint_registry_path(endpoint).read_text())
+        return _parse(_read(endpoint_registry_path(endpoint)))
     except FileNotFoundError:
         return {}
 
@@ -191,7 +200,7 @@ def _rewrite(path: Path, parse: Callable[[str], Any], render: Callable[[Any], st
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            text = path.read_text()
+            text = _read(path)
         except FileNotFoundError:
             text = ""
         have = parse(text)
@@ -264,7 +273,7 @@ def segments_of(endpoints: Iterable[str]) -> set[str]:
     out: set[str] = set()
     for endpoint in endpoints:
         try:
-            out.update(_segment_lines(segments_path(endpoint).read_text()))
+            out.update(_segment_lines(_read(segments_path(endpoint))))
         except FileNotFoundError:
             continue
     return out
@@ -292,7 +301,7 @@ def reserve_places(segment: str, endpoint: str) -> list[str]:
     now, keep = time.time(), _keep_s()
     try:
         try:
-            recorded = _parse(path.read_text())
+            recorded = _parse(_read(path))
         except FileNotFoundError:
             recorded = {}
         stale = [n for n, (pid, t) in recorded.items() if now - t > keep and not _alive(pid)]
@@ -373,7 +382,7 @@ def describe(name: str, **info: Any) -> None:
 def who(name: str) -> dict[str, Any] | None:
     """What :func:`describe` recorded for ``name`` (None: nothing, or unreadable)."""
     try:
-        got = json.loads(_who_path(name).read_text())
+        got = json.loads(_read(_who_path(name)))
     except (OSError, ValueError):
         return None
     return got if isinstance(got, dict) and got.get("name") == name else None
@@ -395,7 +404,7 @@ def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
     record held back is not reported twice."""
     aborted: set[str] = set()
     try:
-        text = _acked_path(name).read_text()
+        text = _read(_acked_path(name))
     except OSError:
         return {}, aborted
     out: dict[str, str] = {}
@@ -445,6 +454,10 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
 Failure = tuple[str, str, str, "str | None"]
 
 
+#: the kinds a pending line may have (``Subscriber.failures()``'s)
+_PENDING_KINDS = ("dropped", "incomplete", "rejected", ENDED)
+
+
 def _pending_path(name: str) -> Path:
     return _named_path(_PENDING_PREFIX, name)
 
@@ -456,9 +469,14 @@ def _failure_lines(text: str) -> list[Failure]:
             d = json.loads(line)
         except ValueError:
             continue
-        if isinstance(d, dict) and all(isinstance(d.get(k), str)
-                                       for k in ("kind", "rid", "reason", "event")):
-            out.append((d["kind"], d["rid"], d["reason"], d["event"]))
+        if not (isinstance(d, dict) and d.get("kind") in _PENDING_KINDS and
+                all(type(d.get(k)) is str for k in ("rid", "reason", "event"))):
+            continue      # (not a line this module wrote: skipped, as a torn one)
+        try:
+            check_rid(d["rid"])
+        except InvalidRidError:
+            continue
+        out.append((d["kind"], d["rid"], d["reason"], d["event"]))
     return out
 
 
@@ -473,7 +491,7 @@ def pending(name: str) -> list[Failure]:
     they were recorded: a resumer of the name reports them again, as it would have from the
     ring, until one acknowledges them (:func:`settle_pending`)."""
     try:
-        return _failure_lines(_pending_path(name).read_text())
+        return _failure_lines(_read(_pending_path(name)))
     except OSError:
         return []
 

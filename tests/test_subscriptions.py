@@ -254,7 +254,8 @@ def test_a_subscriber_named_none_is_an_anonymous_one(endpoint):
 
 
 pending_failure = st.tuples(st.sampled_from(["dropped", "incomplete", "rejected", "ended"]),
-                            st.text(min_size=1, max_size=12), st.text(max_size=20),
+                            st.text(st.characters(min_codepoint=0x20, exclude_categories=("Cs",)),
+                                    min_size=1, max_size=12), st.text(max_size=20),
                             st.builds("{}:{}".format, st.integers(0, 2**40),
                                       st.integers(0, 2**40)))
 
@@ -277,12 +278,38 @@ def test_failures_recorded_pending_read_back_in_order_until_settled(failures, da
     assert subs.pending(name) == []
 
 
-def test_a_torn_last_line_of_the_pending_file_is_ignored():
+def test_lines_of_the_pending_file_it_did_not_write_are_skipped():
+    # a torn last line (a kill mid-append), and lines no subscriber wrote: a kind that is not
+    # a failure's, a rid that breaks the rid rules, fields of the wrong type, not JSON
     name = f"pend-torn-{os.getpid()}"
     subs.forget_pending(name)
     whole = ("dropped", "r1", "ring_full", "3:7")
     assert subs.record_pending(name, [whole])
-    with open(subs._pending_path(name), "a") as f:
-        f.write('{"kind": "dropped", "rid": "r2"')
+    with open(subs._pending_path(name), "ab") as f:
+        f.write(b'{"kind": "lost", "rid": "r3", "reason": "", "event": "3:9"}\n'
+                b'{"kind": "dropped", "rid": "", "reason": "", "event": "3:9"}\n'
+                b'{"kind": "dropped", "rid": "a\\u0001", "reason": "", "event": "3:9"}\n'
+                b'{"kind": "dropped", "rid": "r4", "reason": 5, "event": "3:9"}\n'
+                b'\xff\xfe not json\n[1, 2]\n'
+                b'{"kind": "dropped", "rid": "r2"')
     assert subs.pending(name) == [whole]
     subs.forget_pending(name)
+
+
+def test_a_durable_subscriber_starts_over_files_of_its_name_damaged_by_bytes_not_utf8(endpoint):
+    # Its acknowledged and pending files with bytes that are not UTF-8 (damaged, or not
+    # ours): the lines around them are read, the damaged ones skipped. Until 2026-12-06 a
+    # UnicodeDecodeError came out of Subscriber() (the acknowledged file) or its first pump
+    # (the pending file)
+    from hscapture import Subscriber
+    name = f"damaged-{os.getpid()}"
+    good = ("dropped", "r1", "ring_full", "7:3")
+    assert subs.record_pending(name, [good])
+    for path in (subs._acked_path(name), subs._pending_path(name)):
+        with open(path, "ab") as f:
+            f.write(b'\xff\xfe{"event": "7:9", "rid": "r9"}\n')
+    with Subscriber(endpoint, name=name) as sub:
+        sub.pump(0.01)
+        assert [f[:2] for f in sub.failures()] == [("dropped", "r1")]
+        sub.unsubscribe()
+    assert subs.pending(name) == []
