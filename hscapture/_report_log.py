@@ -24,7 +24,7 @@ import time
 
 from .record import ENDED, ended_by_abort
 from .shard_format import REPORTS_NAME, jdump
-from .shard_index import fsync_dir, repair_tail
+from .shard_index import append_lines, fsync_dir
 
 log = logging.getLogger("hscapture")
 
@@ -90,25 +90,8 @@ class ReportLog:
                                                                      time.gmtime())}) + "\n")
 
     def _write(self, text: str) -> None:
-        """Append whole lines: a torn tail (an append a full disk or a crash cut short) is
-        cut off first, and an append that fails is cut off again, so a later line never
-        runs into a fragment (which would make both unreadable: a failure lost)."""
+        """Append whole lines (:func:`~hscapture.shard_index.append_lines`), fsync'd."""
         new = not os.path.exists(self.path)
-        kept = repair_tail(self.path, fsync=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            try:
-                data = memoryview(text.encode("utf-8"))
-                while len(data):
-                    data = data[os.write(fd, data):]
-                os.fsync(fd)
-            except OSError:
-                try:
-                    os.ftruncate(fd, kept)
-                except OSError:
-                    pass            # the next append cuts it (repair_tail)
-                raise
-        finally:
-            os.close(fd)
+        append_lines(self.path, text, fsync=True)
         if new:
             fsync_dir(self.dir)

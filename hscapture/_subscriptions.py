@@ -46,12 +46,14 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
+from ._ledger import parse_event
 from .errors import CaptureConfigError, InvalidRidError
 from .notice import check_rid
 from .record import ENDED, ended_by_abort
 from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
+from .shard_index import append_lines
 
 log = logging.getLogger("hscapture")
 
@@ -434,13 +436,8 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
         return
     path = _acked_path(name)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, lines.encode())
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        if size > ACKED_KEEP * 2 * 64:
+        append_lines(str(path), lines, fsync=False, mode=0o600)   # (whole lines only)
+        if path.stat().st_size > ACKED_KEEP * 2 * 64:
             # (one live subscriber per durable name: no append races this rewrite)
             _rewrite(path, lambda text: text.split("\n")[:-1],
                      lambda kept: "".join(x + "\n" for x in kept),
@@ -452,8 +449,6 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
 
 #: a failure as ``Subscriber.failures()`` gives it: ``(kind, rid, reason, event)``
 Failure = tuple[str, str, str, "str | None"]
-
-
 #: the kinds a pending line may have (``Subscriber.failures()``'s)
 _PENDING_KINDS = ("dropped", "incomplete", "rejected", ENDED)
 
@@ -462,80 +457,89 @@ def _pending_path(name: str) -> Path:
     return _named_path(_PENDING_PREFIX, name)
 
 
-def _failure_lines(text: str) -> list[Failure]:
-    out: list[Failure] = []
+def _pending_lines(text: str) -> list[tuple[str, Failure]]:
+    """``(endpoint key, failure)`` of each whole line a subscriber wrote (a torn last line,
+    and any line it could not have written, are skipped)."""
+    out: list[tuple[str, Failure]] = []
     for line in text.split("\n")[:-1]:                 # (a torn last line is ignored)
         try:
             d = json.loads(line)
         except ValueError:
             continue
         if not (isinstance(d, dict) and d.get("kind") in _PENDING_KINDS and
-                all(type(d.get(k)) is str for k in ("rid", "reason", "event"))):
+                all(type(d.get(k)) is str for k in ("endpoint", "rid", "reason", "event"))
+                and parse_event(d["event"]) is not None):
             continue      # (not a line this module wrote: skipped, as a torn one)
         try:
             check_rid(d["rid"])
         except InvalidRidError:
             continue
-        out.append((d["kind"], d["rid"], d["reason"], d["event"]))
+        out.append((d["endpoint"], (d["kind"], d["rid"], d["reason"], d["event"])))
     return out
 
 
-def _render_failures(failures: Iterable[Failure]) -> str:
-    return "".join(json.dumps({"kind": k, "rid": rid, "reason": reason, "event": e}) + "\n"
-                   for k, rid, reason, e in failures)
+def _render_pending(lines: Iterable[tuple[str, Failure]]) -> str:
+    return "".join(json.dumps({"endpoint": ep, "kind": k, "rid": rid, "reason": reason,
+                               "event": e}) + "\n"
+                   for ep, (k, rid, reason, e) in lines)
 
 
-def pending(name: str) -> list[Failure]:
-    """The failures a subscriber of the durable ``name`` read and had not acknowledged when
-    the bounds on the ring gave their records back (:func:`record_pending`), in the order
-    they were recorded: a resumer of the name reports them again, as it would have from the
-    ring, until one acknowledges them (:func:`settle_pending`)."""
+def pending(name: str, endpoints: Collection[str]) -> list[Failure]:
+    """The failures a subscriber of the durable ``name`` read from rings of ``endpoints``
+    (their :func:`endpoint_key`) and had not acknowledged when the bounds on the ring gave
+    their records back (:func:`record_pending`), in the order they were recorded, each once:
+    a resumer of the subscription reports them again, as it would have from the ring, until
+    one acknowledges them (:func:`settle_pending`). The same name at other endpoints is
+    another subscription: its lines are not these."""
     try:
-        return _failure_lines(_read(_pending_path(name)))
+        lines = _pending_lines(_read(_pending_path(name)))
     except OSError:
         return []
+    return list(dict.fromkeys(f for ep, f in lines if ep in endpoints))
 
 
-def record_pending(name: str, failures: list[Failure]) -> bool:
-    """Append ``failures`` (each with its ring event) to the durable ``name``'s pending file,
-    before the ring records that name them are given back unacknowledged (a quarter of the
-    ring or ``partial_hold_s``): a SIGKILL after that leaves them to the resumer here, not
-    to no one (GUARANTEES gap 1). False (logged) when the file cannot be written."""
+def record_pending(name: str, failures: list[tuple[str, Failure]]) -> bool:
+    """Append ``failures`` (``(endpoint key, failure)``, each with its ring event) to the
+    durable ``name``'s pending file, before the ring records that name them are given back
+    unacknowledged (a quarter of the ring or ``partial_hold_s``): a SIGKILL after that leaves
+    them to the resumer here, not to no one (GUARANTEES gap 1). Whole lines only (a short
+    write is completed, a failed one cut off). False (logged as an error naming the rids)
+    when the file cannot be written."""
     if not failures:
         return True
-    path = _pending_path(name)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, _render_failures(failures).encode())
-        finally:
-            os.close(fd)
+        append_lines(str(_pending_path(name)), _render_pending(failures), fsync=False,
+                     mode=0o600)
     except OSError as exc:
         log.error("hscapture subscriber %r: cannot record %d failure(s) not yet acknowledged "
                   "(%s) before their ring records are given back: if this process dies "
                   "before acknowledging them, its resumer will not report %s", name,
-                  len(failures), exc, sorted({rid for _k, rid, _r, _e in failures}))
+                  len(failures), exc, sorted({f[1] for _ep, f in failures}))
         return False
     return True
 
 
-def settle_pending(name: str, done: Iterable[Failure]) -> None:
-    """Take the failures ``done`` (acknowledged) out of the durable ``name``'s pending file
-    (removed when empty). Best effort: one left in it is reported again by a resumer
-    (logged), never lost."""
+def settle_pending(name: str, endpoints: Collection[str], done: Iterable[Failure]) -> None:
+    """Take the failures ``done`` (acknowledged, or known to the caller) of ``endpoints`` out
+    of the durable ``name``'s pending file (removed when empty). Best effort: one left in it
+    is reported again by a resumer (logged), never lost."""
     gone = set(done)
-    if not gone:
-        return
+    if gone:
+        _edit_pending(name, lambda ep, f: ep in endpoints and f in gone)
+
+
+def forget_pending(name: str, endpoints: Collection[str]) -> None:
+    """Take every line of ``endpoints`` out of the durable ``name``'s pending file
+    (``unsubscribe``: nothing resumes the subscription; the name at other endpoints keeps
+    its own)."""
+    _edit_pending(name, lambda ep, f: ep in endpoints)
+
+
+def _edit_pending(name: str, drop: Callable[[str, Failure], bool]) -> None:
     try:
-        _rewrite(_pending_path(name), _failure_lines, _render_failures,
+        _rewrite(_pending_path(name), _pending_lines, _render_pending,
                  lambda kept: kept.__setitem__(slice(None),
-                                               [f for f in kept if f not in gone]))
+                                               [x for x in kept if not drop(*x)]))
     except OSError as exc:
         log.warning("hscapture subscriber: cannot update the failures %r has pending (%s): a "
                     "resumer of the name may report them again", name, exc)
-
-
-def forget_pending(name: str) -> None:
-    """Remove the durable ``name``'s pending file (``unsubscribe``: nothing resumes it)."""
-    for path in (_pending_path(name), Path(f"{_pending_path(name)}.lock")):
-        path.unlink(missing_ok=True)

@@ -72,6 +72,30 @@ def repair_index_tail(d: str, fsync: bool) -> None:
     repair_tail(os.path.join(d, INDEX_NAME), fsync)
 
 
+def append_lines(path: str, text: str, *, fsync: bool, mode: int = 0o644) -> None:
+    """Append whole ``\n``-terminated lines to a JSON-lines file: a torn tail (an append a
+    full disk or a crash cut short) is cut off first, a short write is completed, and an
+    append that fails is cut off again before the error is raised, so a later line never
+    runs into a fragment (which would make both unreadable)."""
+    kept = repair_tail(path, fsync=fsync)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
+    try:
+        try:
+            data = memoryview(text.encode("utf-8"))
+            while len(data):
+                data = data[os.write(fd, data):]
+            if fsync:
+                os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, kept)
+            except OSError:
+                pass            # the next append cuts it (repair_tail)
+            raise
+    finally:
+        os.close(fd)
+
+
 def repair_tail(path: str, fsync: bool) -> int:
     """Cut a JSON-lines file back to its last newline (a torn last line: a write cut short
     by a crash or a full disk), so the next append starts a line of its own; returns the

@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ._closing import name_what_was_taken
 from ._delivery import Delivery
 from ._fork import GENERATION, generation
-from ._ledger import Ledger, LostRange
+from ._ledger import Ledger, LostRange, parse_event
 from ._registry import SourceRegistry
 from ._source import Source
-from ._subscriptions import (Failure, acknowledged, check_name, forget, forget_pending,
-                             pending, record_acknowledged, record_pending, remember,
-                             settle_pending)
+from ._subscriptions import (Failure, acknowledged, check_name, endpoint_key, forget,
+                             forget_pending, pending, record_acknowledged, record_pending,
+                             remember, segments_of, settle_pending)
 from ._wire import NoticeSocket
 from .record import ENDED
 from .errors import (CaptureConfigError, HSCaptureError, SampleTimeoutError,
@@ -166,6 +166,7 @@ class Subscriber:
         self._spilled = 0
         self._pending: set[Failure] = set()
         self._pending_read = not name
+        self._endpoint_keys = [endpoint_key(e) for e in self.endpoints]
         if name:
             self._delivery.before_unpin = self._record_pending
             # producers that bind these endpoints from now on keep a place for us from their
@@ -354,9 +355,9 @@ class Subscriber:
         if isinstance(events, Mapping):
             known = []
             for event, rid in events.items():
-                epoch, sep, seq = str(event).partition(":")
-                if sep and epoch.isdigit() and seq.isdigit() and isinstance(rid, str):
-                    known.append((int(epoch), int(seq), rid, event in ended))
+                number = parse_event(event)
+                if number is not None and isinstance(rid, str):
+                    known.append((*number, rid, event in ended))
             # in the order they were numbered: a drop, then the abort that ended the sample
             for epoch, seq, rid, was_ended in sorted(known, key=lambda k: k[:2]):
                 self._ledger.known_failed((epoch, rid), seq, was_ended)
@@ -383,7 +384,7 @@ class Subscriber:
             if self._pending:     # (recorded as acknowledged first: a crash between
                 #                    leaves them known to a resumer, not reported twice)
                 settled = [f for f in done if f in self._pending]
-                settle_pending(self.name, settled)
+                settle_pending(self.name, self._endpoint_keys, settled)
                 self._pending.difference_update(settled)
         self._delivery.acknowledge_failures(through)
 
@@ -399,7 +400,8 @@ class Subscriber:
         if upto <= start:
             return
         spill = [f for f in self._ledger.failure_log[start:upto] if f[3] is not None]
-        if record_pending(self.name, spill):
+        if record_pending(self.name, [(ep, f) for f in spill
+                                      for ep in self._endpoints_of(f[3])]):
             had = len(self._pending)
             self._pending.update(spill)
             self._ledger.counts["failures_pending_recorded"] += len(spill)
@@ -410,6 +412,22 @@ class Subscriber:
                             "acknowledge_failures()", self.name, len(self._pending))
         self._spilled = upto
 
+    def _endpoints_of(self, event: str) -> list[str]:
+        """The endpoint (its key) whose ring named ``event``: a pending failure belongs to
+        the subscription of the name at that endpoint only (until 2026-12-06 a subscriber of
+        the same name at another endpoint reported, acknowledged and so removed another
+        subscription's pending failures: fault hunt H19, 368-410 rids named by no one).
+        Several when it cannot tell (the ring's incarnation gone): each of ours."""
+        keys = self._endpoint_keys
+        number = parse_event(event)
+        src = None if number is None or len(keys) == 1 else \
+            self._registry.sources.get(number[0])
+        if src is not None:
+            for endpoint, key in zip(self.endpoints, keys):
+                if src.segment in segments_of([endpoint]):
+                    return [key]
+        return keys
+
     def _read_pending(self) -> None:
         """Once, before the first pump of a durable subscriber (after the caller's
         :meth:`known_failures`): the failures an earlier subscriber of the name read and
@@ -419,20 +437,17 @@ class Subscriber:
         self._pending_read = True
         ledger = self._ledger
         known: list[Failure] = []
-
-        def number(f: Failure) -> tuple[int, int]:
-            epoch, _, seq = str(f[3]).partition(":")
-            return (int(epoch), int(seq)) if epoch.isdigit() and seq.isdigit() else (-1, -1)
-
-        for f in sorted(dict.fromkeys(pending(self.name)), key=number):
+        # (every event in the file parses: pending() reads only such lines)
+        numbered = sorted((parse_event(f[3]) or (0, 0), f)
+                          for f in pending(self.name, self._endpoint_keys))
+        for (epoch, seq), f in numbered:
             kind, rid, reason, event = f
-            epoch = number(f)[0]
-            if event in ledger.known_events or epoch < 0:
+            if event in ledger.known_events:
                 known.append(f)
                 continue
             if kind == ENDED:
                 if not ledger.record_end((epoch, rid), reason, event):
-                    ledger.known_failed((epoch, rid), number(f)[1], ended=True)
+                    ledger.known_failed((epoch, rid), seq, ended=True)
                     known.append(f)
                     continue
             else:
@@ -440,7 +455,7 @@ class Subscriber:
             ledger.known_events.add(event)      # (its ring record, read again: not twice)
             self._pending.add(f)
             ledger.counts["failures_pending_read"] += 1
-        settle_pending(self.name, known)
+        settle_pending(self.name, self._endpoint_keys, known)
         self._spilled = len(ledger.failure_log)    # (they are in the file already)
         if self._pending:
             log.warning("hscapture subscriber %r: %d failure(s) an earlier subscriber of the "
@@ -573,7 +588,7 @@ class Subscriber:
         self._shutdown(unsubscribe=True)
         if self.name:       # no new incarnation at our endpoints keeps a place for it
             forget(self.name, self.endpoints)
-            forget_pending(self.name)
+            forget_pending(self.name, self._endpoint_keys)
         return list(dict.fromkeys(given_up))
 
     def __enter__(self) -> "Subscriber":

@@ -4,6 +4,7 @@ rings a durable subscriber adopts."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import time
@@ -260,40 +261,53 @@ pending_failure = st.tuples(st.sampled_from(["dropped", "incomplete", "rejected"
                                       st.integers(0, 2**40)))
 
 
-@given(st.lists(pending_failure, max_size=12), st.data())
-def test_failures_recorded_pending_read_back_in_order_until_settled(failures, data):
+@given(st.lists(st.tuples(st.sampled_from(["ep-a", "ep-b"]), pending_failure), max_size=12),
+       st.data())
+def test_failures_recorded_pending_read_back_per_endpoint_in_order_until_settled(lines, data):
     # (the pending file: failures whose ring records a durable subscriber gave back before
-    # acknowledging them; GUARANTEES gap 1)
+    # acknowledging them, GUARANTEES gap 1; the same name at another endpoint is another
+    # subscription, which neither reads nor settles them)
     name = f"pend-{os.getpid()}"
-    subs.forget_pending(name)
-    half = len(failures) // 2
-    assert subs.record_pending(name, failures[:half])
-    assert subs.record_pending(name, failures[half:])
-    assert subs.pending(name) == failures
-    done = data.draw(st.lists(st.sampled_from(failures), unique=True) if failures
+    subs.forget_pending(name, ["ep-a", "ep-b"])
+    half = len(lines) // 2
+    assert subs.record_pending(name, lines[:half])
+    assert subs.record_pending(name, lines[half:])
+
+    def of(ep: str, among: list) -> list:
+        return list(dict.fromkeys(f for e, f in among if e == ep))
+
+    assert subs.pending(name, ["ep-a"]) == of("ep-a", lines)
+    assert subs.pending(name, ["ep-a", "ep-b"]) == list(dict.fromkeys(f for _e, f in lines))
+    done = data.draw(st.lists(st.sampled_from([f for _e, f in lines]), unique=True) if lines
                      else st.just([]))
-    subs.settle_pending(name, done)
-    assert subs.pending(name) == [f for f in failures if f not in done]
-    subs.forget_pending(name)
-    assert subs.pending(name) == []
+    subs.settle_pending(name, ["ep-a"], done)
+    assert subs.pending(name, ["ep-a"]) == [f for f in of("ep-a", lines) if f not in done]
+    assert subs.pending(name, ["ep-b"]) == of("ep-b", lines)
+    subs.forget_pending(name, ["ep-b"])
+    assert subs.pending(name, ["ep-b"]) == []
+    assert subs.pending(name, ["ep-a"]) == [f for f in of("ep-a", lines) if f not in done]
+    subs.forget_pending(name, ["ep-a"])
+    assert not subs._pending_path(name).exists()
 
 
 def test_lines_of_the_pending_file_it_did_not_write_are_skipped():
     # a torn last line (a kill mid-append), and lines no subscriber wrote: a kind that is not
-    # a failure's, a rid that breaks the rid rules, fields of the wrong type, not JSON
+    # a failure's, a rid that breaks the rid rules, fields of the wrong type, an event that
+    # is not "epoch:seq" in ASCII digits ("²" passes str.isdigit), not JSON
     name = f"pend-torn-{os.getpid()}"
-    subs.forget_pending(name)
+    subs.forget_pending(name, ["e"])
     whole = ("dropped", "r1", "ring_full", "3:7")
-    assert subs.record_pending(name, [whole])
+    assert subs.record_pending(name, [("e", whole)])
     with open(subs._pending_path(name), "ab") as f:
-        f.write(b'{"kind": "lost", "rid": "r3", "reason": "", "event": "3:9"}\n'
-                b'{"kind": "dropped", "rid": "", "reason": "", "event": "3:9"}\n'
-                b'{"kind": "dropped", "rid": "a\\u0001", "reason": "", "event": "3:9"}\n'
-                b'{"kind": "dropped", "rid": "r4", "reason": 5, "event": "3:9"}\n'
-                b'\xff\xfe not json\n[1, 2]\n'
-                b'{"kind": "dropped", "rid": "r2"')
-    assert subs.pending(name) == [whole]
-    subs.forget_pending(name)
+        for bad in ({"kind": "lost"}, {"rid": ""}, {"rid": "a\u0001"}, {"reason": 5},
+                    {"event": "\u00b2:1"}, {"event": "1:2:3"}, {"event": "-1:5"},
+                    {"endpoint": None}):
+            line = {"endpoint": "e", "kind": "dropped", "rid": "r3", "reason": "",
+                    "event": "3:9", **bad}
+            f.write(json.dumps(line).encode() + b"\n")
+        f.write(b'\xff\xfe not json\n[1, 2]\n{"endpoint": "e", "kind": "dropped", "rid": "r2"')
+    assert subs.pending(name, ["e"]) == [whole]
+    subs.forget_pending(name, ["e"])
 
 
 def test_a_durable_subscriber_starts_over_files_of_its_name_damaged_by_bytes_not_utf8(endpoint):
@@ -304,7 +318,7 @@ def test_a_durable_subscriber_starts_over_files_of_its_name_damaged_by_bytes_not
     from hscapture import Subscriber
     name = f"damaged-{os.getpid()}"
     good = ("dropped", "r1", "ring_full", "7:3")
-    assert subs.record_pending(name, [good])
+    assert subs.record_pending(name, [(subs.endpoint_key(endpoint), good)])
     for path in (subs._acked_path(name), subs._pending_path(name)):
         with open(path, "ab") as f:
             f.write(b'\xff\xfe{"event": "7:9", "rid": "r9"}\n')
@@ -312,4 +326,4 @@ def test_a_durable_subscriber_starts_over_files_of_its_name_damaged_by_bytes_not
         sub.pump(0.01)
         assert [f[:2] for f in sub.failures()] == [("dropped", "r1")]
         sub.unsubscribe()
-    assert subs.pending(name) == []
+    assert subs.pending(name, [subs.endpoint_key(endpoint)]) == []
