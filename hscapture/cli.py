@@ -261,7 +261,7 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
         fn = getattr(drain_mod, "unsubscribe", None)
         if fn is None:
             raise Failure("this hscapture's drain has no durable subscriptions to end")
-        held, given_up = fn(list(endpoints), out_dir)
+        held, given_up, failures = fn(list(endpoints), out_dir)
         if held:
             log.info("ended the subscription of %s on %s (places in %d ring(s) given back)",
                      out_dir, ", ".join(endpoints), held)
@@ -273,6 +273,19 @@ def drain(ctx: click.Context, endpoints: tuple[str, ...], out_dir: str, samples:
             shown = ", ".join(given_up[:20]) + (", ..." if len(given_up) > 20 else "")
             log.warning("%d sample(s) committed to it were never written and are given up "
                         "with it: %s", len(given_up), shown)
+        # failures no drain's report named yet (a drain killed before its report, or
+        # before it recorded them): named here, then marked reported
+        for kind in ("dropped", "incomplete", "rejected"):
+            named = {rid: why for k, rid, why in failures if k == kind}
+            _list_rids(kind, named, limit=len(named))       # (every one: no --json here)
+        if failures:
+            sys.stdout.flush()
+            from ._report_log import ReportLog
+
+            try:
+                ReportLog(out_dir).mark_reported()
+            except OSError as exc:
+                log.warning("cannot mark %s/reports.jsonl reported: %s", out_dir, exc)
         return
     from .errors import SampleTimeoutError, ShardError
     from .shard_format import not_a_shard_directory

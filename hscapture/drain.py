@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from ._report_log import ReportLog
 from ._subscriptions import describe
 from .errors import SampleTimeoutError, ShardError
+from .record import ENDED
 from .sample import Sample
 from .shards import SampleRefusedError, ShardWriter
 from .subscriber import Subscriber
@@ -313,15 +314,42 @@ def _close_writer(writer: ShardWriter, settle: Callable[[list[str]], None],
             raise
 
 
-def unsubscribe(endpoints: str | Sequence[str], out_dir: str) -> tuple[int, list[str]]:
+def unsubscribe(endpoints: str | Sequence[str], out_dir: str
+                ) -> tuple[int, list[str], list[tuple[str, str, str]]]:
     """End the durable subscription of the drain into ``out_dir`` at ``endpoints``: its
     places in every ring made for them are given back (their producers stop keeping records
-    for it; the name at other endpoints is left as it is). Returns how many rings it
-    held a place in, and the rids of the samples committed to it that were never written
-    (given up with it: :meth:`Subscriber.unsubscribe`)."""
+    for it; the name at other endpoints is left as it is). Returns how many rings it held a
+    place in, the rids of the samples committed to it that were never written (given up
+    with it: :meth:`Subscriber.unsubscribe`), and ``(kind, rid, reason)`` of every failure
+    no drain's report has named yet: those in ``reports.jsonl`` after its last report, and
+    those an earlier drain read and never recorded there (the name's pending file, which
+    goes with the subscription: they are appended to ``reports.jsonl`` first; until
+    2026-12-06 they went unnamed, fault hunt H19). The caller names them, then
+    :meth:`ReportLog.mark_reported`."""
+    reports = ReportLog(out_dir)
+    _earlier, known, aborted = reports.read()
     sub = Subscriber(endpoints, name=resume_name(out_dir))
-    n = len(sub._sources)
-    return n, sub.unsubscribe()
+    unnamed: list[tuple[str, str, str, str | None]] = []
+
+    def record(failures: list[tuple[str, str, str, str | None]]) -> None:
+        if not failures:
+            return
+        if os.path.isdir(out_dir):
+            reports.append(failures)
+        else:                                  # (no directory to record them in)
+            unnamed.extend(failures)
+
+    try:
+        sub.known_failures(known, aborted=aborted)
+        n = len(sub._sources)
+        sub.pump(0.0)      # the pending file is read (failures()): recorded before it goes
+        record(sub.failures())
+        recorded = len(sub.failures())
+        given_up = sub.unsubscribe()           # (and what its rings still named)
+        record(sub.failures()[recorded:])
+    finally:
+        sub.close()
+    return n, given_up, reports.unreported() + [f[:3] for f in unnamed if f[0] != ENDED]
 
 
 def _dir_identity(path: str) -> tuple[int, int]:

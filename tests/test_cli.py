@@ -218,7 +218,7 @@ def test_unsubscribe_calls_the_drains_unsubscribe_with_the_endpoints_and_directo
 
     calls = []
     monkeypatch.setattr(drain_mod, "unsubscribe",
-                        lambda eps, out: (calls.append((eps, out)), (len(eps), []))[1],
+                        lambda eps, out: (calls.append((eps, out)), (len(eps), [], []))[1],
                         raising=False)
     res = CliRunner().invoke(main, ["drain", "-e", "ipc:///a.sock", "-e", "tcp://h:5557",
                                     "-o", str(tmp_path), "--unsubscribe"])

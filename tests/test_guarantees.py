@@ -2484,7 +2484,14 @@ def test_a_second_live_subscriber_of_a_name_is_refused_with_a_typed_error(endpoi
 def test_unsubscribing_a_stopped_drain_names_the_samples_it_gives_up(endpoint, procs, tmp_path):
     # `hscapture drain --unsubscribe` ends a directory's durable subscription: what was
     # committed to it and never written goes with it, named by rid on stderr (until
-    # 2026-12-05 it went without a word).
+    # 2026-12-05 it went without a word). So do the failures no drain named: one its rings
+    # still hold (an abort the drain never read) and one an earlier drain read and never
+    # recorded (the name's pending file; written by hand here, as a drain SIGKILLed after a
+    # bound gave the failure's record back leaves it); both go to reports.jsonl, marked
+    # reported (until 2026-12-06 they went unnamed, and the pending file with the name:
+    # fault hunt H19)
+    from hscapture import _subscriptions
+
     out = tmp_path / "out"
     with Producer(endpoint, producer_id="g5x", capacity=1 << 20, heartbeat_interval_s=0.02) as p:
         d = _drain(procs, endpoint, out)
@@ -2496,14 +2503,27 @@ def test_unsubscribing_a_stopped_drain_names_the_samples_it_gives_up(endpoint, p
         assert drain_report(d)[0] == EXIT_INTERRUPTED
         for i in range(5):
             _capture(p, f"later{i}", 4, chunk=2)
+        tensors, ids = source("ab", 4)
+        p.capture("ab", [t[:2] for t in tensors], layers=LAYERS, token_start=0,
+                  is_last_chunk=False, token_ids=ids[:2])
+        p.abort("ab", "client went away")
         p.flush()
+        gone = ("dropped", "gone-d", "dropped by producer: ring_full", f"{p.epoch}:999")
+        assert _subscriptions.record_pending(
+            resume_name(str(out)), [(_subscriptions.endpoint_key(endpoint), gone)])
         u = _drain(procs, endpoint, out, "--unsubscribe")
         rc, _, err = drain_report(u)
         assert rc == EXIT_OK, err
         assert "5 sample(s) committed to it were never written" in err, err
         for i in range(5):
             assert f"later{i}" in err
+        assert "incomplete ab: aborted by producer: client went away" in err, err
+        assert "dropped gone-d: dropped by producer: ring_full" in err, err
+        lines = [json.loads(x) for x in (out / "reports.jsonl").read_text().splitlines()]
+        assert {x.get("rid") for x in lines} >= {"ab", "gone-d"} and lines[-1]["reported"]
         assert not [c for c in _slots(p.segment) if c["active"] and c["durable"]]
+        assert _subscriptions.pending(resume_name(str(out)),
+                                      [_subscriptions.endpoint_key(endpoint)]) == []
 
 
 # -- 6 ---------------------------------------------------------------------------------------
