@@ -406,13 +406,15 @@ class Delivery:
         width = 1 + len(shape.names)
         ack_below = src.settlement.acknowledged_below
         r0s = list(itertools.accumulate(counts, initial=0))
-        if all(lasts) and not any(starts) and seq >= ack_below:   # the common entry
+        ahead = src.settlement.ahead   # (empty unless an earlier owner acknowledged ahead)
+        if all(lasts) and not any(starts) and seq >= ack_below and not ahead:   # the common one
             ranges = list(itertools.chain.from_iterable(zip(r0s, counts)))
             slots: Any = range(0, n * width, width)
         else:
             ranges, slots = [], [None] * n
             for r in range(n):
-                if lasts[r] and not starts[r] and seq + r >= ack_below:
+                if lasts[r] and not starts[r] and seq + r >= ack_below and \
+                        seq + r not in ahead:
                     slots[r] = len(ranges) // 2 * width
                     ranges += (r0s[r], counts[r])
             if not ranges:
@@ -580,7 +582,7 @@ class Delivery:
             # names the rejection to a resumer until the failure is acknowledged
             self.hold_failure(src, record.position)
             return 0
-        if seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
+        if src.settlement.was_acknowledged(seq):   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
             return 0
         end = r0 + total
@@ -647,7 +649,7 @@ class Delivery:
             for hold_src, position in holds:   # rejected: they name it (see _whole)
                 self.hold_failure(hold_src, position, borrowed=True)
             return
-        if last_seq < src.settlement.acknowledged_below:   # an earlier owner acknowledged it
+        if src.settlement.was_acknowledged(last_seq):   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
             self._releaser(holds)()
             return

@@ -8,6 +8,7 @@ retires incarnations that stopped or restarted, and pumps every attached ring in
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -70,6 +71,10 @@ class SourceRegistry:
         self.notice_grace_s = notice_grace_s
         self.producer_timeout_s = producer_timeout_s
         self.sources: dict[int, Source] = {}          # by epoch, attached or draining
+        #: durable: epoch -> last rows of samples earlier owners of the name acknowledged out
+        #: of queue order (the subscriber loads them), and how an owner records one
+        self.ahead: dict[int, set[int]] = {}
+        self.record_ahead: Callable[[int, int], None] = lambda epoch, seq: None
         self.current: dict[str, int] = {}             # producer id -> live epoch
         #: why a place of this name could not be taken: another live consumer holds it
         self.in_use: str | None = None
@@ -243,6 +248,11 @@ class SourceRegistry:
         src = Source(consumer.epoch, producer, segment, consumer, self.ledger,
                      notice_grace_s=self.notice_grace_s, order=next(self._attach_order),
                      resumed=bool(getattr(consumer, "resumed", False)))
+        settlement = src.settlement
+        if settlement.durable:     # samples acknowledged out of queue order (Settlement)
+            settlement.on_ahead = functools.partial(self.record_ahead, src.epoch)
+            if src.resumed:
+                settlement.ahead = set(self.ahead.get(src.epoch, ()))
         # the entries committed before now had their notices sent before we listened: read
         # as they are, not held for notice_grace_s each (until 2026-12-06 this stayed 0, and
         # a resumer of a producer whose heartbeats were far apart read one such entry a

@@ -33,7 +33,7 @@ resumer inherits stays in force until it has read a row at or past the inherited
 from __future__ import annotations
 
 import collections
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 __all__ = ["Settlement"]
 
@@ -63,6 +63,22 @@ class Settlement:
         self.inherited = unsettled
         self._open: dict[Hashable, list[Any]] = {}  # key -> [first seq, last seq or None]
         self._stored = unsettled
+        #: (a resumed durable place) last rows' numbers of samples an earlier owner
+        #: acknowledged out of queue order (above its ``delivered``; the name's acknowledged
+        #: file): skipped as those below :attr:`acknowledged_below` are
+        #: (:meth:`was_acknowledged`). Set by the subscriber's registry
+        self.ahead: set[int] = set()
+        #: durable: records the last row of a sample acknowledged out of queue order where a
+        #: resumer reads it, before the acknowledgement counts (``delivered`` cannot say it)
+        self.on_ahead: Callable[[int], None] | None = None
+
+    def was_acknowledged(self, last_seq: int) -> bool:
+        """Whether an earlier owner acknowledged the sample whose last row is ``last_seq``:
+        below ``delivered``, or acknowledged out of order (:attr:`ahead`). Until 2026-12-06
+        (thirty-first session) a resumer handed out again every sample taken out of queue
+        order (``get(rid)``, a release order of the user's own) and acknowledged while an
+        earlier one was not (fault hunt H19: 10 of 10 samples twice)."""
+        return last_seq < self.acknowledged_below or last_seq in self.ahead
 
     # -- acknowledgements ----------------------------------------------------------------
 
@@ -80,6 +96,8 @@ class Settlement:
         sample is, in order, then let go of the unsettled partials that covers."""
         entry[1] = True
         q, through = self.unacked, 0
+        if q and q[0] is not entry and self.on_ahead is not None:
+            self.on_ahead(entry[0])       # (out of queue order: delivered will not cover it)
         while q and q[0][1]:
             through = q.popleft()[0] + 1
         if through and self.consumer is not None:

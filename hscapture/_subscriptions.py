@@ -31,7 +31,8 @@ the endpoint (:func:`endpoint_key`): ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm
 last attach``; ``/dev/shm/hscapture.rings-<uid>-ep-<key>`` (beside the segments), one segment
 name per line (a segment that no longer exists is dropped at the next write). Per durable
 name (PROTOCOL.md): ``hscapture.who-``, what it is; ``hscapture.acked-``, the failures its
-subscribers acknowledged (:func:`record_acknowledged`); ``hscapture.pending-``, those read
+subscribers acknowledged (:func:`record_acknowledged`) and the samples they acknowledged out
+of queue order (:func:`record_acknowledged_ahead`); ``hscapture.pending-``, those read
 and not acknowledged when the bounds on the ring gave their records back
 (:func:`record_pending`).
 """
@@ -60,7 +61,8 @@ log = logging.getLogger("hscapture")
 __all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
            "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
-           "acknowledged", "record_acknowledged", "pending", "record_pending",
+           "acknowledged", "record_acknowledged", "acknowledged_ahead",
+           "record_acknowledged_ahead", "pending", "record_pending",
            "settle_pending", "forget_pending", "KEEP_S", "ACKED_KEEP"]
 
 _FILE_PREFIX = "hscapture.subs-"
@@ -423,6 +425,35 @@ def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
     return out, aborted
 
 
+def acknowledged_ahead(name: str) -> dict[int, set[int]]:
+    """epoch -> last rows' numbers of the samples subscribers of the durable ``name``
+    acknowledged out of queue order (:func:`record_acknowledged_ahead`): a resumer skips
+    them as those below the slot's ``delivered`` (``_settlement.Settlement.ahead``)."""
+    out: dict[int, set[int]] = {}
+    try:
+        text = _read(_acked_path(name))
+    except OSError:
+        return out
+    for line in text.split("\n")[-ACKED_KEEP - 1:-1]:    # (a torn last line is ignored)
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        number = parse_event(d.get("sample")) if isinstance(d, dict) else None
+        if number is not None:
+            out.setdefault(number[0], set()).add(number[1])
+    return out
+
+
+def record_acknowledged_ahead(name: str, epoch: int, last_seq: int) -> None:
+    """Record, before it counts, that a subscriber of the durable ``name`` acknowledged the
+    sample whose last row is ``epoch:last_seq`` while a sample queued before it was not
+    (the slot's ``delivered`` covers an in-order prefix only): a line ``{"sample":
+    "epoch:seq"}`` of the acknowledged file. Best effort (logged): one not recorded is
+    handed out again by a resumer."""
+    _append_acked(name, json.dumps({"sample": f"{epoch}:{last_seq}"}) + "\n")
+
+
 def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str | None]]) -> None:
     """Append the events of ``failures`` (``Subscriber.failures()`` tuples) that a subscriber
     of the durable ``name`` acknowledges, before it does: in ``$HSCAPTURE_SUBS_DIR``, which a
@@ -432,8 +463,11 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
     lines = "".join(json.dumps({"event": e, "rid": rid,
                                 **({"aborted": True} if ended_by_abort(reason) else {})}) + "\n"
                     for _kind, rid, reason, e in failures if e)
-    if not lines:
-        return
+    if lines:
+        _append_acked(name, lines)
+
+
+def _append_acked(name: str, lines: str) -> None:
     path = _acked_path(name)
     try:
         append_lines(str(path), lines, fsync=False, mode=0o600)   # (whole lines only)
@@ -443,8 +477,9 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
                      lambda kept: "".join(x + "\n" for x in kept),
                      lambda kept: kept.__delitem__(slice(0, len(kept) - ACKED_KEEP)))
     except OSError as exc:
-        log.warning("hscapture subscriber: cannot record the failures %r acknowledged (%s): a "
-                    "resumer of the name may report them again", name, exc)
+        log.warning("hscapture subscriber: cannot record what %r acknowledged (%s): a "
+                    "resumer of the name may report (a failure) or hand out (a sample) it "
+                    "again", name, exc)
 
 
 #: a failure as ``Subscriber.failures()`` gives it: ``(kind, rid, reason, event)``

@@ -1153,6 +1153,35 @@ def _durable_child(procs, endpoint: str, name: str, body: str, **kw) -> subproce
     return child
 
 
+def test_samples_acknowledged_out_of_queue_order_are_not_handed_out_again_after_a_kill(
+        endpoint, procs):
+    # A durable subscriber takes s-10..s-19 with get() and releases them (acknowledges them)
+    # while s-0..s-9 wait in its queue, and is SIGKILLed. The slot's `delivered` covers only
+    # an in-order prefix of the queue (none here), so until 2026-12-06 the resumer handed
+    # out s-10..s-19 a second time (fault hunt H19, 10 of 10); now each acknowledgement out
+    # of queue order is recorded beside the name first, and the resumer skips them
+    name = f"ooo-{os.getpid()}"
+    with Producer(endpoint, producer_id="ooo", capacity=1 << 20,
+                  heartbeat_interval_s=0.02) as p:
+        child = _durable_child(procs, endpoint, name, """
+            for i in range(10, 20):
+                s.get(f"s-{i}", timeout=30).release()
+            print(sorted(x.rid for x in s._delivery.ready), flush=True)
+            sys.stdin.readline()
+        """)
+        assert p.wait_for_consumers(1, 30)
+        for i in range(20):
+            assert all(_capture(p, f"s-{i}", 4))
+        p.flush()
+        assert child.stdout.readline().strip() == str(sorted(f"s-{i}" for i in range(10)))
+        child.kill()
+        child.wait(10)
+        with Subscriber(endpoint, name=name) as again:
+            got = [x.rid for x in again.samples(timeout=1.0)]
+            assert got == [f"s-{i}" for i in range(10)], got
+            assert not again.failures()
+
+
 def test_a_resumer_does_not_report_a_sample_its_killed_predecessor_acknowledged(
         endpoint, procs):
     # P's open first chunk stops pinning (the reader went a quarter of the ring past it), so
