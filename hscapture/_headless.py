@@ -63,8 +63,7 @@ class HeadlessSamples:
         reported from a row held earlier), False when the caller reports it now (at or above
         ``delivered`` with nothing held)."""
         held = self._held.get(key)
-        if rv.seq >= src.settlement.acknowledged_below and not (
-                rv.last and rv.seq in src.settlement.ahead):   # (acknowledged out of order)
+        if rv.seq >= src.settlement.acknowledged_below:
             if held is None:
                 return False
             self._report(key)

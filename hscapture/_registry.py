@@ -73,8 +73,9 @@ class SourceRegistry:
         self.sources: dict[int, Source] = {}          # by epoch, attached or draining
         #: durable: epoch -> last rows of samples earlier owners of the name acknowledged out
         #: of queue order (the subscriber loads them), and how an owner records one
-        self.ahead: dict[int, set[int]] = {}
-        self.record_ahead: Callable[[int, int], None] = lambda epoch, seq: None
+        self.ahead: dict[int, list[tuple[int, str, int]]] = {}
+        self.record_ahead: Callable[[int, int, str, int], None] = \
+            lambda epoch, last_seq, rid, first_seq: None
         self.current: dict[str, int] = {}             # producer id -> live epoch
         #: why a place of this name could not be taken: another live consumer holds it
         self.in_use: str | None = None
@@ -252,7 +253,7 @@ class SourceRegistry:
         if settlement.durable:     # samples acknowledged out of queue order (Settlement)
             settlement.on_ahead = functools.partial(self.record_ahead, src.epoch)
             if src.resumed:
-                settlement.ahead = set(self.ahead.get(src.epoch, ()))
+                settlement.inherit_ahead(self.ahead.get(src.epoch, []))
         # the entries committed before now had their notices sent before we listened: read
         # as they are, not held for notice_grace_s each (until 2026-12-06 this stayed 0, and
         # a resumer of a producer whose heartbeats were far apart read one such entry a

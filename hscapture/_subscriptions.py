@@ -412,7 +412,7 @@ def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
     except OSError:
         return {}, aborted
     out: dict[str, str] = {}
-    for line in text.split("\n")[-ACKED_KEEP - 1:-1]:    # (a torn last line is ignored)
+    for line in text.split("\n")[:-1]:       # (a torn last line is ignored; the file is cut)
         try:
             d = json.loads(line)
         except ValueError:
@@ -425,39 +425,46 @@ def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
     return out, aborted
 
 
-def acknowledged_ahead(name: str) -> dict[int, set[int]]:
-    """epoch -> last rows' numbers of the samples subscribers of the durable ``name``
-    acknowledged out of queue order (:func:`record_acknowledged_ahead`): a resumer skips
-    them as those below the slot's ``delivered`` (``_settlement.Settlement.ahead``)."""
-    out: dict[int, set[int]] = {}
+def acknowledged_ahead(name: str) -> dict[int, list[tuple[int, str, int]]]:
+    """epoch -> ``(last row, rid, first row)`` of the samples subscribers of the durable
+    ``name`` acknowledged out of queue order (:func:`record_acknowledged_ahead`): a resumer
+    skips them as those below the slot's ``delivered`` (``_settlement.Settlement.ahead``)."""
+    out: dict[int, list[tuple[int, str, int]]] = {}
     try:
         text = _read(_acked_path(name))
     except OSError:
         return out
-    for line in text.split("\n")[-ACKED_KEEP - 1:-1]:    # (a torn last line is ignored)
+    for line in text.split("\n")[:-1]:                  # (a torn last line is ignored)
         try:
             d = json.loads(line)
         except ValueError:
             continue
         number = parse_event(d.get("sample")) if isinstance(d, dict) else None
-        if number is not None:
-            out.setdefault(number[0], set()).add(number[1])
+        if number is None:
+            continue
+        rid, first = d.get("rid"), d.get("first")
+        if type(rid) is not str or type(first) is not int or not 0 <= first <= number[1]:
+            rid, first = "", number[1]        # (the last row alone still says it)
+        out.setdefault(number[0], []).append((number[1], rid, first))
     return out
 
 
-def record_acknowledged_ahead(name: str, epoch: int, last_seq: int) -> None:
+def record_acknowledged_ahead(name: str, epoch: int, last_seq: int, rid: str,
+                              first_seq: int) -> None:
     """Record, before it counts, that a subscriber of the durable ``name`` acknowledged the
-    sample whose last row is ``epoch:last_seq`` while a sample queued before it was not
-    (the slot's ``delivered`` covers an in-order prefix only): a line ``{"sample":
-    "epoch:seq"}`` of the acknowledged file. Best effort (logged): one not recorded is
-    handed out again by a resumer."""
-    _append_acked(name, json.dumps({"sample": f"{epoch}:{last_seq}"}) + "\n")
+    sample ``rid`` (rows ``first_seq`` .. ``last_seq`` of incarnation ``epoch``) while a
+    sample queued before it was not (the slot's ``delivered`` covers an in-order prefix
+    only): a line ``{"sample": "epoch:last", "rid": ..., "first": ...}`` of the acknowledged
+    file. Best effort (logged): one not recorded is handed out again by a resumer."""
+    _append_acked(name, json.dumps({"sample": f"{epoch}:{last_seq}", "rid": rid,
+                                    "first": first_seq}) + "\n")
 
 
 def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str | None]]) -> None:
     """Append the events of ``failures`` (``Subscriber.failures()`` tuples) that a subscriber
     of the durable ``name`` acknowledges, before it does: in ``$HSCAPTURE_SUBS_DIR``, which a
-    SIGKILL leaves as it was. The file is cut to its newest :data:`ACKED_KEEP` lines when it
+    SIGKILL leaves as it was. The file is cut to its newest :data:`ACKED_KEEP` failure lines
+    and newest :data:`ACKED_KEEP` sample lines (:func:`record_acknowledged_ahead`) when it
     grows past twice that. Best effort: a failure not recorded may be reported again by a
     resumer (logged), never lost."""
     lines = "".join(json.dumps({"event": e, "rid": rid,
@@ -467,15 +474,34 @@ def record_acknowledged(name: str, failures: Iterable[tuple[str, str, str, str |
         _append_acked(name, lines)
 
 
+#: durable name -> the acknowledged file's size after this process last cut it
+_ACKED_CUT_SIZE: dict[str, int] = {}
+
+
+def _keep_newest_of_each_kind(lines: list[str]) -> None:
+    """The acknowledged file's cut: the newest :data:`ACKED_KEEP` failure lines and the
+    newest :data:`ACKED_KEEP` sample lines, in file order (until 2026-12-06 one window of
+    lines, which sample lines of a ``get()``-heavy consumer could fill: older failures were
+    then reported again by a resumer; fault hunt H20, read at unit level)."""
+    samples = [i for i, line in enumerate(lines) if line.startswith('{"sample"')]
+    failures = [i for i, line in enumerate(lines) if not line.startswith('{"sample"')]
+    keep = set(samples[-ACKED_KEEP:]) | set(failures[-ACKED_KEEP:])
+    lines[:] = [line for i, line in enumerate(lines) if i in keep]
+
+
 def _append_acked(name: str, lines: str) -> None:
     path = _acked_path(name)
     try:
         append_lines(str(path), lines, fsync=False, mode=0o600)   # (whole lines only)
-        if path.stat().st_size > ACKED_KEEP * 2 * 64:
+        size = path.stat().st_size
+        if size > max(ACKED_KEEP * 2 * 64, 2 * _ACKED_CUT_SIZE.get(name, 0)):
             # (one live subscriber per durable name: no append races this rewrite)
             _rewrite(path, lambda text: text.split("\n")[:-1],
                      lambda kept: "".join(x + "\n" for x in kept),
-                     lambda kept: kept.__delitem__(slice(0, len(kept) - ACKED_KEEP)))
+                     _keep_newest_of_each_kind)
+            # (what a cut keeps may stay past the first bound: the next cut waits until the
+            # file doubled, never at every append)
+            _ACKED_CUT_SIZE[name] = path.stat().st_size
     except OSError as exc:
         log.warning("hscapture subscriber: cannot record what %r acknowledged (%s): a "
                     "resumer of the name may report (a failure) or hand out (a sample) it "

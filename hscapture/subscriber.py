@@ -433,11 +433,11 @@ class Subscriber:
                     return [key]
         return keys
 
-    def _record_ahead(self, epoch: int, last_seq: int) -> None:
+    def _record_ahead(self, epoch: int, last_seq: int, rid: str, first_seq: int) -> None:
         """A sample acknowledged out of queue order (:class:`~hscapture._settlement.
         Settlement`): recorded beside the name, counted (``acknowledged_out_of_order``)."""
         self._ledger.counts["acknowledged_out_of_order"] += 1
-        record_acknowledged_ahead(self.name, epoch, last_seq)
+        record_acknowledged_ahead(self.name, epoch, last_seq, rid, first_seq)
 
     def _read_pending(self) -> None:
         """Once, before the first pump of a durable subscriber (after the caller's

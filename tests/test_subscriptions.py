@@ -327,3 +327,14 @@ def test_a_durable_subscriber_starts_over_files_of_its_name_damaged_by_bytes_not
         assert [f[:2] for f in sub.failures()] == [("dropped", "r1")]
         sub.unsubscribe()
     assert subs.pending(name, [subs.endpoint_key(endpoint)]) == []
+
+
+def test_the_acknowledged_files_cut_keeps_the_newest_failures_and_samples_each(monkeypatch):
+    # a get()-heavy consumer's sample lines no longer push the failures it acknowledged out
+    # of what a resumer reads (fault hunt H20, at unit level); each kind keeps its newest
+    monkeypatch.setattr(subs, "ACKED_KEEP", 3)
+    lines = [json.dumps({"event": f"1:{i}", "rid": f"f{i}"}) if i % 4 == 0 else
+             json.dumps({"sample": f"1:{i}", "rid": f"s{i}", "first": i}) for i in range(20)]
+    subs._keep_newest_of_each_kind(lines)
+    assert [json.loads(x).get("rid") for x in lines] == \
+        ["f8", "f12", "f16", "s17", "s18", "s19"]
