@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import collections
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import IncompleteSampleError, SampleDroppedError, SampleMismatchError
-from .record import ENDED, ended_by_abort
+from .record import ENDED, ended_by_abort, parse_event
 
 log = logging.getLogger("hscapture")
 
-__all__ = ["LostRange", "Ledger", "MAX_ERRORS", "MAX_FAILED", "failure_event", "parse_event"]
+__all__ = ["LostRange", "Ledger", "MAX_ERRORS", "MAX_FAILED", "failure_event"]
 
 #: error messages kept (the counters keep counting past it)
 MAX_ERRORS = 200
@@ -41,20 +40,6 @@ class LostRange:
     first: int
     count: int
     reason: str
-
-
-#: a failure event as :func:`failure_event` writes it: ASCII digits only (``str.isdigit``
-#: takes "²" too, which ``int`` refuses: an event read from a damaged file raised a plain
-#: ValueError until 2026-12-06, fault hunt H19)
-_EVENT = re.compile(r"([0-9]{1,20}):([0-9]{1,20})")
-
-
-def parse_event(event: object) -> tuple[int, int] | None:
-    """``(epoch, seq)`` of a failure event ``"epoch:seq"`` (:func:`failure_event`); None when
-    ``event`` is not one (absent, or malformed: from a damaged file). The one parser of
-    events: the ledger, :meth:`Subscriber.known_failures` and the durable-name files use it."""
-    m = _EVENT.fullmatch(event) if type(event) is str else None
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _event_seq(event: str | None) -> int | None:

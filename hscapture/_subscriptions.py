@@ -49,10 +49,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable
 
-from ._ledger import parse_event
 from .errors import CaptureConfigError, InvalidRidError
 from .notice import check_rid
-from .record import ENDED, ended_by_abort
+from .record import ENDED, ended_by_abort, parse_event
 from .ring import DEFAULT_PREFIX, SHM_DIR, SLOT_NAME_LEN
 from .shard_index import append_lines
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -70,6 +71,7 @@ __all__ = [
     "read_entry",
     "notice_entry",
     "notice_mismatches",
+    "parse_event",
 ]
 
 #: Every block and the token ids start at a multiple of this (relative to the payload).
@@ -1011,3 +1013,18 @@ def _check_batch(meta: dict[str, Any], meta_len: int,
         raise _fail(f"batch meta 'blocks': block(s) {sorted(set(range(len(blocks))) - used)} "
                     f"hold no layer")
     return columns
+
+
+#: a failure event ``"epoch:seq"`` (``_ledger.failure_event``): ASCII digits only
+#: (``str.isdigit`` takes "²" too, which ``int`` refuses: an event read from a damaged file
+#: raised a plain ValueError until 2026-12-06, fault hunt H19)
+_EVENT = re.compile(r"([0-9]{1,20}):([0-9]{1,20})")
+
+
+def parse_event(event: object) -> tuple[int, int] | None:
+    """``(epoch, seq)`` of a failure event ``"epoch:seq"`` (the ring record that named a
+    failure: ``_ledger.failure_event``); None when ``event`` is not one (absent, or
+    malformed: from a damaged file). The one parser of events: the ledger,
+    :meth:`Subscriber.known_failures` and the durable-name files use it."""
+    m = _EVENT.fullmatch(event) if type(event) is str else None
+    return (int(m.group(1)), int(m.group(2))) if m else None

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ._closing import name_what_was_taken
 from ._delivery import Delivery
 from ._fork import GENERATION, generation
-from ._ledger import Ledger, LostRange, parse_event
+from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
 from ._subscriptions import (Failure, acknowledged, acknowledged_ahead, check_name,
@@ -31,7 +31,7 @@ from ._subscriptions import (Failure, acknowledged, acknowledged_ahead, check_na
                              record_acknowledged, record_acknowledged_ahead, record_pending,
                              remember, segments_of, settle_pending)
 from ._wire import NoticeSocket
-from .record import ENDED
+from .record import ENDED, parse_event
 from .errors import (CaptureConfigError, HSCaptureError, SampleTimeoutError,
                      SubscriptionInUseError)
 from .sample import Sample
