@@ -60,8 +60,7 @@ log = logging.getLogger("hscapture")
 __all__ = ["check_name", "MAX_NAME_BYTES", "NAME_RULE", "endpoint_key",
            "endpoint_registry_path", "segments_path", "entries", "remember",
            "forget", "record_segment", "segments_of", "reserve_places", "describe", "who",
-           "acknowledged", "record_acknowledged", "acknowledged_ahead",
-           "record_acknowledged_ahead", "pending", "record_pending",
+           "acknowledged", "record_acknowledged", "record_acknowledged_ahead", "pending", "record_pending",
            "settle_pending", "forget_pending", "KEEP_S", "ACKED_KEEP"]
 
 _FILE_PREFIX = "hscapture.subs-"
@@ -400,52 +399,42 @@ def _acked_path(name: str) -> Path:
     return _named_path(_ACKED_PREFIX, name)
 
 
-def acknowledged(name: str) -> tuple[dict[str, str], set[str]]:
-    """``event -> rid`` of the failures subscribers of the durable ``name`` acknowledged
-    (:func:`record_acknowledged`), and the events of those an abort ended: a resumer passes
-    them to ``Subscriber.known_failures``, so that a failure whose ring record an older
-    record held back is not reported twice."""
+def acknowledged(name: str) -> tuple[dict[str, str], set[str],
+                                      dict[int, list[tuple[int, str, int]]]]:
+    """What subscribers of the durable ``name`` acknowledged, read in one pass of its
+    acknowledged file: ``event -> rid`` of the failures (:func:`record_acknowledged`) and the
+    events of those an abort ended, which a resumer passes to ``Subscriber.known_failures``
+    (a failure whose ring record an older record held back is not reported twice); and
+    epoch -> ``(last row, rid, first row)`` of the samples acknowledged out of queue order
+    (:func:`record_acknowledged_ahead`), which a resumed place skips as those below the
+    slot's ``delivered`` (``_settlement.Settlement.inherit_ahead``)."""
+    events: dict[str, str] = {}
     aborted: set[str] = set()
+    ahead: dict[int, list[tuple[int, str, int]]] = {}
     try:
         text = _read(_acked_path(name))
     except OSError:
-        return {}, aborted
-    out: dict[str, str] = {}
+        return events, aborted, ahead
     for line in text.split("\n")[:-1]:       # (a torn last line is ignored; the file is cut)
         try:
             d = json.loads(line)
         except ValueError:
             continue
-        if isinstance(d, dict) and isinstance(d.get("event"), str) and \
-                isinstance(d.get("rid"), str):
-            out[d["event"]] = d["rid"]
+        if not isinstance(d, dict):
+            continue
+        if isinstance(d.get("event"), str) and isinstance(d.get("rid"), str):
+            events[d["event"]] = d["rid"]
             if d.get("aborted") is True:
                 aborted.add(d["event"])
-    return out, aborted
-
-
-def acknowledged_ahead(name: str) -> dict[int, list[tuple[int, str, int]]]:
-    """epoch -> ``(last row, rid, first row)`` of the samples subscribers of the durable
-    ``name`` acknowledged out of queue order (:func:`record_acknowledged_ahead`): a resumer
-    skips them as those below the slot's ``delivered`` (``_settlement.Settlement.ahead``)."""
-    out: dict[int, list[tuple[int, str, int]]] = {}
-    try:
-        text = _read(_acked_path(name))
-    except OSError:
-        return out
-    for line in text.split("\n")[:-1]:                  # (a torn last line is ignored)
-        try:
-            d = json.loads(line)
-        except ValueError:
             continue
-        number = parse_event(d.get("sample")) if isinstance(d, dict) else None
+        number = parse_event(d.get("sample"))
         if number is None:
             continue
         rid, first = d.get("rid"), d.get("first")
         if type(rid) is not str or type(first) is not int or not 0 <= first <= number[1]:
             rid, first = "", number[1]        # (the last row alone still says it)
-        out.setdefault(number[0], []).append((number[1], rid, first))
-    return out
+        ahead.setdefault(number[0], []).append((number[1], rid, first))
+    return events, aborted, ahead
 
 
 def record_acknowledged_ahead(name: str, epoch: int, last_seq: int, rid: str,

@@ -26,7 +26,7 @@ from ._fork import GENERATION, generation
 from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
-from ._subscriptions import (Failure, acknowledged, acknowledged_ahead, check_name,
+from ._subscriptions import (Failure, acknowledged, check_name,
                              endpoint_key, forget, forget_pending, pending,
                              record_acknowledged, record_acknowledged_ahead, record_pending,
                              remember, segments_of, settle_pending)
@@ -177,11 +177,10 @@ class Subscriber:
             # what earlier subscribers of the name acknowledged is not reported again when
             # an older record held its ring record back (until 2026-12-06 a resumed durable
             # stream logged such failures twice: fault hunt, 4 of 9 runs)
-            events, aborted = acknowledged(name)
+            # (and the samples they acknowledged out of queue order, which the slot's
+            # `delivered` cannot say: until 2026-12-06 handed out again, fault hunt H19)
+            events, aborted, self._registry.ahead = acknowledged(name)
             self.known_failures(events, aborted=aborted)
-            # and the samples they acknowledged out of queue order, which the slot's
-            # `delivered` cannot say (until 2026-12-06 handed out again: fault hunt H19)
-            self._registry.ahead = acknowledged_ahead(name)
             self._registry.record_ahead = self._record_ahead
             self._registry.resume_durable()
 
