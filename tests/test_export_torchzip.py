@@ -67,6 +67,31 @@ def test_the_writer_gives_torch_saves_exact_bytes(T, H, dtype, meta, crc, monkey
     assert out.getvalue() == _torch_bytes(want)
 
 
+def test_samples_of_one_shape_are_pickled_once_and_each_file_is_still_torch_saves_bytes(
+        monkeypatch):
+    monkeypatch.setattr(TF, "_RECORDS", {})
+    real, calls = torch.serialization._save, []
+    monkeypatch.setattr(torch.serialization, "_save",
+                        lambda obj, zf, *a: (calls.append(type(zf) is TF._Recording),
+                                             real(obj, zf, *a))[1])
+    for seed in range(3):                   # one length and model: one pickling, three files
+        d, want = _specforge_dict(24, 64, torch.bfloat16, None, seed=seed)
+        out = io.BytesIO()
+        TF._torch_save(d, out)
+        assert out.getvalue() == _torch_bytes(want)
+    assert sum(calls) == 1
+    d, want = _specforge_dict(25, 64, torch.bfloat16, None)       # another length: its own
+    out = io.BytesIO()
+    TF._torch_save(d, out)
+    assert out.getvalue() == _torch_bytes(want) and sum(calls) == 2
+    for row in range(2):                    # metadata is pickled with each sample, every time
+        d, want = _specforge_dict(24, 64, torch.bfloat16, {"row": row})
+        out = io.BytesIO()
+        TF._torch_save(d, out)
+        assert out.getvalue() == _torch_bytes(want)
+    assert sum(calls) == 4
+
+
 def test_a_file_loads_with_mmap_passes_every_zip_crc_and_writes_only_the_views_bytes(tmp_path):
     big = torch.randn(64, 512).bfloat16()
     view = big[8:40]                                   # a view: torch.save would write `big`
