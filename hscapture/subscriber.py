@@ -26,12 +26,10 @@ from ._fork import GENERATION, generation
 from ._ledger import Ledger, LostRange
 from ._registry import SourceRegistry
 from ._source import Source
-from ._subscriptions import (Failure, acknowledged, check_name,
-                             endpoint_key, forget, forget_pending, pending,
-                             record_acknowledged, record_acknowledged_ahead, record_pending,
-                             remember, segments_of, settle_pending)
+from ._durable_failures import DurableFailures
+from ._subscriptions import acknowledged, check_name, forget, remember
 from ._wire import NoticeSocket
-from .record import ENDED, parse_event
+from .record import parse_event
 from .errors import (CaptureConfigError, HSCaptureError, SampleTimeoutError,
                      SubscriptionInUseError)
 from .sample import Sample
@@ -40,8 +38,6 @@ __all__ = ["Subscriber", "LostRange"]
 
 log = logging.getLogger("hscapture")
 
-#: failures in a durable name's pending file, never acknowledged, past which it warns once
-_PENDING_WARN = 1 << 16
 #: how often (seconds) the pump looks at heartbeats, liveness and stale partials
 _HOUSEKEEPING_S = 0.05
 #: rows :meth:`Subscriber.poll` reads from each ring before it hands out a sample: reading a
@@ -159,17 +155,12 @@ class Subscriber:
         self._settled = False          # (_skim_before_close ran)
         #: an anonymous subscriber's samples committed and never handed out, named at close
         self._undelivered: list[str] = []
-        #: failures acknowledged so far (a durable subscriber records them: see
-        #: acknowledge_failures)
-        self._acked = 0
-        #: durable: ``failures()[:_spilled]`` are acknowledged or in the pending file
-        #: (:meth:`_record_pending`); those of ours in it, taken out when acknowledged
-        self._spilled = 0
-        self._pending: set[Failure] = set()
-        self._pending_read = not name
-        self._endpoint_keys = [endpoint_key(e) for e in self.endpoints]
-        if name:
-            self._delivery.before_unpin = self._record_pending
+        #: a durable subscriber's failure files (acknowledged, pending, out-of-order
+        #: acknowledgements) beside its name; None for an anonymous one
+        self._durable = DurableFailures(name, self.endpoints, ledger, self._registry) \
+            if name else None
+        if self._durable is not None:
+            self._delivery.before_unpin = self._durable.record_pending
             # producers that bind these endpoints from now on keep a place for us from their
             # first capture, even before we ever attached to one (_subscriptions)
             for ep in self.endpoints:
@@ -181,7 +172,7 @@ class Subscriber:
             # `delivered` cannot say: until 2026-12-06 handed out again, fault hunt H19)
             events, aborted, self._registry.ahead = acknowledged(name)
             self.known_failures(events, aborted=aborted)
-            self._registry.record_ahead = self._record_ahead
+            self._registry.record_ahead = self._durable.record_ahead
             self._registry.resume_durable()
 
     @property
@@ -376,102 +367,14 @@ class Subscriber:
         if this process dies first, the subscriber resumed under the same name reads them
         again and reports the failure; past those bounds they are appended to the name's
         pending file before their records are given back, and the resumer reports them from
-        there (:meth:`_record_pending`).
+        there (``DurableFailures.record_pending``).
         A no-op for an anonymous subscriber (nothing resumes it). The acknowledged failures'
         events are recorded beside the durable name first (``_subscriptions.
         record_acknowledged``): a resumer of the name that reads their records again (an
         older record held them back) does not report them again."""
-        if self.name and through > self._acked:
-            done = self._ledger.failure_log[self._acked:through]
-            record_acknowledged(self.name, done)
-            self._acked = through
-            if self._pending:     # (recorded as acknowledged first: a crash between
-                #                    leaves them known to a resumer, not reported twice)
-                settled = [f for f in done if f in self._pending]
-                settle_pending(self.name, self._endpoint_keys, settled)
-                self._pending.difference_update(settled)
+        if self._durable is not None:
+            self._durable.acknowledge(through)
         self._delivery.acknowledge_failures(through)
-
-    def _record_pending(self, upto: int) -> None:
-        """The bounds on the ring are about to give back the records of failures
-        ``failures()[:upto]`` not yet acknowledged: write those named by a ring record to
-        the name's pending file first, so that a resumer after a crash reports them as it
-        would have from the ring (:meth:`_read_pending`). Until 2026-12-06 (thirty-first
-        session) a consumer recording less often than at every return (`get()`, whose
-        pumps do not return; a periodic acknowledgement) and killed then left them named by
-        no one (GUARANTEES gap 1)."""
-        start = max(self._acked, self._spilled)
-        if upto <= start:
-            return
-        spill = [f for f in self._ledger.failure_log[start:upto] if f[3] is not None]
-        if record_pending(self.name, [(ep, f) for f in spill
-                                      for ep in self._endpoints_of(f[3])]):
-            had = len(self._pending)
-            self._pending.update(spill)
-            self._ledger.counts["failures_pending_recorded"] += len(spill)
-            if had < _PENDING_WARN <= len(self._pending):
-                log.warning("hscapture subscriber %r: %d failures read and never "
-                            "acknowledged are kept in its pending file for a resumer (it "
-                            "grows until they are): record failures() and call "
-                            "acknowledge_failures()", self.name, len(self._pending))
-        self._spilled = upto
-
-    def _endpoints_of(self, event: str) -> list[str]:
-        """The endpoint (its key) whose ring named ``event``: a pending failure belongs to
-        the subscription of the name at that endpoint only (until 2026-12-06 a subscriber of
-        the same name at another endpoint reported, acknowledged and so removed another
-        subscription's pending failures: fault hunt H19, 368-410 rids named by no one).
-        Several when it cannot tell (the ring's incarnation gone): each of ours."""
-        keys = self._endpoint_keys
-        number = parse_event(event)
-        src = None if number is None or len(keys) == 1 else \
-            self._registry.sources.get(number[0])
-        if src is not None:
-            for endpoint, key in zip(self.endpoints, keys):
-                if src.segment in segments_of([endpoint]):
-                    return [key]
-        return keys
-
-    def _record_ahead(self, epoch: int, last_seq: int, rid: str, first_seq: int) -> None:
-        """A sample acknowledged out of queue order (:class:`~hscapture._settlement.
-        Settlement`): recorded beside the name, counted (``acknowledged_out_of_order``)."""
-        self._ledger.counts["acknowledged_out_of_order"] += 1
-        record_acknowledged_ahead(self.name, epoch, last_seq, rid, first_seq)
-
-    def _read_pending(self) -> None:
-        """Once, before the first pump of a durable subscriber (after the caller's
-        :meth:`known_failures`): the failures an earlier subscriber of the name read and
-        left unacknowledged with their ring records given back (:meth:`_record_pending`)
-        are reported again, in the order they were numbered; those a caller or the
-        acknowledged file knows are taken out of the file."""
-        self._pending_read = True
-        ledger = self._ledger
-        known: list[Failure] = []
-        # (every event in the file parses: pending() reads only such lines)
-        numbered = sorted((parse_event(f[3]) or (0, 0), f)
-                          for f in pending(self.name, self._endpoint_keys))
-        for (epoch, seq), f in numbered:
-            kind, rid, reason, event = f
-            if event in ledger.known_events:
-                known.append(f)
-                continue
-            if kind == ENDED:
-                if not ledger.record_end((epoch, rid), reason, event):
-                    ledger.known_failed((epoch, rid), seq, ended=True)
-                    known.append(f)
-                    continue
-            else:
-                ledger.record_failure((epoch, rid), reason, kind, event)
-            ledger.known_events.add(event)      # (its ring record, read again: not twice)
-            self._pending.add(f)
-            ledger.counts["failures_pending_read"] += 1
-        settle_pending(self.name, self._endpoint_keys, known)
-        self._spilled = len(ledger.failure_log)    # (they are in the file already)
-        if self._pending:
-            log.warning("hscapture subscriber %r: %d failure(s) an earlier subscriber of the "
-                        "name read and never acknowledged (its ring records were given back "
-                        "before it stopped): reported again, see failures()", self.name,
-                        len(self._pending))
 
     def skim_unread(self) -> list[str]:
         """An anonymous subscriber about to close: the rids of the data rows committed so
@@ -593,12 +496,13 @@ class Subscriber:
         if not self._closed:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
             given_up += self._skim(giving_up=bool(self.name))
-        if not self._pending_read and not self._closed:
-            self._read_pending()      # (named in failures(), then gone with the name)
+        durable = self._durable
+        if durable is not None and not durable.pending_read and not self._closed:
+            durable.read_pending()      # (named in failures(), then gone with the name)
         self._shutdown(unsubscribe=True)
-        if self.name:       # no new incarnation at our endpoints keeps a place for it
-            forget(self.name, self.endpoints)
-            forget_pending(self.name, self._endpoint_keys)
+        if durable is not None:     # no new incarnation at our endpoints keeps a place for it
+            forget(durable.name, durable.endpoints)
+            durable.forget()
         return list(dict.fromkeys(given_up))
 
     def __enter__(self) -> "Subscriber":
@@ -632,8 +536,8 @@ class Subscriber:
                 f"durable subscription {self.name!r}: {registry.in_use}. Another subscriber "
                 f"of this name (a drain into the same directory, a stream of the same name) "
                 f"is running: stop it first, or use another name")
-        if not self._pending_read:
-            self._read_pending()
+        if self._durable is not None and not self._durable.pending_read:
+            self._durable.read_pending()
         self._delivery.begin_pump()
         self._wire.receive(0.0 if registry.unread else timeout, registry.route)
         registry.pump_all(budget, budget_bytes)

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parent.parent / "hscapture"
 LAYERS: list[list[str]] = [
     ["stream"],
     ["subscriber"],
-    ["_closing"],
+    ["_closing", "_durable_failures"],
     ["_registry", "_wire"],
     ["_delivery"],
     ["_headless"],
