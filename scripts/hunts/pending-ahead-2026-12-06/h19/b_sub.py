@@ -32,7 +32,8 @@ def record(ack=True):
     if new:
         for k, rid, why, ev in new: fl.write(json.dumps({"kind": k, "rid": rid, "event": ev, "why": why[:80], "pid": os.getpid()}) + "\n")
         fl.flush(); os.fsync(fl.fileno()); rec += len(new)
-    if ack and rec > sub._acked:
+    # (the acknowledged count lives in DurableFailures since eadd912)
+    if ack and rec > (sub._durable.acked if sub._durable is not None else 0):
         al.write("%d %d\n" % (os.getpid(), rec)); al.flush(); os.fsync(al.fileno())
         sub.acknowledge_failures(rec)
     last_ack = time.monotonic()
