@@ -495,7 +495,14 @@ class Subscriber:
         given_up: list[str] = []
         if not self._closed:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
-            given_up += self._skim(giving_up=bool(self.name))
+            if self.name:   # read to every number taken so far, the backlog included
+                wants = self._delivery.wants
+                given_up += [rid for rid in name_what_was_taken(
+                    self._registry, self._delivery,
+                    lambda seconds: self._wire.receive(seconds, self._route_known),
+                    giving_up=True) if wants(rid)]
+            else:
+                given_up += self._skim(giving_up=False)
         durable = self._durable
         if durable is not None and not durable.pending_read and not self._closed:
             durable.read_pending()      # (named in failures(), then gone with the name)

@@ -983,6 +983,34 @@ def test_unsubscribing_ends_the_places_new_incarnations_keep_for_a_durable_name(
         assert not [c for c in info["consumers"] if c["durable"] and c["state"] != "free"]
 
 
+def test_drops_in_a_live_producers_backlog_are_named_to_a_durable_subscription_that_ends(
+        endpoint):
+    # A durable subscriber that reads nothing pins the small ring, so the producer drops and
+    # its drop entries wait in its backlog; the subscription is ended while the producer
+    # lives. Until 2026-12-06 the unsubscribe named only what the ring held (its unread
+    # samples) and the backlog's drops reached the ring after the place was gone: named by
+    # no one (fault hunt H21: 259-430 rids, 3/3; GUARANTEES gap 16). Now it reads on, as an
+    # anonymous close does, until every number taken before it is accounted for.
+    p = Producer(endpoint, producer_id="g16", capacity=256 << 10, full_policy="drop",
+                 heartbeat_interval_s=0.05)
+    sub = Subscriber(endpoint, name="g16-ends")
+    try:
+        sub.wait_ready(timeout=20)
+        assert p.wait_for_consumers(1, timeout_s=30)
+        rids = [f"u-{i}" for i in range(300)]
+        kept = {rid for rid in rids if all(_capture(p, rid, 64))}
+        p.flush()
+        assert p.stats()["backlog"] > 0, p.stats()    # the case: drops not in the ring yet
+        assert kept and kept != set(rids)
+        given_up = sub.unsubscribe()
+        dropped = {f[1] for f in sub.failures() if f[0] == "dropped"}
+        assert set(given_up) == kept, sorted(set(given_up) ^ kept)[:10]
+        assert dropped == set(rids) - kept, sorted(dropped ^ (set(rids) - kept))[:10]
+        assert not sub.stats()["lost"]
+    finally:
+        p.close()
+
+
 def _first_chunk(p: Producer, rid: str, tokens: int):
     """``rid``'s first 4 of ``tokens`` positions captured, its sample left open; returns its
     source tensors and ids."""
