@@ -495,14 +495,16 @@ class Subscriber:
         given_up: list[str] = []
         if not self._closed:
             given_up = [s.rid for s in self._delivery.ready] + list(self.in_flight())
-            if self.name:   # read to every number taken so far, the backlog included
-                wants = self._delivery.wants
-                given_up += [rid for rid in name_what_was_taken(
-                    self._registry, self._delivery,
-                    lambda seconds: self._wire.receive(seconds, self._route_known),
-                    giving_up=True) if wants(rid)]
-            else:
-                given_up += self._skim(giving_up=False)
+            # what it holds pins the ring: given back first (as close() does), then every
+            # ring read to the numbers taken so far, the producer's backlog included (until
+            # 2026-12-06 only what the rings held: GUARANTEES gap 16)
+            self._release_borrowed()
+            self._settled = True
+            wants = self._delivery.wants
+            given_up += [rid for rid in name_what_was_taken(
+                self._registry, self._delivery,
+                lambda seconds: self._wire.receive(seconds, self._route_known),
+                giving_up=bool(self.name)) if wants(rid)]
         durable = self._durable
         if durable is not None and not durable.pending_read and not self._closed:
             durable.read_pending()      # (named in failures(), then gone with the name)

@@ -983,20 +983,29 @@ def test_unsubscribing_ends_the_places_new_incarnations_keep_for_a_durable_name(
         assert not [c for c in info["consumers"] if c["durable"] and c["state"] != "free"]
 
 
-def test_drops_in_a_live_producers_backlog_are_named_to_a_durable_subscription_that_ends(
-        endpoint):
+@pytest.mark.parametrize("who", ["durable, reads nothing", "durable, holds a sample",
+                                 "anonymous, holds a sample"])
+def test_drops_in_a_live_producers_backlog_are_named_to_a_subscriber_that_unsubscribes(
+        endpoint, who):
     # A durable subscriber that reads nothing pins the small ring, so the producer drops and
     # its drop entries wait in its backlog; the subscription is ended while the producer
     # lives. Until 2026-12-06 the unsubscribe named only what the ring held (its unread
     # samples) and the backlog's drops reached the ring after the place was gone: named by
     # no one (fault hunt H21: 259-430 rids, 3/3; GUARANTEES gap 16). Now it reads on, as an
     # anonymous close does, until every number taken before it is accounted for.
+    # (A subscriber that holds a zero-copy sample pins the ring too; an anonymous one's
+    # unsubscribe is its close, which names them as well.)
     p = Producer(endpoint, producer_id="g16", capacity=256 << 10, full_policy="drop",
                  heartbeat_interval_s=0.05)
-    sub = Subscriber(endpoint, name="g16-ends")
+    sub = Subscriber(endpoint, name=None if who.startswith("anonymous") else "g16-ends",
+                     zero_copy=who.endswith("holds a sample"))
     try:
         sub.wait_ready(timeout=20)
         assert p.wait_for_consumers(1, timeout_s=30)
+        if who.endswith("holds a sample"):
+            assert all(_capture(p, "first", 64))
+            held = sub.get("first", timeout=10)
+            assert held.borrowed
         rids = [f"u-{i}" for i in range(300)]
         kept = {rid for rid in rids if all(_capture(p, rid, 64))}
         p.flush()
