@@ -392,7 +392,7 @@ class Subscriber:
         they are on their way); a later one (a close after ``skim_unread``) reads what the
         rings hold then."""
         if self._settled:
-            return self._skim(giving_up=False)
+            return self._skim()
         self._settled = True
         wants = self._delivery.wants
         return [rid for rid in name_what_was_taken(
@@ -406,12 +406,12 @@ class Subscriber:
         if msg["epoch"] in self._registry.sources:
             self._registry.route(msg)
 
-    def _skim(self, giving_up: bool) -> list[str]:
+    def _skim(self) -> list[str]:
         """Every ring's unread data rows' rids (:meth:`Source.skim <hscapture._source.Source.
-        skim>`; ``giving_up``: a durable place too)."""
+        skim>`; a durable place reads nothing here)."""
         wants = self._delivery.wants
         return [rid for src in list(self._registry.sources.values())
-                for rid in src.skim(self._delivery, giving_up=giving_up) if wants(rid)]
+                for rid in src.skim(self._delivery) if wants(rid)]
 
     def pump(self, timeout: float = 0.0) -> None:
         """Process whatever arrived (notices, ring entries) for up to ``timeout`` seconds."""
