@@ -1,24 +1,36 @@
 """The native ring between two processes vs the same two copies without the ring.
 
 Per record size (default 4 KiB, 64 KiB, 1 MiB, 16 MiB), ``--reps`` repetitions after one
-warm-up, ring and memcpy alternating (A B A B ...), each run in fresh processes:
+warm-up; every repetition runs each of four methods once, the order rotating by one per
+repetition (A B C D, B C D A, ...), each run in fresh processes. Two pairs, each a candidate
+and its like-for-like baseline (the same two processes, the same copies, the same Python
+per record, without the ring's protocol):
 
-- ``ring`` (candidate): producer process: ``reserve`` a record, ``np.copyto`` a reused
-  private source buffer into its payload, ``commit``; consumer process: ``poll``,
-  ``np.copyto`` the payload into one reused private destination, ``release``. The ring is a
-  shared-memory segment of ``capacity`` bytes; records advance through it and wrap.
-- ``memcpy`` (baseline, like for like): the same two processes and the same two copies,
-  without the ring's protocol: process A copies the same reused source into a MAP_SHARED
-  ``/dev/shm`` mapping of the same capacity (fallocated and MAP_POPULATE'd, as the ring's), at positions advancing by the ring's record
-  stride (payload + 64-byte header, 64-aligned) and wrapping; process B, at the same time,
-  copies from the same positions of the same mapping into one reused destination. No
-  hand-off: B does not wait for A's data, so this is the ceiling of what the ring can do.
+- ``ring`` (candidate; the goal's): producer process ``Producer.put(src)`` (reserve + copy of
+  a reused private source into the payload + commit, one native call); consumer process
+  ``Consumer.take_into(dst)`` (poll + copy of the payload into one reused private destination
+  + release, one native call). The ring is a shared-memory segment of ``capacity`` bytes;
+  records advance through it and wrap.
+- ``memcpy`` (its baseline): process A copies the same reused source into a MAP_SHARED
+  ``/dev/shm`` mapping of the same capacity (fallocated and MAP_POPULATE'd, as the ring's),
+  at positions advancing by the ring's record stride (payload + 64-byte header, 64-aligned)
+  and wrapping, one memoryview slice assignment a record (``view[i][:] = src``, the slices
+  made before the clock starts); process B, at the same time, copies from the same positions
+  into one reused destination the same way (``dst[:] = view[i]``). No hand-off: B does not
+  wait for A's data, so this is the ceiling of what the ring can do.
+- ``ring_views`` / ``memcpy_numpy`` (the method until 2026-12-06, kept for continuity): the
+  ring through Python views (``reserve`` + ``np.copyto`` into ``np.frombuffer(payload(pos))``
+  + ``commit``; ``poll`` + ``np.copyto`` from ``np.frombuffer(rec.payload)`` + ``release``)
+  against the same numpy copies into and out of a slice of the mapping. At 4 KiB the Python
+  views (~1 µs a record a side) were most of the ring's cost: that is the binding's, not the
+  ring's, and ``put`` / ``take_into`` are the ring's copy-in / copy-out calls.
 
-Timed region (both): from the parent's ``go`` (both processes ready and waiting, mappings
+Timed region (all): from the parent's ``go`` (both processes ready and waiting, mappings
 created) to the last byte copied by the slower process (ring: the consumer's last release).
-Process start, mapping creation and the source fill are outside. GB/s counts payload bytes
-once (each byte is copied twice, once per side, in parallel). ``ratio`` = ring / memcpy,
-paired per repetition. Goal: ring >= 0.8 of memcpy at 4 KiB and 64 KiB, whole spread.
+Process start, mapping creation, slice creation and the source fill are outside. GB/s counts
+payload bytes once (each byte is copied twice, once per side, in parallel). ``ratio`` = ring /
+memcpy and ``views_ratio`` = ring_views / memcpy_numpy, paired per repetition. Goal: ring >=
+0.8 of memcpy at 4 KiB and 64 KiB, whole spread.
 
     python benchmarks/bench_ring.py --out bench-results/bench_ring.json [--gb 1] [--reps 5]
 """
@@ -63,24 +75,30 @@ def _capacity(size: int) -> int:
 
 # -- ring ---------------------------------------------------------------------------------------
 
-def _ring_producer(name, capacity, size, count, ready, go, out):
+def _ring_producer(name, capacity, size, count, views, ready, go, out):
     from hscapture import _ring
 
     p = _ring.Producer(name, capacity, 2)
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     ready.set()
     go.wait(120)
-    for _ in range(count):
-        while (pos := p.reserve(size)) < 0:
-            pass  # spin: the consumer frees space
-        np.copyto(np.frombuffer(p.payload(pos), U8), src)
-        p.commit(pos)
+    if views:
+        for _ in range(count):
+            while (pos := p.reserve(size)) < 0:
+                pass  # spin: the consumer frees space
+            np.copyto(np.frombuffer(p.payload(pos), U8), src)
+            p.commit(pos)
+    else:
+        put = p.put
+        for _ in range(count):
+            while put(src) < 0:
+                pass  # spin: the consumer frees space
     out.put(("producer", time.monotonic_ns()))
     go.wait(120)  # stay alive (the segment) until the consumer is done
     p.close(True)
 
 
-def _ring_consumer(name, size, count, ready, out):
+def _ring_consumer(name, size, count, views, ready, out):
     from hscapture import _ring
 
     c = _ring.Consumer(name)
@@ -88,26 +106,33 @@ def _ring_consumer(name, size, count, ready, out):
     dst.fill(0)
     ready.set()
     got = 0
-    while got < count:
-        rec = c.poll()
-        if rec is None:
-            continue
-        np.copyto(dst, np.frombuffer(rec.payload, U8))
-        c.release(rec.end)
-        got += 1
+    if views:
+        while got < count:
+            rec = c.poll()
+            if rec is None:
+                continue
+            np.copyto(dst, np.frombuffer(rec.payload, U8))
+            c.release(rec.end)
+            got += 1
+    else:
+        take = c.take_into
+        while got < count:
+            if take(dst) is not None:
+                got += 1
     out.put(("consumer", time.monotonic_ns()))
     c.close()
 
 
-def run_ring(size: int, count: int) -> dict:
+def run_ring(size: int, count: int, views: bool = False) -> dict:
     capacity = _capacity(size)
     name = f"hscapture-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ready_p, ready_c, go, out = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
-    prod = CTX.Process(target=_ring_producer, args=(name, capacity, size, count, ready_p, go, out))
+    prod = CTX.Process(target=_ring_producer,
+                       args=(name, capacity, size, count, views, ready_p, go, out))
     prod.start()
     if not ready_p.wait(120):
         raise TimeoutError("ring producer not ready in 120 s")
-    cons = CTX.Process(target=_ring_consumer, args=(name, size, count, ready_c, out))
+    cons = CTX.Process(target=_ring_consumer, args=(name, size, count, views, ready_c, out))
     cons.start()
     if not ready_c.wait(120):
         raise TimeoutError("ring consumer not ready in 120 s")
@@ -121,46 +146,67 @@ def run_ring(size: int, count: int) -> dict:
 
 # -- like-for-like memcpy ---------------------------------------------------------------------
 
-def _mem_writer(path, capacity, size, count, ready, go, out):
+def _slots(m, capacity: int, size: int) -> list:
+    """The payload slices a record stream of ``size`` visits, in order: the ring's stride,
+    wrapping where a record would straddle the end (as the ring does)."""
+    mv, stride = memoryview(m), _stride(size)
+    return [mv[pos + HEADER:pos + HEADER + size]
+            for pos in range(0, capacity - stride + 1, stride)]
+
+
+def _mem_writer(path, capacity, size, count, numpy_copy, ready, go, out):
     fd = os.open(path, os.O_RDWR)
     m = mmap.mmap(fd, capacity, MAP_FLAGS)
     buf = np.frombuffer(m, dtype=np.uint8)
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     stride, pos = _stride(size), 0
+    slots = _slots(m, capacity, size)
+    n = len(slots)
     ready.set()
     go.wait(120)
-    for _ in range(count):
-        if pos + stride > capacity:
-            pos = 0   # the ring wraps the same way: a record never straddles the end
-        np.copyto(buf[pos + HEADER:pos + HEADER + size], src)
-        pos += stride
+    if numpy_copy:
+        for _ in range(count):
+            if pos + stride > capacity:
+                pos = 0   # the ring wraps the same way: a record never straddles the end
+            np.copyto(buf[pos + HEADER:pos + HEADER + size], src)
+            pos += stride
+    else:
+        for i in range(count):
+            slots[i % n][:] = src
     out.put(("writer", time.monotonic_ns()))
-    del buf
+    del buf, slots
     m.close()
     os.close(fd)
 
 
-def _mem_reader(path, capacity, size, count, ready, go, out):
+def _mem_reader(path, capacity, size, count, numpy_copy, ready, go, out):
     fd = os.open(path, os.O_RDWR)
     m = mmap.mmap(fd, capacity, MAP_FLAGS)
     buf = np.frombuffer(m, dtype=np.uint8)
     dst = np.empty(size, dtype=np.uint8)
     dst.fill(0)
+    dview = memoryview(dst)
     stride, pos = _stride(size), 0
+    slots = _slots(m, capacity, size)
+    n = len(slots)
     ready.set()
     go.wait(120)
-    for _ in range(count):
-        if pos + stride > capacity:
-            pos = 0
-        np.copyto(dst, buf[pos + HEADER:pos + HEADER + size])
-        pos += stride
+    if numpy_copy:
+        for _ in range(count):
+            if pos + stride > capacity:
+                pos = 0
+            np.copyto(dst, buf[pos + HEADER:pos + HEADER + size])
+            pos += stride
+    else:
+        for i in range(count):
+            dview[:] = slots[i % n]
     out.put(("reader", time.monotonic_ns()))
-    del buf
+    del buf, slots, dview
     m.close()
     os.close(fd)
 
 
-def run_memcpy(size: int, count: int) -> dict:
+def run_memcpy(size: int, count: int, numpy_copy: bool = False) -> dict:
     capacity = _capacity(size)
     path = f"/dev/shm/hscapture-bench-mem-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -168,8 +214,10 @@ def run_memcpy(size: int, count: int) -> dict:
         os.posix_fallocate(fd, 0, capacity)   # as the ring's segment (csrc/ring.cpp)
         os.close(fd)
         rw, rr, go, out = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
-        procs = [CTX.Process(target=_mem_writer, args=(path, capacity, size, count, rw, go, out)),
-                 CTX.Process(target=_mem_reader, args=(path, capacity, size, count, rr, go, out))]
+        procs = [CTX.Process(target=_mem_writer,
+                             args=(path, capacity, size, count, numpy_copy, rw, go, out)),
+                 CTX.Process(target=_mem_reader,
+                             args=(path, capacity, size, count, numpy_copy, rr, go, out))]
         for p in procs:
             p.start()
         for ev in (rw, rr):
@@ -205,20 +253,31 @@ def main(argv: list[str] | None = None) -> dict:
     rows, goals = [], []
     for size in [int(s) for s in a.sizes.split(",")]:
         count = max(16, int(a.gb * 1e9) // size)
-        p = _stats.run_paired(lambda i: run_ring(size, count), lambda i: run_memcpy(size, count),
-                              reps=a.reps, warmup=a.warmup, key="GBps")
-        summ = p.summary()
+        runs, order = _stats.run_alternating(
+            {"ring": lambda i: run_ring(size, count),
+             "memcpy": lambda i: run_memcpy(size, count),
+             "ring_views": lambda i: run_ring(size, count, views=True),
+             "memcpy_numpy": lambda i: run_memcpy(size, count, numpy_copy=True)},
+            reps=a.reps, warmup=a.warmup)
+        gbps = {k: [r["GBps"] for r in v] for k, v in runs.items()}
         row = {"record_size": size, "records_per_run": count,
-               "ring_GBps": summ["candidate"], "memcpy_GBps": summ["baseline"],
-               "ratio": summ["ratio"], "order": summ["order"],
-               "ring_records_per_s": _stats.summarize([r["records_per_s"]
-                                                       for r in p.candidate_runs]),
-               "ring_runs": p.candidate_runs, "memcpy_runs": p.baseline_runs}
+               "ring_GBps": _stats.summarize(gbps["ring"]),
+               "memcpy_GBps": _stats.summarize(gbps["memcpy"]),
+               "ratio": _stats.ratio_summary(gbps["ring"], gbps["memcpy"]),
+               "ring_views_GBps": _stats.summarize(gbps["ring_views"]),
+               "memcpy_numpy_GBps": _stats.summarize(gbps["memcpy_numpy"]),
+               "views_ratio": _stats.ratio_summary(gbps["ring_views"], gbps["memcpy_numpy"]),
+               "order": order,
+               "ring_records_per_s": _stats.summarize([r["records_per_s"] for r in runs["ring"]]),
+               "runs": runs}
         rows.append(row)
         line = (f"{size:>9} B  ring {_stats.fmt_spread(row['ring_GBps'])} GB/s "
                 f"({row['ring_records_per_s']['median']:,.0f} rec/s)  memcpy(2 proc) "
                 f"{_stats.fmt_spread(row['memcpy_GBps'])} GB/s  ratio "
-                f"{_stats.fmt_spread(row['ratio'])}")
+                f"{_stats.fmt_spread(row['ratio'])}; through views "
+                f"{_stats.fmt_spread(row['ring_views_GBps'])} vs numpy "
+                f"{_stats.fmt_spread(row['memcpy_numpy_GBps'])}, ratio "
+                f"{_stats.fmt_spread(row['views_ratio'])}")
         if size in GOAL_SIZES:
             g = _stats.goal_record(f"ring/memcpy at {size >> 10} KiB", row["ratio"]["values"],
                                    GOAL, ">=")
@@ -229,19 +288,28 @@ def main(argv: list[str] | None = None) -> dict:
         print(_stats.format_goal(g), flush=True)
     region = ("from the parent's go (both processes started, mappings created, source filled) "
               "to the last byte copied by the slower of the two processes")
+    outside = ["process start", "segment / mapping creation", "slice creation", "source fill",
+               "process exit"]
+    clock = "CLOCK_MONOTONIC (time.monotonic_ns, shared by processes)"
     tr = {"ring": _stats.timed_region(
-              ["producer: reserve + np.copyto(reused source -> ring payload) + commit, per record",
-               "consumer: poll + np.copyto(ring payload -> one reused destination) + release",
-               region],
-              ["process start", "segment creation", "source fill", "process exit"],
-              "CLOCK_MONOTONIC (time.monotonic_ns, shared by processes)"),
+              ["producer: Producer.put(reused source) = reserve + copy into the payload + "
+               "commit, one native call a record", "consumer: Consumer.take_into(one reused "
+               "destination) = poll + copy + release, one native call a record", region],
+              outside, clock),
           "memcpy": _stats.timed_region(
-              ["process A: np.copyto(reused source -> MAP_SHARED /dev/shm mapping of the ring's "
-               "capacity at the ring's record stride, wrapping)",
-               "process B, concurrently: np.copyto(same positions -> one reused destination)",
-               region],
-              ["process start", "mapping creation", "source fill", "any hand-off (none)"],
-              "CLOCK_MONOTONIC (time.monotonic_ns, shared by processes)")}
+              ["process A: one memoryview slice assignment a record (reused source -> MAP_SHARED "
+               "/dev/shm mapping of the ring's capacity at the ring's record stride, wrapping)",
+               "process B, concurrently: one memoryview slice assignment a record (same "
+               "positions -> one reused destination)", region],
+              outside + ["any hand-off (none)"], clock),
+          "ring_views": _stats.timed_region(
+              ["producer: reserve + np.copyto(reused source -> np.frombuffer(payload)) + "
+               "commit, per record", "consumer: poll + np.copyto(np.frombuffer(rec.payload) "
+               "-> one reused destination) + release", region], outside, clock),
+          "memcpy_numpy": _stats.timed_region(
+              ["process A: np.copyto(reused source -> a numpy slice of the mapping)",
+               "process B, concurrently: np.copyto(a numpy slice -> one reused destination)",
+               region], outside + ["any hand-off (none)"], clock)}
     rec = _stats.write_record(a.out, benchmark="bench_ring", timed_regions=tr,
                               results={"rows": rows}, config=vars(a), goals=goals)
     plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")

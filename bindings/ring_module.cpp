@@ -432,6 +432,49 @@ NB_MODULE(_ring, m) {
                 return reinterpret_cast<uintptr_t>(p.payload(position, &len));
             },
             "position"_a)
+        .def(
+            "write",
+            [](hsc::Producer& p, uint64_t position, nb::handle data, uint64_t offset) {
+                ReadBuffer src(data.ptr(), PyBUF_C_CONTIGUOUS);
+                uint64_t len = 0;
+                uint8_t* dst = p.payload(position, &len);
+                const uint64_t n = uint64_t(src.view.len);
+                if (offset > len || n > len - offset)
+                    raise(hsc::ErrorKind::Value,
+                          "Producer.write: " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                              ": expected at most the record's payload of " + std::to_string(len) + " bytes");
+                std::memcpy(dst + offset, src.view.buf, n);
+            },
+            "position"_a, "data"_a, "offset"_a = 0,
+            "Copy the bytes of ``data`` (any C-contiguous buffer) into the reserved record's payload "
+            "at ``offset``: one call, no view (ValueError past the payload, nothing written).")
+        .def(
+            "put",
+            [](hsc::Producer& p, nb::handle data, uint64_t tag, bool control) -> int64_t {
+                ReadBuffer src(data.ptr(), PyBUF_C_CONTIGUOUS);
+                const uint64_t n = uint64_t(src.view.len);
+                int64_t pos;
+                if (n >= (1u << 20)) {
+                    // A large copy runs without the GIL (the producer's own lock guards it; no
+                    // call of ours waits for the GIL while holding that lock).
+                    const std::shared_ptr<hsc::Mapping> keep = p.mapping();
+                    nb::gil_scoped_release unlocked;
+                    pos = p.put(src.view.buf, n, tag, control);
+                } else {
+                    pos = p.put(src.view.buf, n, tag, control);
+                }
+                if (pos == hsc::RESERVE_TOO_LARGE)
+                    raise(hsc::ErrorKind::RecordTooLarge,
+                          "Producer.put: a record of payload " + std::to_string(n) + " bytes needs " +
+                              std::to_string(hsc::layout::record_total_len(n)) + " bytes: expected at most " +
+                              std::to_string(control ? p.capacity() : p.capacity() - p.control_reserve()));
+                return pos;
+            },
+            "data"_a, "tag"_a = 0, "control"_a = false,
+            "reserve() + a copy of ``data`` (any C-contiguous buffer) into the payload + commit(), "
+            "in one call, the record published whole (consumers never see it reserved). Returns "
+            "the record's position, or -1 if the ring is full (nothing written; never blocks). "
+            "RecordTooLargeError as reserve().")
         .def("record_seq", &hsc::Producer::record_seq, "position"_a)
         .def("commit", &hsc::Producer::commit, "position"_a)
         .def("abort", &hsc::Producer::abort, "position"_a)
@@ -522,6 +565,25 @@ NB_MODULE(_ring, m) {
                 return nb::cast(std::move(r));
             },
             "Next committed record, or None if none is committed yet (never waits).")
+        .def(
+            "take_into",
+            [](hsc::Consumer& c, nb::handle dst) -> nb::object {
+                ReadBuffer out(dst.ptr(), PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS);
+                hsc::RecordView v;
+                const hsc::PollStatus st = c.take(static_cast<uint8_t*>(out.view.buf), uint64_t(out.view.len), &v);
+                if (st == hsc::PollStatus::Empty) return nb::none();
+                if (st == hsc::PollStatus::TooSmall)
+                    raise(hsc::ErrorKind::Value,
+                          "Consumer.take_into: the next record's payload is " + std::to_string(v.payload_len) +
+                              " bytes: expected a destination of at least that, found " +
+                              std::to_string(out.view.len) + " (the record was not taken)");
+                return nb::make_tuple(v.payload_len, v.seq, v.tag);
+            },
+            "dst"_a,
+            "poll() + a copy of the next record's payload into ``dst`` (a writable C-contiguous "
+            "buffer) + release() through its end, in one call: ``(payload_len, seq, tag)``, or "
+            "None if none is committed (never waits). A destination shorter than the payload "
+            "raises ValueError and leaves the record the next one poll()/take_into() returns.")
         .def("release", &hsc::Consumer::release, "position"_a)
         .def("producer_alive", &hsc::Consumer::producer_alive)
         .def("close", &hsc::Consumer::close,

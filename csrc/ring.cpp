@@ -506,9 +506,10 @@ void Producer::write_padding(uint64_t p, uint64_t off, uint64_t pad) {
     ph->state.store(STATE_PADDING, std::memory_order_relaxed);
 }
 
-int64_t Producer::reserve(uint64_t payload_len, uint64_t tag, bool control) {
-    std::lock_guard<std::mutex> guard(mu_);
-    require_open("reserve");
+// Under mu_: where a record of `payload_len` goes. Returns its position (and `*end`, the head
+// after it, padding included) or RESERVE_FULL / RESERVE_TOO_LARGE; writes the padding header a
+// wrap needs (the caller's store of head publishes it). Writes no record header.
+int64_t Producer::place_locked(uint64_t payload_len, bool control, uint64_t* end_out) {
     // A data record must leave control_reserve bytes free after it; a control record may use
     // the whole ring. `avail` is how much of the ring this reservation may occupy.
     const uint64_t avail = control ? capacity_ : capacity_ - control_reserve_;
@@ -537,35 +538,72 @@ int64_t Producer::reserve(uint64_t payload_len, uint64_t tag, bool control) {
             if (pad != 0 && p + pad <= lim + avail) {
                 write_padding(p, off, pad);
                 head_ = p + pad;
-                // SYNC POINT (1) release: publishes the PADDING header (see below).
+                // SYNC POINT (1) release: publishes the PADDING header (see reserve()).
                 hdr_->head.store(head_, std::memory_order_seq_cst);
             }
             return RESERVE_FULL;
         }
     }
     if (pad != 0) write_padding(p, off, pad);
-    const uint64_t pos = p + pad;
+    *end_out = end;
+    return int64_t(p + pad);
+}
+
+// Under mu_: the record header at `pos` in `state`, consuming a sequence number. Published by
+// the caller's release store of head.
+RecordHeader* Producer::write_header_locked(uint64_t pos, uint64_t payload_len, uint64_t tag, uint32_t state) {
     auto* h = reinterpret_cast<RecordHeader*>(data_ + pos % capacity_);
     h->magic = RECORD_MAGIC;
     h->epoch = epoch_;
     h->seq = seq_;
     h->payload_len = payload_len;
-    h->total_len = total;
+    h->total_len = record_total_len(payload_len);
     h->position = pos;
     h->tag = tag;
     h->reserved = 0;
-    // published by the release store of head below; COMMITTED comes later by its own release
-    h->state.store(STATE_RESERVED, std::memory_order_relaxed);
+    h->state.store(state, std::memory_order_relaxed);
     ++seq_;
     hdr_->next_seq.store(seq_, std::memory_order_relaxed);
+    return h;
+}
+
+int64_t Producer::reserve(uint64_t payload_len, uint64_t tag, bool control) {
+    std::lock_guard<std::mutex> guard(mu_);
+    require_open("reserve");
+    uint64_t end = 0;
+    const int64_t pos = place_locked(payload_len, control, &end);
+    if (pos < 0) return pos;
+    // RESERVED: published by the release store of head below; COMMITTED comes later by its own
+    // release (commit()), so a consumer may see the record RESERVED and wait for it.
+    write_header_locked(uint64_t(pos), payload_len, tag, STATE_RESERVED);
     head_ = end;
     // SYNC POINT (1) release: publishes the RESERVED (and PADDING) headers written above to
     // consumers, which acquire-load `head` before reading any header below it.
     // SYNC POINT (3) seq_cst: ordered before the slot scan of our next reserve (registration).
     hdr_->head.store(end, std::memory_order_seq_cst);
     hdr_->reserved.fetch_add(1, std::memory_order_relaxed);
-    inflight_.emplace_back(pos, false);
-    return int64_t(pos);
+    inflight_.emplace_back(uint64_t(pos), false);
+    return pos;
+}
+
+int64_t Producer::put(const void* src, uint64_t len, uint64_t tag, bool control) {
+    std::lock_guard<std::mutex> guard(mu_);
+    require_open("put");
+    uint64_t end = 0;
+    const int64_t pos = place_locked(len, control, &end);
+    if (pos < 0) return pos;
+    // COMMITTED at once, the payload copied before head moves: a consumer never sees this record
+    // RESERVED, so it never reads (and pulls across cores) a header the producer writes again.
+    RecordHeader* h = write_header_locked(uint64_t(pos), len, tag, STATE_COMMITTED);
+    std::memcpy(reinterpret_cast<uint8_t*>(h) + RECORD_HEADER_SIZE, src, len);
+    head_ = end;
+    // SYNC POINT (1) release: publishes the COMMITTED header and the payload bytes (and any
+    // PADDING header) to consumers, which acquire-load `head` before reading below it.
+    // SYNC POINT (3) seq_cst: as in reserve().
+    hdr_->head.store(end, std::memory_order_seq_cst);
+    hdr_->reserved.fetch_add(1, std::memory_order_relaxed);
+    hdr_->committed.fetch_add(1, std::memory_order_relaxed);
+    return pos;
 }
 
 // Marks a reserved record settled (committed or aborted); forgets settled records at the front.
@@ -916,10 +954,13 @@ PollStatus Consumer::poll(RecordView* out) {
     require_open("poll");
     for (;;) {
         const uint64_t p = position_;
-        // SYNC POINT (1) acquire: pairs with the producer's release store of `head`; every
-        // record header below head is fully written (RESERVED at least) and visible.
-        const uint64_t head = hdr_->head.load(std::memory_order_acquire);
-        if (p >= head) return PollStatus::Empty;
+        if (p >= head_seen_) {
+            // SYNC POINT (1) acquire: pairs with the producer's release store of `head`; every
+            // record header below head is fully written (RESERVED at least) and visible, and
+            // stays so for every later poll below this value (head_seen_).
+            head_seen_ = hdr_->head.load(std::memory_order_acquire);
+            if (p >= head_seen_) return PollStatus::Empty;
+        }
         const uint64_t off = p % capacity_;
         auto* h = reinterpret_cast<RecordHeader*>(data_ + off);
         // SYNC POINT (1) acquire: pairs with the producer's release store of COMMITTED (or
@@ -959,6 +1000,27 @@ PollStatus Consumer::poll(RecordView* out) {
         position_ = last_end_ = p + total;
         return PollStatus::Record;
     }
+}
+
+PollStatus Consumer::take(uint8_t* dst, uint64_t capacity, RecordView* out) {
+    const uint64_t last_end = last_end_;
+    const PollStatus st = poll(out);
+    if (st != PollStatus::Record) return st;
+    if (out->payload_len > capacity) {
+        // Not taken: step back so poll() returns this record again. Padding/aborted records
+        // poll() skipped before it stay skipped (already released or covered by the next
+        // release, as in poll()); position_ >= released_ holds since the record is unreleased.
+        position_ = out->position;
+        last_end_ = last_end;
+        out->payload = nullptr;
+        return PollStatus::TooSmall;
+    }
+    // The payload is stable: the producer reuses the space only after release() below
+    // publishes it (SYNC POINT (2) in store_released).
+    std::memcpy(dst, out->payload, out->payload_len);
+    release(out->end);
+    out->payload = nullptr;
+    return PollStatus::Record;
 }
 
 void Consumer::release(uint64_t position) {

@@ -331,7 +331,7 @@ class EntryWriter:
                 continue
             if position < 0:
                 return
-            self.ring.payload(position)[:len(payload)] = payload
+            self.ring.write(position, payload)
             self._control.pop()
             kind = meta["kind"]
             n = len(meta["rows"]) if kind == "drop" else 0 if kind == "unheard" else 1
@@ -379,7 +379,7 @@ class EntryWriter:
             self._control.add(meta)
             self.flush_backlog_locked()
             return
-        self.ring.payload(position)[:len(payload)] = payload
+        self.ring.write(position, payload)
         self.enqueue(Pending("unheard", position, meta["seq"], 0, len(payload), payload[4:]))
 
     def enqueue(self, item: Pending | None) -> None:

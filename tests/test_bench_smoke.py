@@ -56,3 +56,19 @@ def test_bench_publish_times_the_inline_commit_and_notice_with_a_subscriber_proc
 def test_bench_delivery_drains_every_sample_it_wrote(tmp_path):
     rec = _bench(tmp_path, "bench_delivery.py", "--entries", "20", "--rows", "8", "--reps", "5")
     assert len(rec["samples_per_s"]["all"]) == 5 and rec["samples_per_s"]["min"] > 0
+
+
+def test_bench_ring_runs_all_four_methods_alternating_and_judges_the_goal_on_the_put_take_pair(
+        tmp_path):
+    rec = _bench(tmp_path, "bench_ring.py", "--sizes", "4096", "--gb", "0.002", "--reps", "2")
+    row = rec["results"]["rows"][0]
+    methods = ("ring", "memcpy", "ring_views", "memcpy_numpy")
+    assert {m: len(row["runs"][m]) for m in methods} == {m: 2 for m in methods}
+    assert all(r["records"] == row["records_per_run"] for m in methods for r in row["runs"][m])
+    assert row["ratio"]["n"] == 2 and row["views_ratio"]["n"] == 2
+    # every repetition runs each method once, the first one rotating
+    counted = [m for m in row["order"] if not m.startswith("warmup:")]
+    assert counted[:4] != counted[4:] and sorted(counted[:4]) == sorted(methods)
+    assert rec["goals"][0]["name"] == "ring/memcpy at 4 KiB"
+    assert rec["goals"][0]["values"] == row["ratio"]["values"]
+    assert set(rec["timed_region"]) == set(methods)

@@ -2,7 +2,7 @@
 
 A real C++ Producer and a real Consumer (same process, real shared memory) run a random
 sequence of reserve (data or control, with a random control_reserve) / commit / abort /
-release; every returned position, every "full", every record the consumer sees, every padding
+put / release, the consumer reading by poll() or take_into(); every returned position, every "full", every record the consumer sees, every padding
 skip and the full counters must match the model below.
 """
 
@@ -96,12 +96,52 @@ capacities = st.sampled_from([128, 192, 256, 320, 1024, 4096]).flatmap(
                 # exact fit to the end of the data region
                 st.tuples(st.just("reserve_fit"), st.just(0), st.just("commit"), st.booleans()),
                 st.tuples(st.just("release"), st.integers(0, 8), st.just(""), st.just(False)),
+                # put(): the same placement, written and committed in one call; read back by
+                # poll() or copied out by take_into() (into too small a buffer first, now and then)
+                st.tuples(st.just("put"), st.integers(0, cap),
+                          st.sampled_from(["poll", "take", "take_small"]), st.booleans()),
             ),
             min_size=1,
             max_size=120,
         ),
     )
 )
+
+
+def _put_and_read(p, c, model: RingModel, n: int, how: str, control: bool, seq: int,
+                  read_ends: list[int]) -> list[int] | None:
+    """One ``put`` of ``n`` bytes checked against the model, then read back ``how``. Returns
+    the ends still held (None when nothing was committed: full or too large)."""
+    data = bytes((seq * 7 + i) % 251 for i in range(n))
+    want = model.reserve(n, control)
+    if want is None:
+        with pytest.raises(RecordTooLargeError):
+            p.put(data, control=control)
+        assert p.head == model.head
+        return None
+    got = p.put(data, tag=seq, control=control)
+    assert got == want and p.head == model.head
+    if got == -1:
+        assert c.poll() is None
+        model.poll(None)
+        return None
+    end = got + total_len(n)
+    if how == "poll":
+        rec = c.poll()
+        assert (rec.position, rec.end, rec.payload_len, rec.seq, rec.tag) == (got, end, n, seq, seq)
+        assert bytes(rec.payload) == data
+        model.poll((got, end))
+        return read_ends + [end]
+    if how == "take_small" and n:
+        with pytest.raises(ValueError, match=f"payload is {n} bytes"):
+            c.take_into(bytearray(n - 1))
+        assert c.position == got   # not taken: still the next record
+    dst = bytearray(n + 5)
+    assert c.take_into(dst) == (n, seq, seq)
+    assert bytes(dst[:n]) == data and dst[n:] == bytes(5)
+    model.poll((got, end))
+    model.release(end)   # take_into releases through the record's end, as release(end) does
+    return []
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -124,6 +164,15 @@ def test_positions_padding_wrap_headroom_and_full_match_the_model(case):
                     c.release(upto)
                     model.release(upto)
                     del read_ends[:k]
+                assert c.released == model.released
+                continue
+            if op == "put":
+                read_ends = _put_and_read(p, c, model, arg, how, control, expected_seq, read_ends)
+                if read_ends is not None:
+                    expected_seq += 1
+                read_ends = read_ends or []
+                assert c.poll() is None
+                assert c.position == model.position == model.head
                 assert c.released == model.released
                 continue
             if op == "reserve_fit":  # a payload that ends exactly at the end of the data region

@@ -67,8 +67,8 @@ struct Mapping {
 constexpr int64_t RESERVE_FULL = -1;
 constexpr int64_t RESERVE_TOO_LARGE = -2;
 
-// poll() status codes
-enum class PollStatus { Record, Empty };
+// poll() / take() status codes
+enum class PollStatus { Record, Empty, TooSmall };
 
 struct RecordView {
     uint64_t position = 0;
@@ -108,6 +108,10 @@ public:
     int64_t reserve(uint64_t payload_len, uint64_t tag, bool control = false);
     void commit(uint64_t position);
     void abort(uint64_t position);
+    // reserve() + a copy of src[0:len] into the payload + commit(), the record published whole
+    // by one store of head (a consumer never sees it RESERVED). Holds the producer's lock through
+    // the copy. Returns the position, RESERVE_FULL (nothing written) or RESERVE_TOO_LARGE.
+    int64_t put(const void* src, uint64_t len, uint64_t tag, bool control = false);
     uint8_t* payload(uint64_t position, uint64_t* payload_len);
     uint64_t record_seq(uint64_t position);
     // Publish that every sample number below `n` is taken (the header's `taken`; monotonic:
@@ -141,6 +145,8 @@ private:
     bool expiry_due(uint32_t slot, uint64_t word, uint64_t expiry_ns);
     void require_open(const char* op) const;
     void write_padding(uint64_t p, uint64_t off, uint64_t pad);
+    int64_t place_locked(uint64_t payload_len, bool control, uint64_t* end_out);
+    layout::RecordHeader* write_header_locked(uint64_t pos, uint64_t payload_len, uint64_t tag, uint32_t state);
 
     std::string name_;
     uint64_t epoch_ = 0;
@@ -187,6 +193,11 @@ public:
     Consumer& operator=(const Consumer&) = delete;
 
     PollStatus poll(RecordView* out);
+    // poll() + copy of the payload into dst[0:payload_len] + release() of the record, in one
+    // call (a consumer that copies records out). TooSmall: payload_len > capacity, nothing
+    // copied, and the record stays the next one poll()/take() returns; `out` says its size.
+    // `out->payload` is never valid after a Record return (the space is released).
+    PollStatus take(uint8_t* dst, uint64_t capacity, RecordView* out);
     void release(uint64_t position);
     bool producer_alive() const;
     // Anonymous: frees the slot. Durable: DETACHES (drops the lock and the mapping; the slot
@@ -254,6 +265,10 @@ private:
     uint64_t position_ = 0;
     uint64_t released_ = 0;
     uint64_t last_end_ = 0;  // end of the last record poll() returned
+    // The last value of the segment's head poll() acquire-loaded: headers below it are visible
+    // (head only grows in an epoch), so poll() re-reads the producer's head line only once it
+    // has caught up with this value, not at every record.
+    uint64_t head_seen_ = 0;
     uint64_t attached_at_ = 0;
     uint64_t lost_from_ = 0, lost_to_ = 0;
     bool resumed_ = false;

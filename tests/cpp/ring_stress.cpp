@@ -133,7 +133,10 @@ int main(int argc, char** argv) {
                 const uint64_t n = plan.size(seq);
                 plan.fill(seq, buf.data(), n);
                 int64_t pos;
-                while ((pos = producer.reserve(n, fnv1a(buf.data(), n), plan.control(seq))) < 0) {
+                // every third committed record goes through put() (copied and published whole)
+                const bool whole = !plan.aborted(seq) && seq % 3 == 1;
+                while ((pos = whole ? producer.put(buf.data(), n, fnv1a(buf.data(), n), plan.control(seq))
+                                    : producer.reserve(n, fnv1a(buf.data(), n), plan.control(seq))) < 0) {
                     if (pos == hsc::RESERVE_TOO_LARGE) {
                         err.add("producer", "record too large");
                         return;
@@ -142,6 +145,7 @@ int main(int argc, char** argv) {
                     full_spins.fetch_add(1, std::memory_order_relaxed);
                     std::this_thread::yield();
                 }
+                if (whole) continue;
                 uint64_t len = 0;
                 std::memcpy(producer.payload(uint64_t(pos), &len), buf.data(), n);
                 if (plan.aborted(seq))
@@ -193,10 +197,29 @@ int main(int argc, char** argv) {
             uint64_t rng = splitmix(plan.seed ^ 0xc4a1);
             uint64_t want = UINT64_MAX;  // unknown until the first record of a registration
             uint64_t until_reregister = 1 + splitmix(rng) % 2000;
+            std::vector<uint8_t> copy(CAPACITY);
             for (;;) {
                 if (err.count.load() != 0) break;
                 hsc::RecordView r;
-                if (churn->poll(&r) == hsc::PollStatus::Empty) {
+                // every other turn take() copies the record out (a too-small buffer first, now
+                // and then: the record must stay the next one)
+                rng = splitmix(rng);
+                hsc::PollStatus st;
+                if (rng % 2 == 0) {
+                    st = churn->poll(&r);
+                } else {
+                    st = hsc::PollStatus::TooSmall;
+                    if (rng % 7 == 1) {  // into 0 bytes: only an empty record is taken
+                        st = churn->take(copy.data(), 0, &r);
+                        if (st == hsc::PollStatus::Record && r.payload_len != 0)
+                            err.add("churn", "take() into 0 bytes returned a record of " +
+                                                 std::to_string(r.payload_len));
+                    }
+                    if (st == hsc::PollStatus::TooSmall) st = churn->take(copy.data(), copy.size(), &r);
+                    r.payload = copy.data();
+                }
+                if (st == hsc::PollStatus::TooSmall) err.add("churn", "take() too small for the ring capacity");
+                if (st == hsc::PollStatus::Empty) {
                     if (producer_done.load() && churn->position() >= churn->head()) break;
                     std::this_thread::yield();
                     continue;
