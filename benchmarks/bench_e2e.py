@@ -119,7 +119,7 @@ def child_produce(spec: dict) -> None:
     pool, ids = make_pool(spec["hidden"], spec["layers"], spec["max_tokens"], spec["seed"], dev)
     layer_ids, kinds = _layer_ids(spec)
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"], capacity=spec["ring_bytes"],
-                 full_policy="wait", wait_timeout_s=600.0, model="bench-e2e")
+                 full_policy="wait", wait_timeout_s=60.0, model="bench-e2e")
     emit(event="ready", pinned=p.stats().get("pinned"), segment=p.segment)
     if not p.wait_for_consumers(1, timeout_s=120):
         emit(event="error", message="no consumer attached within 120 s")

@@ -91,7 +91,7 @@ def child_stream_produce(spec: dict) -> None:
     pool, ids = _pool(spec)
     layers = list(range(spec["layers"]))
     p = Producer(spec["endpoint"], producer_id=spec["producer_id"], capacity=spec["ring_bytes"],
-                 full_policy="wait", wait_timeout_s=600.0)
+                 full_policy="wait", wait_timeout_s=60.0)
     emit(event="ready")
     if not p.wait_for_consumers(1, timeout_s=120):
         emit(event="error", message="no consumer attached within 120 s")

@@ -72,3 +72,21 @@ def test_bench_ring_runs_all_four_methods_alternating_and_judges_the_goal_on_the
     assert rec["goals"][0]["name"] == "ring/memcpy at 4 KiB"
     assert rec["goals"][0]["values"] == row["ratio"]["values"]
     assert set(rec["timed_region"]) == set(methods)
+
+
+def test_bench_e2e_runs_every_method_with_its_producer_settings_and_reads_the_shards_back(tmp_path):
+    # a Producer setting outside its bounds (wait_timeout_s=600) broke this benchmark unseen
+    rec = _bench(tmp_path, "bench_e2e.py", "--gb", "0.02", "--old-gb", "0.01", "--hidden", "256",
+                 "--ring-mb", "32", "--flush-mb", "8", "--reps", "1", "--warmup", "0",
+                 "--targets", "shm", "--disk-dir", str(tmp_path / "disk"))
+    r = rec["results"]
+    assert r["ok"] is True
+    assert r["drops"] == {"hscapture_shm": 0, "raw_shm": 0, "deliver": 0, "old": 0}
+    assert all(v["median"] > 0 for v in r["samples_per_s"].values())
+
+
+def test_bench_stream_streams_every_sample_cleanly_beside_its_raw_baseline(tmp_path):
+    rec = _bench(tmp_path, "bench_stream.py", "--device", "cpu", "--samples", "8", "--tokens",
+                 "64", "--hidden", "256", "--ring-mb", "16", "--reps", "1")
+    assert rec["results"]["clean"] is True
+    assert set(rec["results"]["summary"]["methods"]) >= {"stream", "raw"}
