@@ -25,6 +25,11 @@ per record, without the ring's protocol):
   views (~1 µs a record a side) were most of the ring's cost: that is the binding's, not the
   ring's, and ``put`` / ``take_into`` are the ring's copy-in / copy-out calls.
 
+Placement: every method's two processes run pinned to the same two CPUs on different
+physical cores (the first two of the process's CPU set that are not SMT siblings;
+``--no-pin`` leaves them to the scheduler), so no run differs from another by where its
+spinning processes landed. The JSON's ``pinned_cpus`` says which.
+
 Timed region (all): from the parent's ``go`` (both processes ready and waiting, mappings
 created) to the last byte copied by the slower process (ring: the consumer's last release).
 Process start, mapping creation, slice creation and the source fill are outside. GB/s counts
@@ -65,6 +70,40 @@ MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 U8 = np.dtype(np.uint8)
 
 
+def _two_cores() -> tuple[int, int] | None:
+    """Two CPUs of this process's set on different physical cores (not SMT siblings), or
+    None if it has no such pair. Every method's two processes run pinned to the same two:
+    a spinning process the scheduler moves (or places beside its peer on one core) changes
+    the hand-off cost from one run to the next, whichever method it is."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+
+    def siblings(c: int) -> set[int]:
+        path = f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            return {c}
+        out: set[int] = set()
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+
+    first = cpus[0]
+    for c in cpus[1:]:
+        if c not in siblings(first):
+            return first, c
+    return None
+
+
+def _pin(cpu: int | None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
 def _stride(size: int) -> int:
     return (size + HEADER + 63) // 64 * 64
 
@@ -75,9 +114,10 @@ def _capacity(size: int) -> int:
 
 # -- ring ---------------------------------------------------------------------------------------
 
-def _ring_producer(name, capacity, size, count, views, ready, go, out):
+def _ring_producer(name, capacity, size, count, views, cpu, ready, go, out):
     from hscapture import _ring
 
+    _pin(cpu)
     p = _ring.Producer(name, capacity, 2)
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     ready.set()
@@ -98,9 +138,10 @@ def _ring_producer(name, capacity, size, count, views, ready, go, out):
     p.close(True)
 
 
-def _ring_consumer(name, size, count, views, ready, out):
+def _ring_consumer(name, size, count, views, cpu, ready, out):
     from hscapture import _ring
 
+    _pin(cpu)
     c = _ring.Consumer(name)
     dst = np.empty(size, dtype=np.uint8)
     dst.fill(0)
@@ -123,16 +164,17 @@ def _ring_consumer(name, size, count, views, ready, out):
     c.close()
 
 
-def run_ring(size: int, count: int, views: bool = False) -> dict:
+def run_ring(size: int, count: int, views: bool = False, cpus=None) -> dict:
+    cpus = cpus or (None, None)
     capacity = _capacity(size)
     name = f"hscapture-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ready_p, ready_c, go, out = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
     prod = CTX.Process(target=_ring_producer,
-                       args=(name, capacity, size, count, views, ready_p, go, out))
+                       args=(name, capacity, size, count, views, cpus[0], ready_p, go, out))
     prod.start()
     if not ready_p.wait(120):
         raise TimeoutError("ring producer not ready in 120 s")
-    cons = CTX.Process(target=_ring_consumer, args=(name, size, count, views, ready_c, out))
+    cons = CTX.Process(target=_ring_consumer, args=(name, size, count, views, cpus[1], ready_c, out))
     cons.start()
     if not ready_c.wait(120):
         raise TimeoutError("ring consumer not ready in 120 s")
@@ -154,7 +196,8 @@ def _slots(m, capacity: int, size: int) -> list:
             for pos in range(0, capacity - stride + 1, stride)]
 
 
-def _mem_writer(path, capacity, size, count, numpy_copy, ready, go, out):
+def _mem_writer(path, capacity, size, count, numpy_copy, cpu, ready, go, out):
+    _pin(cpu)
     fd = os.open(path, os.O_RDWR)
     m = mmap.mmap(fd, capacity, MAP_FLAGS)
     buf = np.frombuffer(m, dtype=np.uint8)
@@ -179,7 +222,8 @@ def _mem_writer(path, capacity, size, count, numpy_copy, ready, go, out):
     os.close(fd)
 
 
-def _mem_reader(path, capacity, size, count, numpy_copy, ready, go, out):
+def _mem_reader(path, capacity, size, count, numpy_copy, cpu, ready, go, out):
+    _pin(cpu)
     fd = os.open(path, os.O_RDWR)
     m = mmap.mmap(fd, capacity, MAP_FLAGS)
     buf = np.frombuffer(m, dtype=np.uint8)
@@ -206,7 +250,8 @@ def _mem_reader(path, capacity, size, count, numpy_copy, ready, go, out):
     os.close(fd)
 
 
-def run_memcpy(size: int, count: int, numpy_copy: bool = False) -> dict:
+def run_memcpy(size: int, count: int, numpy_copy: bool = False, cpus=None) -> dict:
+    cpus = cpus or (None, None)
     capacity = _capacity(size)
     path = f"/dev/shm/hscapture-bench-mem-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -215,9 +260,9 @@ def run_memcpy(size: int, count: int, numpy_copy: bool = False) -> dict:
         os.close(fd)
         rw, rr, go, out = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
         procs = [CTX.Process(target=_mem_writer,
-                             args=(path, capacity, size, count, numpy_copy, rw, go, out)),
+                             args=(path, capacity, size, count, numpy_copy, cpus[0], rw, go, out)),
                  CTX.Process(target=_mem_reader,
-                             args=(path, capacity, size, count, numpy_copy, rr, go, out))]
+                             args=(path, capacity, size, count, numpy_copy, cpus[1], rr, go, out))]
         for p in procs:
             p.start()
         for ev in (rw, rr):
@@ -249,15 +294,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="record sizes, bytes")
     ap.add_argument("--reps", type=int, default=5, help="counted repetitions (after 1 warm-up)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave the two processes of each method unpinned")
     a = ap.parse_args(argv)
+    cpus = None if a.no_pin else _two_cores()
+    print(f"processes pinned to CPUs {cpus}" if cpus else "processes not pinned", flush=True)
     rows, goals = [], []
     for size in [int(s) for s in a.sizes.split(",")]:
         count = max(16, int(a.gb * 1e9) // size)
         runs, order = _stats.run_alternating(
-            {"ring": lambda i: run_ring(size, count),
-             "memcpy": lambda i: run_memcpy(size, count),
-             "ring_views": lambda i: run_ring(size, count, views=True),
-             "memcpy_numpy": lambda i: run_memcpy(size, count, numpy_copy=True)},
+            {"ring": lambda i: run_ring(size, count, cpus=cpus),
+             "memcpy": lambda i: run_memcpy(size, count, cpus=cpus),
+             "ring_views": lambda i: run_ring(size, count, views=True, cpus=cpus),
+             "memcpy_numpy": lambda i: run_memcpy(size, count, numpy_copy=True, cpus=cpus)},
             reps=a.reps, warmup=a.warmup)
         gbps = {k: [r["GBps"] for r in v] for k, v in runs.items()}
         row = {"record_size": size, "records_per_run": count,
@@ -311,7 +360,8 @@ def main(argv: list[str] | None = None) -> dict:
                "process B, concurrently: np.copyto(a numpy slice -> one reused destination)",
                region], outside + ["any hand-off (none)"], clock)}
     rec = _stats.write_record(a.out, benchmark="bench_ring", timed_regions=tr,
-                              results={"rows": rows}, config=vars(a), goals=goals)
+                              results={"rows": rows, "pinned_cpus": list(cpus) if cpus else None},
+                              config=vars(a), goals=goals)
     plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")
     return rec
 
