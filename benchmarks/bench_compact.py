@@ -72,20 +72,40 @@ def capture(model, a: argparse.Namespace) -> list:
     g = torch.Generator().manual_seed(a.seed + 1)
     vocab = model.config.vocab_size
     out = []
-    with torch.no_grad():
-        for i in range(0, a.samples, a.batch):
-            b = min(a.batch, a.samples - i)
-            ids = torch.randint(3, vocab, (b, a.tokens), generator=g)
-            hs = model(ids, output_hidden_states=True).hidden_states
-            for r in range(b):
-                tensors = {layer_name(l, k): (hs[-1] if k == "final_norm" else hs[l + 1])[r]
-                           .to(torch.bfloat16).contiguous() for l, k in zip(layers, kinds)}
-                out.append(Sample(rid=f"bench-{i + r:06d}", producer_id="bench", epoch=1,
-                                  num_tokens=a.tokens, token_ids=ids[r].to(torch.int32),
-                                  tensors=tensors, layers=layers, layer_kinds=kinds,
-                                  dtype="bfloat16", hidden=model.config.hidden_size,
-                                  fields={"loss_mask": torch.ones(a.tokens, dtype=torch.uint8)}))
+    # transformers puts the final norm's output last in ``hidden_states`` (hs[n_layers] is
+    # post-norm), so the last decoder layer's own (pre-norm) output is taken by a hook on it:
+    # until 2026-12-06 the "last layer" here was the final norm a second time
+    last: list[torch.Tensor] = []
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda _m, _i, o: last.append(o[0] if isinstance(o, tuple) else o))
+    try:
+        with torch.no_grad():
+            for i in range(0, a.samples, a.batch):
+                b = min(a.batch, a.samples - i)
+                ids = torch.randint(3, vocab, (b, a.tokens), generator=g)
+                last.clear()
+                hs = model(ids, output_hidden_states=True).hidden_states
+                for r in range(b):
+                    tensors = {layer_name(l, k): _layer_output(hs, last[-1], l, k, n_layers)[r]
+                               .to(torch.bfloat16).contiguous() for l, k in zip(layers, kinds)}
+                    out.append(Sample(
+                        rid=f"bench-{i + r:06d}", producer_id="bench", epoch=1,
+                        num_tokens=a.tokens, token_ids=ids[r].to(torch.int32), tensors=tensors,
+                        layers=layers, layer_kinds=kinds, dtype="bfloat16",
+                        hidden=model.config.hidden_size,
+                        fields={"loss_mask": torch.ones(a.tokens, dtype=torch.uint8)}))
+    finally:
+        hook.remove()
     return out
+
+
+def _layer_output(hs: tuple, last: torch.Tensor, layer: int, kind: str,
+                  n_layers: int) -> torch.Tensor:
+    """Decoder layer ``layer``'s output (``hs[layer + 1]``, except the last layer's, which
+    transformers replaces by the final norm's: ``last``, from the hook), or the final norm's."""
+    if kind == "final_norm":
+        return hs[-1]
+    return last if layer == n_layers - 1 else hs[layer + 1]
 
 
 def dir_bytes(d: str) -> int:

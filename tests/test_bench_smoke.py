@@ -148,6 +148,8 @@ def test_bench_compact_writes_and_reads_back_every_codec_and_measures_fp8_error(
     assert set(r["fp8_error"]) == set(r["layers"])
     for name, e in r["fp8_error"].items():
         assert 0 < e["rel_rms"] < 0.1 and e["max_abs"] > 0, (name, e)
+    # the last decoder layer is its own (pre-norm) output, not the final norm's a second time
+    assert r["fp8_error"]["layer_3"] != r["fp8_error"]["final_norm"]
 
 
 def test_bench_export_pairs_every_format_with_raw_and_profiles_and_breaks_down_specforge(
