@@ -7,6 +7,9 @@
 //       acquire-loads `head` and only then reads the header at a position < head.
 //       producer writes the payload, then release-stores `state = COMMITTED`     ---> consumer
 //       acquire-loads `state` and only reads the payload after seeing COMMITTED.
+//       put() writes header (COMMITTED) and payload first and publishes both by the one
+//       release store of `head`. A consumer keeps the last `head` it acquired (head_seen_):
+//       every header below it stays visible, so it re-loads `head` only once it reaches it.
 //   (2) space reclamation, consumer -> producer (Linux perf ring's tail):
 //       consumer finishes reading bytes < P, then release-stores `released = P`  ---> producer
 //       acquire-loads `released` (inside a seq_cst scan) before overwriting those bytes.
