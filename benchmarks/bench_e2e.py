@@ -22,6 +22,12 @@ Methods (what each clock covers is also in the JSON's ``timed_region``):
   first capture -> ``drain()`` returned (every byte durable, shards closed). Bytes: hidden-state
   bytes of samples the drain wrote (committed and durable only); producer drops printed beside.
   First and last request are then read back from the shards and compared bit for bit.
+  Where the clock went, from the drain's own timestamps (``phases`` in the JSON, printed per
+  run and as medians): ``head`` (first capture -> the first sample written), ``body`` (first
+  -> last sample written), ``tail`` (last sample written -> ``drain()`` returned: the last
+  fsync, the shard's close, the subscriber's close), and ``ends``, the fixed part a run pays
+  once (the head beyond one sample's mean time, plus the tail): a short run's ratio to raw
+  is lowered by it, a continuous drain's is not.
 * ``raw_<target>``: one writer process writes the same per-request byte counts (hidden states +
   token ids, one ``writev`` per request, ``fdatasync`` every ``--flush-mb``, ``fsync`` at the
   end) from a MAP_SHARED ``/dev/shm`` mapping of the ring's capacity (fallocated and
@@ -154,13 +160,19 @@ def child_drain(spec: dict) -> None:
     from hscapture.drain import drain
 
     emit(event="ready")
+    added: list[float] = []   # when the writer had taken each sample (written, not yet fsync'd)
+
+    def on_sample(_sample) -> None:
+        added.append(time.monotonic())
+
     res = drain(spec["endpoint"], spec["out_dir"], max_samples=len(spec["requests"]),
                 idle_timeout_s=120, connect_timeout_s=120, flush_bytes=spec["flush_bytes"],
                 progress=False, metadata={"model": "bench-e2e"},
-                write_threads=spec["write_threads"])
+                write_threads=spec["write_threads"], on_sample=on_sample)
     t_end = time.monotonic()
     emit(event="done", t=t_end, samples=res.samples, bytes=res.bytes, drain_seconds=res.seconds,
-         dropped=len(res.dropped), incomplete=len(res.incomplete), rejected=len(res.rejected))
+         dropped=len(res.dropped), incomplete=len(res.incomplete), rejected=len(res.rejected),
+         t_first_added=added[0] if added else None, t_last_added=added[-1] if added else None)
     sys.stdin.read()
 
 
@@ -314,6 +326,45 @@ def spot_check(out_dir: str, base: dict, pool, ids) -> list[dict]:
     return checked
 
 
+def _phases(t_start: float, done: dict) -> dict | None:
+    """Where an hscapture run's clock went, from the drain's own timestamps (CLOCK_MONOTONIC,
+    shared by the processes): ``head`` = the producer's first capture -> the drain's writer has
+    the first sample; ``body`` = first -> last sample written (not yet fsync'd); ``tail`` =
+    last sample written -> ``drain()`` returned (the last flush's fsync and release, the shard
+    closed and its header written, the subscriber closed and its ring unmapped); ``ends`` =
+    the head less one body sample's mean time, plus the tail: the run's fixed cost, paid once
+    per drain, not per sample. Seconds."""
+    first, last = done.get("t_first_added"), done.get("t_last_added")
+    if first is None or last is None:
+        return None
+    out = {"head": first - t_start, "body": last - first, "tail": done["t"] - last}
+    n = done.get("samples", 0)
+    # the head holds one sample's capture and write too: beyond a body sample's mean time
+    # it is the pipeline's start (notice, first poll, the first shard's open)
+    out["ends"] = out["head"] - (out["body"] / (n - 1) if n > 1 else 0.0) + out["tail"]
+    return out
+
+
+def _phase_summary(runs: dict, targets: list[str]) -> dict:
+    """Per target, the medians of the hscapture runs' phases (:func:`_phases`) beside the
+    median of the raw runs' whole time, in ms: how much of the gap to raw is the pipeline's
+    ends (head, tail) and how much its steady part (body)."""
+    import statistics
+
+    out = {}
+    for t in targets:
+        hs = [r for r in runs.get(f"hscapture_{t}", []) if r.get("phases")]
+        if not hs:
+            continue
+        med = {k: statistics.median(r["phases"][k] for r in hs) * 1e3
+               for k in ("head", "body", "tail", "ends")}
+        raw = [r["seconds"] for r in runs.get(f"raw_{t}", [])]
+        out[t] = {f"{k}_ms": v for k, v in med.items()}
+        out[t]["total_ms"] = statistics.median(r["seconds"] for r in hs) * 1e3
+        out[t]["raw_ms"] = statistics.median(raw) * 1e3 if raw else None
+    return out
+
+
 def run_hscapture(base: dict, target: str, pool, ids) -> dict:
     endpoint, producer_id = unique_producer("e2e")
     out_dir = tempfile.mkdtemp(prefix="hsc-e2e-shards-", dir=target)
@@ -338,7 +389,8 @@ def run_hscapture(base: dict, target: str, pool, ids) -> dict:
                "producer_pinned": ready.get("pinned"),
                "producer_issue_seconds": cap["t_issued"] - start["t"],
                "drain_dropped": done["dropped"], "incomplete": done["incomplete"],
-               "rejected": done["rejected"], "spot_check": checked}
+               "rejected": done["rejected"], "spot_check": checked,
+               "phases": _phases(start["t"], done)}
         out["ok"] = (done["samples"] == n and not done["dropped"] and not done["incomplete"]
                      and not done["rejected"] and all(c["exact"] for c in checked))
         return out
@@ -545,9 +597,12 @@ def main(argv: list[str] | None = None) -> dict:
         def run(i):
             r = fn(i)
             tag = "warm-up" if i < 0 else f"rep {i}"
+            ph = r.get("phases")
+            where = (f"  head {ph['head'] * 1e3:.0f} / body {ph['body'] * 1e3:.0f} / tail "
+                     f"{ph['tail'] * 1e3:.0f} ms" if ph else "")
             print(f"[{tag}] {name:<15} {r['GBps']:7.3f} GB/s {r['samples_per_s']:9.1f} samples/s"
                   f"  drops {r.get('producer_dropped', 0) + r.get('producer_refused', 0)}"
-                  f"  ok {r['ok']}", flush=True)
+                  f"  ok {r['ok']}{where}", flush=True)
             return r
         return run
     runs, order = _stats.run_alternating({n: logged(n, f) for n, f in fns.items()},
@@ -572,6 +627,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {k}: {_stats.fmt_spread(v)}", flush=True)
     for g in goals:
         print(_stats.format_goal(g), flush=True)
+    phases = _phase_summary(runs, targets)
+    for t, v in phases.items():
+        raw = f"{v['raw_ms']:.0f} ms" if v["raw_ms"] is not None else "not run"
+        print(f"  where hscapture_{t}'s clock went (medians): head {v['head_ms']:.0f} ms, body "
+              f"{v['body_ms']:.0f} ms, tail {v['tail_ms']:.0f} ms of {v['total_ms']:.0f} ms "
+              f"(fixed ends {v['ends_ms']:.0f} ms); raw_{t}: {raw}", flush=True)
     ok = all(r.get("ok", True) for v in runs.values() for r in v)
     if not ok:
         print("WARNING: a run was incomplete or inexact (see runs[*].ok)", flush=True)
@@ -585,7 +646,8 @@ def main(argv: list[str] | None = None) -> dict:
                               "mean_tokens": total / len(requests) / per_tok,
                               "old_requests": len(old_requests)},
                  "filesystems": fs, "GBps": gbps, "samples_per_s": sps, "drops": drops,
-                 "ratios": ratios, "order": order, "ok": ok, "runs": runs})
+                 "ratios": ratios, "phases": phases, "order": order, "ok": ok,
+                 "runs": runs})
     plot(rec, a.plot or os.path.splitext(a.out)[0] + ".png")
     return rec
 

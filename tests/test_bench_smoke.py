@@ -84,6 +84,12 @@ def test_bench_e2e_runs_every_method_with_its_producer_settings_and_reads_the_sh
     assert r["ok"] is True
     assert r["drops"] == {"hscapture_shm": 0, "raw_shm": 0, "deliver": 0, "old": 0}
     assert all(v["median"] > 0 for v in r["samples_per_s"].values())
+    # where the hscapture run's clock went: its phases add up to the clock
+    run = r["runs"]["hscapture_shm"][0]
+    ph = run["phases"]
+    assert min(ph["head"], ph["body"], ph["tail"]) >= 0
+    assert abs(ph["head"] + ph["body"] + ph["tail"] - run["seconds"]) < 1e-6
+    assert r["phases"]["shm"]["raw_ms"] > 0
 
 
 def test_bench_stream_streams_every_sample_cleanly_beside_its_raw_baseline(tmp_path):
