@@ -10,7 +10,10 @@ For each format, paired repetitions in ABBA order after one discarded warm-up pa
     byte count the export wrote for that sample) to one file per sample, plus one file as large
     as the export's other files (manifest, dataset), with the same thread count and the same
     fsync setting. It writes no temporary name and renames nothing (the export does both: its
-    cost is the export's).
+    cost is the export's). ``--raw-renamed`` (a diagnostic, not the goal's baseline) makes it
+    write each file under a temporary name and rename it into place too, so that a run with and
+    one without it say what the renames cost at the given worker count (several writers
+    creating and renaming files in one directory contend for it; one writer does not).
 
 Both sides clear their output directory outside the clock. Reported per format: seconds and
 GB/s of each side (median, min-max) and the paired ratio export speed / raw speed
@@ -266,6 +269,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="add the per-sample stage profile")
     ap.add_argument("--breakdown", action="store_true",
                     help="add SpecForge's per-part write costs (one thread)")
+    ap.add_argument("--raw-renamed", action="store_true",
+                    help="diagnostic: the raw side writes each file under a temporary name and "
+                         "renames it into place, as the export does (its cost then cancels out)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -290,6 +296,7 @@ def main() -> None:
     root = tempfile.mkdtemp(dir=a.dir)
     config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,
               "warmup": 1, "order": "ABBA", "fsync": a.fsync, "workers": nw,
+              "raw_renamed": a.raw_renamed,
               "crc32": T.CRC32_IMPL,
               "bounce_bytes": getattr(T, "BOUNCE_BYTES", None),
               "torch": torch.__version__, "scratch": _stats.fs_info(root)}
@@ -330,13 +337,16 @@ def main() -> None:
                         handles[e["shard"]] = safe_open(os.path.join(src, e["shard"]), "pt")
 
                 def write(path: str, views: list) -> int:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    at = path + ".tmp" if a.raw_renamed else path
+                    fd = os.open(at, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                     try:
                         n = os.writev(fd, views)
                         if a.fsync:
                             os.fsync(fd)
                     finally:
                         os.close(fd)
+                    if a.raw_renamed:
+                        os.replace(at, path)
                     return n
 
                 def one(i: int) -> int:
@@ -357,7 +367,12 @@ def main() -> None:
                 # 2026-12-06 they were unmapped after it: ~0.5 ms a 10 MB sample on the 2-core
                 # CPU machine, ~12 % of a sample's raw time, charged to the export alone)
                 handles.clear()
-                return {"s": time.perf_counter() - t0, "bytes": total}
+                dt = time.perf_counter() - t0
+                left = [n for n in os.listdir(raw_out) if n.endswith(".tmp")]
+                if left or len(os.listdir(raw_out)) != len(entries) + 1:
+                    raise SystemExit(f"raw side: {len(os.listdir(raw_out))} files, expected "
+                                     f"{len(entries) + 1}; temporary names left: {left[:3]}")
+                return {"s": dt, "bytes": total}
 
             def on_rep(i: int, ex: dict, raw: dict) -> None:
                 print(f"{label} pair {i}: export {ex['s']:.3f} s, raw {raw['s']:.3f} s, "
@@ -409,7 +424,8 @@ def main() -> None:
                                                   "time.perf_counter"),
                     "raw": _stats.timed_region(
                         ["safe_open of each shard, get_tensor of the same tensors, one writev "
-                         "per sample file padded to the export's size, one file of the "
+                         "per sample file padded to the export's size (with --raw-renamed "
+                         "under a temporary name, then renamed), one file of the "
                          "export's other bytes, fsync if set, the shards closed (their maps "
                          "unmapped; since 2026-12-06)"],
                         ["emptying the output directory"], "time.perf_counter")},

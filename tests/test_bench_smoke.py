@@ -158,6 +158,17 @@ def test_bench_compact_writes_and_reads_back_every_codec_and_measures_fp8_error(
     assert r["fp8_error"]["layer_3"] != r["fp8_error"]["final_norm"]
 
 
+def test_bench_export_raw_renamed_renames_every_raw_file_and_says_so(tmp_path):
+    # the diagnostic that prices the export's renames: the raw side writes tmp + rename too
+    rec = _bench(tmp_path, "bench_export.py", "--samples", "3", "--tokens", "16", "--hidden",
+                 "64", "--reps", "5", "--formats", "specforge", "--workers", "2",
+                 "--raw-renamed", "--dir", str(tmp_path), out_flag="--json")
+    assert rec["config"]["raw_renamed"] is True
+    v = rec["results"]["specforge"]
+    # (the script exits non-zero when a raw file is missing or left under its temporary name)
+    assert v["export_vs_raw"]["n"] == 5 and v["export_vs_raw"]["min"] > 0
+
+
 def test_bench_export_pairs_every_format_with_raw_and_profiles_and_breaks_down_specforge(
         tmp_path):
     rec = _bench(tmp_path, "bench_export.py", "--samples", "4", "--tokens", "16", "--hidden",
