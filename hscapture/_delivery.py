@@ -4,7 +4,10 @@
 become samples (whole ones at once, chunked ones through :class:`~hscapture._assembly.
 Assembler`), drops, aborts and unheard entries fail their samples at once, and every failure
 goes to the :class:`~hscapture._ledger.Ledger`. It also decides which ring records a sample
-keeps referenced, and gives them back when the sample is released.
+keeps referenced, and gives them back when the sample is released. Two concerns live beside
+it: the rows it never reads (unheard entries, entries before its place:
+:class:`~hscapture._unread_rows.UnreadRows`) and the records a durable subscriber keeps for
+its resumer (:class:`~hscapture._holds.RecordHolds`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from . import notice as nt
 from . import record as rec
 from ._assembly import Assembler, Chunk, Partial
 from ._headless import HeadlessSamples, gone
-from ._ledger import MAX_SKIPPED, Ledger, LostRange
+from ._holds import RecordHolds
+from ._unread_rows import UnreadRows
+from ._ledger import MAX_SKIPPED, Ledger
 from ._ledger import failure_event as _event
 from ._settlement import Settlement
 from ._source import Source
@@ -37,10 +42,6 @@ _TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
 #: is not the sample's dtype (bf16, fp8 travel as raw ints), the tensor is reinterpreted
 _FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
                for name, dt in rec.NUMPY_DTYPES.items()}
-
-#: why a sample an ``unheard`` entry names was never delivered
-_UNHEARD = ("committed before any subscriber attached (start the subscriber first, or use "
-            "Producer(wait_for_subscribers=1))")
 
 #: a tensor that owns a DLPack capsule's memory (record.Entry.row_capsules). For a capsule
 #: ``torch.from_dlpack`` only calls ``torch._C._from_dlpack`` after a ``hasattr`` test; calling
@@ -120,16 +121,14 @@ class Delivery:
         #: ``failure_log[:n]`` not yet acknowledged (the subscriber records them for a
         #: resumer: :func:`hscapture._subscriptions.record_pending`)
         self.before_unpin: Callable[[int], None] = lambda n: None
-        #: durable: by epoch, the unheard record whose rows a source holds as cut, kept in
-        #: the ring while any sample is cut (:meth:`_hold_cut`)
-        self._cut_holds: dict[int, _FailureHold] = {}
+        #: durable: the records kept for a resumer (failures not yet acknowledged, an
+        #: unheard record while samples are cut): taken, bounded and given back there
+        self.holds = RecordHolds(self)
+        #: the rows of unheard entries and of entries before our place: samples cut or
+        #: reported by rid (:class:`UnreadRows`)
+        self.unread = UnreadRows(self)
         #: durable: the settlement of every partial tracked as unsettled, by key
         self._unsettled: dict[tuple[int, str], Settlement] = {}
-        #: durable: what names failures not yet acknowledged, in the order held
-        self._failure_holds: collections.deque[_FailureHold] = collections.deque()
-        #: the failure log's length when the current pump began: holds numbered past it were
-        #: taken in this pump, and its caller has not had them yet (:meth:`begin_pump`)
-        self._fresh_from = 0
         #: borrowed (zero-copy) samples handed out and alive: emptied when the subscriber
         #: closes, as its places in the rings go (an anonymous one's records are reused)
         #: (a plain dict, emptied by each sample's release: a borrowed sample must be
@@ -155,89 +154,16 @@ class Delivery:
             failed = len(self.ledger.failure_log)
             for r, row in enumerate(entry.rows):
                 counts["dropped_rows"] += 1
-                self._drop_row(src, row, entry, r)
+                self.drop_row(src, row, entry, r)
             if len(self.ledger.failure_log) > failed:
                 self.hold_failure(src, record.position)
         elif kind == "abort":
-            if self._abort(src, entry):
+            if self.abort(src, entry):
                 self.hold_failure(src, record.position)
         elif kind == "unheard":
-            src.unheard_read = True
-            failed = len(self.ledger.failure_log)
-            was_cut = len(src.cut)
-            for row in entry.rows:
-                seq = row["seq"]
-                if src.seqs.seen(seq):
-                    continue
-                if self.rid_filter is not None and not self.rid_filter(row["rid"]):
-                    pass      # (not skip_rid: a drain still names a failure it wrote)
-                elif row["last"]:
-                    src.cut.pop(row["rid"], None)
-                    key = (src.epoch, row["rid"])
-                    if not self.ledger.has_failed(key):   # (an abort read first named it)
-                        self.fail(key, _UNHEARD, "dropped", _event(src, seq))
-                elif self.wants(row["rid"]):
-                    # a row that does not end its sample: a restart abort may yet discard
-                    # it (the sample is then captured again whole, and arrives), so it is
-                    # held as a cut sample and reported when its fate is known, as
-                    # on_unreadable_entry does (protocol v3; until 2026-12-06 it was
-                    # reported at once, and a sample restarted after its first chunk was
-                    # delivered AND reported dropped: fault hunt s3_unheard_restart.py)
-                    src.cut.setdefault(row["rid"], (seq, _UNHEARD))
-                    src.cut_seen[row["rid"]] = time.monotonic()
-                if src.continuing:   # named: not lost as a number too
-                    src.seqs.add(seq, 1)
-            if src.continuing:       # discarded by a restart: nothing to report, not lost
-                for seq in entry.meta["discarded"]:
-                    src.seqs.add(seq, 1)
-            if len(self.ledger.failure_log) > failed:
-                self.hold_failure(src, record.position)
-            if len(src.cut) > was_cut:
-                self._hold_cut(src, record.position)
-            # (a continuing source reports the numbers no row names as lost, by range)
-            if entry.meta["overflow"] and not src.continuing:
-                self.ledger.lost.append(LostRange(
-                    src.producer or "?", src.epoch, -1, entry.meta["overflow"],
-                    "committed before any subscriber attached (not named)"))
+            self.unread.unheard(src, record, entry)
 
-    def on_unreadable_entry(self, src: Source, entry: Any, why: str) -> None:
-        """An entry of ``src`` this subscriber will never read (it lies before its place in
-        the ring), known from its notice alone. Each sample it names is reported once, by
-        rid, when its fate is known: a row that ends a sample (``last``) reports the sample
-        dropped with ``why``; a row that does not is remembered (:attr:`Source.cut`), since
-        a restart abort may yet discard it (the sample is then captured again, and arrives),
-        and reported when the sample's later rows come (:meth:`_on_kept_row`), an abort
-        names it, or its incarnation ends (:meth:`cut_short`). Drop and abort entries report
-        as reading them would. Nothing is held (there is no record to hold); the entry's
-        numbers count as seen. (Until 2026-12-05 every row was reported at once: a sample
-        restarted after its first chunk was delivered AND reported dropped, and one of two
-        chunks was reported twice: final fault hunt.)"""
-        kind, epoch = entry.kind, src.epoch
-        if kind == "drop":
-            for r, row in enumerate(entry.rows):
-                if not src.seqs.seen(entry.seq + r):
-                    self.ledger.counts["dropped_rows"] += 1
-                    self._drop_row(src, row, entry, r)
-        elif kind == "batch":
-            for r, row in enumerate(entry.rows):
-                rid, seq = row["rid"], entry.seq + r
-                key = (epoch, rid)
-                if src.seqs.seen(seq) or not self.wants(rid) or \
-                        self._of_a_failed_sample(src, key, row["token_start"],
-                                                 row["cached_prefix"], seq):
-                    continue
-                if row["last"]:
-                    src.cut.pop(rid, None)
-                    self.fail(key, why, "dropped", _event(src, seq))
-                else:
-                    src.cut.setdefault(rid, (seq, why))
-                    src.cut_seen[rid] = time.monotonic()
-        elif kind == "abort" and not src.seqs.seen(entry.seq):
-            self._abort(src, entry)
-        if entry.n:
-            src.seqs.add(entry.seq, entry.n)
-
-    def _of_a_failed_sample(self, src: Source, key: tuple[int, str], token_start: int,
+    def of_a_failed_sample(self, src: Source, key: tuple[int, str], token_start: int,
                             cached_prefix: int, seq: int | None = None) -> bool:
         """Whether a row of ``key``'s rid belongs to a sample already reported (nothing of it
         is used or reported again). A row that starts a sample (at token 0, or where its
@@ -263,7 +189,7 @@ class Delivery:
         self.ledger.new_attempt(key)
         return False
 
-    def _drop_row(self, src: Source, row: dict[str, Any], entry: Any, r: int) -> None:
+    def drop_row(self, src: Source, row: dict[str, Any], entry: Any, r: int) -> None:
         """A dropped chunk (row ``r`` of a drop entry): its sample is reported dropped, once
         (a later dropped chunk of a sample already reported is not named again; one that
         starts a sample is a new one of the rid), unless ``rid_filter`` turns the rid away (not
@@ -274,13 +200,13 @@ class Delivery:
             src.cut.pop(rid, None)
         if self.rid_filter is not None and not self.rid_filter(rid):
             return
-        if self._of_a_failed_sample(src, key, row["token_start"], row.get("cached_prefix", 0),
+        if self.of_a_failed_sample(src, key, row["token_start"], row.get("cached_prefix", 0),
                                     entry.seq + r):
             return
         self.fail(key, f"dropped by producer: {entry.meta['reason']}", "dropped",
                   _event(src, entry.seq + r))
 
-    def _abort(self, src: Source, entry: Any) -> bool:
+    def abort(self, src: Source, entry: Any) -> bool:
         """An abort entry: a restart discards the sample's rows so far (it is captured again
         from its start); any other abort reports the sample incomplete, once, unless
         ``rid_filter`` turns the rid away or it was reported already (then the abort's end
@@ -305,32 +231,6 @@ class Delivery:
             return self.ledger.record_end(key, reason, _event(src, entry.seq))
         self.fail(key, reason, "incomplete", _event(src, entry.seq))
         return True
-
-    def cut_timeout(self, src: Source, now: float) -> None:
-        """Report, as a partial would be, each :attr:`Source.cut` sample of which no row came
-        for ``incomplete_timeout_s`` while its incarnation lives (until 2026-12-05 it waited
-        for the incarnation to end: fault hunt 2026-12-05, s4b_cut_timeout.py)."""
-        seen = src.cut_seen
-        for rid in [r for r in seen if r not in src.cut]:
-            del seen[rid]
-        for rid, (seq, why) in list(src.cut.items()):
-            if now - seen.get(rid, now) > self.incomplete_timeout_s:
-                del src.cut[rid]
-                seen.pop(rid, None)
-                key = (src.epoch, rid)
-                if not self.ledger.has_failed(key) and self.asm.get(key) is None:
-                    self.fail(key, f"{why}; then no row of it for "
-                                   f"{self.incomplete_timeout_s:g}s", "incomplete",
-                              _event(src, seq))
-
-    def cut_short(self, src: Source, reason: str) -> None:
-        """``src`` ends: report each sample whose first rows lay before this subscriber's
-        place and of which nothing more came (:meth:`on_unreadable_entry`)."""
-        for rid, (seq, why) in list(src.cut.items()):
-            key = (src.epoch, rid)
-            if not self.ledger.has_failed(key) and self.asm.get(key) is None:
-                self.fail(key, f"{why}; then {reason}", "incomplete", _event(src, seq))
-        src.cut.clear()
 
     def _shape(self, meta: dict[str, Any]) -> _Shape:
         schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
@@ -457,7 +357,7 @@ class Delivery:
         key = (src.epoch, rid)
         if src.cut and rid in src.cut:
             # a sample whose first rows lay before this subscriber's place in a restarted
-            # producer's ring (on_unreadable_entry): it can never complete here. Its later
+            # producer's ring (UnreadRows.unreadable): it can never complete here. Its later
             # rows are discarded; it is reported once its fate is known: at its last row (a
             # restart abort before that forgets it, an abort or a drop reports it), or when
             # its rid begins a new sample (then read as one, below)
@@ -477,7 +377,7 @@ class Delivery:
         if self.headless and key in self.headless and \
                 (rv.token_start == 0 or rv.token_start == rv.cached_prefix):
             self.headless.settle(key=key)   # its rid begins anew: the one held never ended
-        if self._of_a_failed_sample(src, key, rv.token_start, rv.cached_prefix, rv.seq):
+        if self.of_a_failed_sample(src, key, rv.token_start, rv.cached_prefix, rv.seq):
             counts["discarded_chunks"] += 1     # the failed sample's: nothing of it
             return
         p = self.asm.get(key)
@@ -805,98 +705,21 @@ class Delivery:
             else:
                 self._unhold(p)
 
-    # -- failures a durable consumer has not recorded yet -----------------------------------
+    # -- failures a durable consumer has not recorded yet (kept in the ring: RecordHolds) -----
 
     def hold_failure(self, src: Source, position: int, borrowed: bool = False) -> None:
         """Durable: keep the record at ``position`` (already referenced when ``borrowed``)
-        until the failures recorded so far are acknowledged."""
-        if not self.durable or self.closed:
-            if borrowed:
-                self._give_back(_FailureHold(0, src, position, 0.0))
-            return
-        if not borrowed:
-            src.borrowed.add(position)
-        self._failure_holds.append(_FailureHold(len(self.ledger.failure_log), src, position,
-                                                time.monotonic()))
+        until the failures recorded so far are acknowledged (:class:`RecordHolds`)."""
+        self.holds.hold_failure(src, position, borrowed)
 
     def begin_pump(self) -> None:
         """A pump begins: the failure holds it takes are its caller's to record first."""
-        self._fresh_from = len(self.ledger.failure_log)
+        self.holds.begin_pump()
 
     def acknowledge_failures(self, through: int) -> None:
         """The first ``through`` failures of the ledger's ``failure_log`` are recorded by the
         consumer: give back what named only those."""
-        holds = self._failure_holds
-        while holds and holds[0].serial <= through:
-            self._give_back(holds.popleft())
-
-    def _give_back(self, hold: "_FailureHold") -> None:
-        src, position = hold.src, hold.position
-        if src.borrowed.discard(position) and not self.closed:
-            src.release()
-            self.on_released(src)
-
-    def _hold_cut(self, src: Source, position: int) -> None:
-        """Durable: keep the unheard record at ``position`` in the ring while ``src`` holds a
-        sample it names as cut (its first rows before our place, its fate unknown): a
-        resumer of a subscriber that dies meanwhile reads it again and reports the sample
-        when its fate is known. Until 2026-12-06 the record was released at once, and a
-        drain SIGKILLed then left such a sample named nowhere (fault hunt h1, 4/4;
-        GUARANTEES 13(e)). Given back once no sample is cut (the fate of each was reported,
-        or a restart discarded it), or after ``partial_hold_s`` or a quarter of the ring, as a
-        failure is."""
-        if not self.durable or self.closed or src.epoch in self._cut_holds:
-            return
-        src.borrowed.add(position)
-        self._cut_holds[src.epoch] = _FailureHold(0, src, position, time.monotonic())
-
-    def _bound_cut_holds(self, now: float) -> None:
-        for epoch, hold in list(self._cut_holds.items()):
-            consumer = hold.src.consumer
-            if hold.src.cut and consumer is not None and \
-                    now - hold.since <= self.partial_hold_s and \
-                    consumer.position - hold.position <= consumer.capacity // 4:
-                continue
-            del self._cut_holds[epoch]
-            self._give_back(hold)
-
-    def _bound_failure_holds(self, now: float) -> None:
-        """Failures not acknowledged hold the ring for at most ``partial_hold_s`` and a
-        quarter of it, each (past that, :attr:`before_unpin` writes them where a resumer
-        reads them first: since 2026-12-06, thirty-first session; before, a consumer that
-        recorded less often than at every return, a `get()` or a periodic acknowledgement,
-        and died then left them to no one, GUARANTEES gap 1), but never in the pump that
-        took them: its caller has not seen them yet, and could not have recorded them. Until
-        2026-12-06 a burst of failures read in one pump past a quarter of the ring (a
-        producer's backlog of drops written when room came back) lost its holds within
-        milliseconds, before the drain or a stream had them, and one killed then left them
-        named by no one (fault hunts H14 problem B, H17; GUARANTEES gap 1). (A 2 s grace
-        tried the same day let a subscriber that never acknowledges hold the whole ring;
-        bounded to half, it still lost a burst larger than half, and a subscriber
-        acknowledging every 1.5 s made its producer drop 2-5x as many captures: fault hunts
-        H15, H17.)"""
-        holds = self._failure_holds
-        if not holds:
-            return
-        kept: collections.deque[_FailureHold] = collections.deque()
-        unpinned: list[_FailureHold] = []
-        for hold in holds:
-            consumer = hold.src.consumer
-            if hold.serial > self._fresh_from or now - hold.since <= self.partial_hold_s and (
-                    consumer is None
-                    or consumer.position - hold.position <= consumer.capacity // 4):
-                kept.append(hold)
-            else:
-                unpinned.append(hold)
-        if not unpinned:
-            return
-        # what they name is written where a resumer finds it first (the subscriber's pending
-        # file): given back, they no longer tell it
-        self.before_unpin(max(h.serial for h in unpinned))
-        self.ledger.counts["failures_unpinned"] += len(unpinned)
-        for hold in unpinned:
-            self._give_back(hold)
-        self._failure_holds = kept
+        self.holds.acknowledge(through)
 
     def reject(self, key: tuple[int, str], why: str, event: str | None = None) -> None:
         message = str(SampleMismatchError(f"sample {key[1]!r} rejected: {why}"))
@@ -909,11 +732,10 @@ class Delivery:
     def housekeeping(self, now: float) -> None:
         """Stop holding the ring for partials idle past ``partial_hold_s``; fail those idle
         past ``incomplete_timeout_s``; bound the failures not acknowledged."""
-        self._bound_failure_holds(now)
+        self.holds.bound_failures(now)
         if self.headless:
             self.headless.settle(older_than=now - self.incomplete_timeout_s)
-        if self._cut_holds:
-            self._bound_cut_holds(now)
+        self.holds.bound_cuts(now)
         if self.durable:
             # the quarter-of-the-ring bound, also when no chunk of a partial arrives (whole
             # samples only: until 2026-12-05 one open partial then pinned the ring for
@@ -936,16 +758,6 @@ class Delivery:
         parts = [f"[{c.start}, {c.start + c.count})" for k, p in self.asm.partials.items()
                  if k[1] == rid for c in p.chunks]
         return ", ".join(parts) or "none"
-
-
-@dataclasses.dataclass
-class _FailureHold:
-    """A ring record that keeps a failure readable by a resumer until it is acknowledged."""
-
-    serial: int                    # the ledger's failure_log length when it was held
-    src: Source
-    position: int                  # the record (referenced in src.borrowed)
-    since: float
 
 
 def _copy(arr: np.ndarray) -> np.ndarray:

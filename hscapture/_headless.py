@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from ._holds import RecordHolds
 from ._ledger import failure_event as _event
 from ._source import Source
 
@@ -32,15 +33,13 @@ def gone(segment: str, start: int) -> str:
 
 
 class _Owner(Protocol):
-    closed: bool
     ledger: Any
+    holds: RecordHolds
 
     def fail(self, key: tuple[int, str], reason: str, kind: str,
              event: str | None = None) -> None: ...
 
     def hold_failure(self, src: Source, position: int, borrowed: bool = False) -> None: ...
-
-    def on_released(self, src: Source) -> None: ...
 
 
 class HeadlessSamples:
@@ -73,7 +72,7 @@ class HeadlessSamples:
             owner.ledger.counts["acknowledged_before"] += 1
             if held is not None:
                 del self._held[key]
-                self._give_back(held[0], held[2])
+                self._owner.holds.give_back(held[0], held[2])
             return True
         owner.ledger.counts["discarded_chunks"] += 1
         if held is None:
@@ -95,7 +94,7 @@ class HeadlessSamples:
         """A restart abort discarded the sample: nothing to report, its record given back."""
         held = self._held.pop(key, None)
         if held is not None:
-            self._give_back(held[0], held[2])
+            self._owner.holds.give_back(held[0], held[2])
 
     def failed(self, key: tuple[int, str]) -> None:
         """The sample failed otherwise (an abort, a drop): its held record names it to a
@@ -108,8 +107,3 @@ class HeadlessSamples:
         src, seq0, _position, start, _since = self._held[key]
         self._owner.fail(key, gone(src.segment, start), "incomplete", _event(src, seq0))
         # (fail() calls failed(), which turns the held record into a failure hold)
-
-    def _give_back(self, src: Source, position: int) -> None:
-        if src.borrowed.discard(position) and not self._owner.closed:
-            src.release()
-            self._owner.on_released(src)

@@ -136,7 +136,7 @@ class SourceRegistry:
             self.ledger.error(f"entry notice of {src.key} before our place in its ring: {exc}",
                               "corrupt_notices")
             return
-        self.delivery.on_unreadable_entry(src, entry, (
+        self.delivery.unread.unreadable(src, entry, (
             f"committed before this subscriber attached to the producer's new incarnation "
             f"{src.epoch:#x} (it restarted): the entry lies at ring position "
             f"{notice['offset']}, before this subscriber's place ({src.start})"))
@@ -338,7 +338,7 @@ class SourceRegistry:
         for p in self.delivery.partials_of(src.epoch):
             self.delivery.fail(p.key, f"{reason}; missing {p.describe_gaps()}", "incomplete")
         if src.cut:
-            self.delivery.cut_short(src, reason)
+            self.delivery.unread.cut_short(src, reason)
         self.retired.add(src.epoch)
         if self.current.get(producer) == src.epoch:
             del self.current[producer]
@@ -450,7 +450,7 @@ class SourceRegistry:
                 continue
             src.heartbeat_losses()
             if src.cut_seen:
-                self.delivery.cut_timeout(src, now)
+                self.delivery.unread.timeout(src, now)
             alive = src.consumer is not None and src.consumer.producer_alive()
             quiet = now - src.last_seen
             if (src.ended and quiet > self.notice_grace_s) or \

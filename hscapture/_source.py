@@ -120,7 +120,7 @@ class Source:
         self.start = 0            # (continuing) our first ring position
         self.first_read: int | None = None   # the sequence number of the first entry read
         #: (continuing) rid -> (seq, why) of samples whose first rows lay before our place
-        #: and whose fate is not known yet (Delivery.on_unreadable_entry)
+        #: and whose fate is not known yet (UnreadRows.unreadable)
         self.cut: dict[str, tuple[int, str]] = {}
         #: rid -> time.monotonic() a row of a :attr:`cut` sample was last seen (the incomplete
         #: timeout counts from there; entries of rids no longer cut are dropped by it)

@@ -19,7 +19,8 @@ LAYERS: list[list[str]] = [
     ["_closing", "_durable_failures"],
     ["_registry", "_wire"],
     ["_delivery"],
-    ["_headless"],
+    ["_unread_rows", "_headless"],
+    ["_holds"],
     ["_source"],
     ["_settlement", "_ledger"],
 ]

@@ -4,17 +4,17 @@ samples() (MODE samples), acknowledging right after. Logs failure-hold give-back
 IDLE: exit after IDLE s without a sample (final run)."""
 import os, sys, json, time
 os.environ["HSCAPTURE_SUBS_DIR"] = "/tmp/hunt-h18/subs"
-import hscapture, hscapture._delivery as _dl
+import hscapture, hscapture._holds as _hl
 ep, name, d, mode = sys.argv[1:5]; idle = float(sys.argv[5]) if len(sys.argv) > 5 else None
 ul = open(os.path.join(d, "unpin.log"), "a", buffering=1)
-_o = _dl.Delivery._bound_failure_holds
+_o = _hl.RecordHolds.bound_failures   # (Delivery._bound_failure_holds until 2026-12-07)
 def _b(self, now):
-    b = self.ledger.counts["failures_unpinned"]; hs = list(self._failure_holds); _o(self, now); n = self.ledger.counts["failures_unpinned"] - b
+    b = self._owner.ledger.counts["failures_unpinned"]; hs = list(self._failures); _o(self, now); n = self._owner.ledger.counts["failures_unpinned"] - b
     if n:
-        gone = [h for h in hs if h not in self._failure_holds]; src = gone[0].src; c = src.consumer
-        ul.write("UNPIN %.4f %d %d pid=%d gone=%s..%s released=%s oldest=%s pos=%s kept=%d\n" % (time.time(), n, len(self.ledger.failure_log), os.getpid(),
-                 gone[0].position, gone[-1].position, c.released if c else None, src.borrowed.oldest(), c.position if c else None, len(self._failure_holds)))
-_dl.Delivery._bound_failure_holds = _b
+        gone = [h for h in hs if h not in self._failures]; src = gone[0].src; c = src.consumer
+        ul.write("UNPIN %.4f %d %d pid=%d gone=%s..%s released=%s oldest=%s pos=%s kept=%d\n" % (time.time(), n, len(self._owner.ledger.failure_log), os.getpid(),
+                 gone[0].position, gone[-1].position, c.released if c else None, src.borrowed.oldest(), c.position if c else None, len(self._failures)))
+_hl.RecordHolds.bound_failures = _b
 known = {}
 fp = os.path.join(d, "fails.jsonl")
 if os.path.exists(fp):

@@ -4,16 +4,16 @@ acknowledges; get: get(rid) for rids s-i in order, records+acks every ACK_S; fin
 at every return, exits after IDLE s without a sample or failure. Logs give-backs to unpin.log, acks to ack.log."""
 import os, sys, json, time, random
 os.environ["HSCAPTURE_SUBS_DIR"] = os.environ.get("HSCAPTURE_SUBS_DIR", "/tmp/hunt-h19/subs")
-import hscapture, hscapture._delivery as _dl
+import hscapture, hscapture._holds as _hl
 from hscapture.errors import SampleDroppedError, IncompleteSampleError, SampleMismatchError, SampleTimeoutError
 ep, name, d, mode = sys.argv[1:5]; idle = float(sys.argv[5]) if len(sys.argv) > 5 else None
 ul = open(os.path.join(d, "unpin.log"), "a", buffering=1)
-_o = _dl.Delivery._bound_failure_holds
+_o = _hl.RecordHolds.bound_failures   # (Delivery._bound_failure_holds until 2026-12-07)
 def _b(self, now):
-    b = self.ledger.counts["failures_unpinned"]; _o(self, now); n = self.ledger.counts["failures_unpinned"] - b
+    b = self._owner.ledger.counts["failures_unpinned"]; _o(self, now); n = self._owner.ledger.counts["failures_unpinned"] - b
     if n:
-        ul.write("UNPIN %.4f %d log=%d pid=%d pend_rec=%d\n" % (time.time(), n, len(self.ledger.failure_log), os.getpid(), self.ledger.counts["failures_pending_recorded"]))
-_dl.Delivery._bound_failure_holds = _b
+        ul.write("UNPIN %.4f %d log=%d pid=%d pend_rec=%d\n" % (time.time(), n, len(self._owner.ledger.failure_log), os.getpid(), self._owner.ledger.counts["failures_pending_recorded"]))
+_hl.RecordHolds.bound_failures = _b
 known = {}
 fp = os.path.join(d, "fails.jsonl")
 if os.path.exists(fp):
