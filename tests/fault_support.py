@@ -16,7 +16,8 @@ capturing) [0], ``hidden`` [32], ``layers`` [[0, 1]], ``dtype`` [``"bfloat16"``]
 their chunks captured in random order across them) [1], ``rate`` (requests per second, 0 =
 as fast as possible) [0], ``aborts``: rids aborted after their first chunk [[]], ``seed``
 [0], ``start_on_stdin`` [False], ``close_on_stdin`` [False], ``pause_after`` (after that
-many requests: flush, print ``paused``, wait for a line on stdin) [None], ``hard_exit``
+many requests: flush, print ``paused``, wait for a line on stdin) [None], ``pause_every``
+(the same after every that many requests, unless none is left) [0], ``hard_exit``
 (``os._exit`` instead of ``close()``) [False], ``commit_grace_s`` [the producer's],
 ``kill_unflushed`` (after the last capture, print ``unflushed`` with each capture's result
 and SIGKILL itself before any flush) [False].
@@ -132,6 +133,11 @@ class ProducerProc:
         """The event named ``name`` if it has arrived (never waits)."""
         with self._cond:
             return next((e for e in self.events if e["event"] == name), None)
+
+    def count_events(self, name: str) -> int:
+        """How many events named ``name`` have arrived (never waits)."""
+        with self._cond:
+            return sum(e["event"] == name for e in self.events)
 
     def wait_event(self, name: str, timeout: float = 60.0) -> dict[str, Any]:
         """The first event named ``name``, waiting up to ``timeout`` seconds for it."""
@@ -342,7 +348,9 @@ def produce(spec: dict[str, Any]) -> None:
             done_requests += 1
             if progress_every and done_requests % progress_every == 0:
                 _emit("progress", requests=done_requests)
-            if done_requests == spec.get("pause_after"):
+            every = int(spec.get("pause_every", 0))
+            if done_requests == spec.get("pause_after") or (
+                    every and done_requests % every == 0 and (todo or active)):
                 p.flush()
                 _emit("paused", requests=done_requests)
                 sys.stdin.readline()          # the test says when to go on

@@ -42,7 +42,11 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
     hook's coalesced publishing). ``abort_every``: every N-th multi-chunk request is
     aborted after its first chunk; ``policy`` / ``capacity``: the producer's ("drop" with a
     small ring: drops). Aborted and dropped samples must each be named by some drain's
-    report: a SIGKILLed one's by the next drain's (``reports.jsonl``, or the ring)."""
+    report: a SIGKILLed one's by the next drain's (``reports.jsonl``, or the ring).
+
+    With "drop" the producer never waits for a drain, so on a slow machine it could finish
+    before the drain has been stopped often enough (a CI run saw 4 restarts of 6): it is then
+    paced in batches, one for each drain run, each released by the test while a drain runs."""
     rng = random.Random(seed)
     reqs = requests(n_requests, seed=seed, tokens=(1, 6, 20, 48), chunks=(4, 16, 64))
     sizes = {r: t for r, t, _ in reqs}
@@ -53,9 +57,18 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
                       "consumers": 1, "rate": rate, "interleave": 6, "capacity": capacity,
                       "policy": policy, "wait_timeout_s": 10.0 if policy == "wait" else 0.0,
                       "close_on_stdin": True, "aborts": aborts,
-                      "publish_interval_s": publish_interval_s}, tmp)
+                      "publish_interval_s": publish_interval_s,
+                      "pause_every": n_requests // (restarts + 1) if policy == "drop" else 0},
+                     tmp)
     reported: set[str] = set()
     codes = []
+    released = 0          # the producer's pauses the test has ended (batches after the first)
+
+    def release(upto: int) -> None:
+        nonlocal released
+        if released < upto and p.count_events("paused") > released:
+            p.send()
+            released += 1
     try:
         p.wait_event("ready")
         for i in range(restarts):
@@ -65,8 +78,11 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
             target = at_start + rng.randint(5, max(6, n_requests // (3 * restarts)))
 
             def progressed() -> bool:   # the drain is past its start-up, at a random point
+                release(i)              # run i may start batch i (none with "wait")
                 n = len(set(durable_rids(out)))
-                return n >= target or (p.poll_event("captured") is not None and n > at_start)
+                done = (p.poll_event("captured") is not None
+                        or p.count_events("paused") > i)   # its batch all captured
+                return n >= target or (done and n > at_start)
             try:
                 wait_until(progressed, 10, f"drain run {i} to make progress")
             except AssertionError:
@@ -88,7 +104,11 @@ def restarts_under_load(endpoint: str, tmp: Path, *, n_requests: int, restarts: 
         # the last drain runs while the producer finishes: with none running, a load larger
         # than the ring leaves the producer waiting for space (wait policy, 10 s a capture)
         final = start_drain(endpoint, out, "--idle-timeout", "2")
-        p.wait_event("captured", timeout=120)
+
+        def captured() -> bool:
+            release(released + 1)   # every batch left
+            return p.poll_event("captured") is not None
+        wait_until(captured, 120, "the producer to capture every request")
         rc, rep, err = drain_report(final, timeout=120)
         codes.append(rc)
         reported |= reported_rids(rep)
