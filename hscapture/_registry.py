@@ -20,8 +20,9 @@ from ._ledger import Ledger, LostRange
 from . import record as rec
 from ._source import Source
 from ._subscriptions import remember, segments_of
-from .errors import (NoticeError, RingError, SegmentNotFoundError, SubscriptionInUseError,
-                     SubscriptionNotFoundError)
+from .errors import (NoticeError, RecordFormatError, RingError, SegmentNotFoundError,
+                     SubscriptionInUseError, SubscriptionNotFoundError)
+from .ring import read_ended
 
 log = logging.getLogger("hscapture")
 
@@ -328,7 +329,7 @@ class SourceRegistry:
         src.retired = True
         producer = src.producer or "?"
         hb_next = max((src.hb or {}).get("next_seq", 0), src.bye_next_seq, src.seqs.high,
-                      self.read_leftovers(src), taken_numbers(src))
+                      self.read_leftovers(src), taken_numbers(src), self.ended_numbers(src))
         src.owed_numbers()     # (after the leftover file: it may hold the unheard entry)
         for a, b in src.seqs.missing_below(hb_next):
             src.report_lost(a, b - a, src.lost_reason(a, f"{reason}: never recorded in the "
@@ -368,6 +369,22 @@ class SourceRegistry:
             self.ledger.counts["leftover_entries"] += 1
             self.delivery.on_entry(src, at, entry)
         return left.next_seq
+
+    def ended_numbers(self, src: Source) -> int:
+        """For an incarnation whose ring was gone before this subscriber could attach to it
+        (:meth:`_unreadable`): the numbers its producer took, from the ended record the
+        ring's removal left (:func:`hscapture.ring.write_ended`), so that the samples whose
+        notices died with a SIGKILLed producer are reported lost too; 0 when attached, or
+        with no record (removed more than ``HSCAPTURE_ENDED_KEEP_S`` ago, or by a build
+        that did not write one)."""
+        if not src.ring_gone:
+            return 0
+        try:
+            return read_ended(src.segment, epoch=src.epoch) or 0
+        except (RecordFormatError, OSError, ValueError) as exc:
+            self.ledger.error(f"the ended record of segment {src.segment!r} cannot be read: "
+                              f"{type(exc).__name__}: {exc}", "leftover_errors")
+            return 0
 
     def maybe_finish(self, src: Source) -> None:
         """Detach from a retired incarnation once no borrowed sample needs its ring; a durable

@@ -95,6 +95,8 @@ class Source:
         self.producer = producer
         self.segment = segment
         self.consumer = consumer
+        #: the ring was gone before this subscriber could attach to it (never attached)
+        self.ring_gone = consumer is None
         self.ledger = ledger
         self.notice_grace_s = notice_grace_s
         self.seqs = SequenceTracker()
@@ -186,6 +188,10 @@ class Source:
         if first < self.owed_below:
             return ("committed before this subscriber attached; the producer ended before it "
                     "named them (its unheard entry was never written)")
+        if self.ring_gone:     # (SourceRegistry._unreadable)
+            return ("taken by the producer's new incarnation (it restarted), whose ring was "
+                    "removed before this subscriber could attach to it (the producer ended), "
+                    "and named by no notice it received")
         if self.continuing and (self.first_read is None or first < self.first_read):
             return ("committed before this subscriber attached to the producer's new "
                     "incarnation (it restarted), before its place in the ring, and named by no "

@@ -1,4 +1,5 @@
-"""The shared-memory ring, seen from Python: segment naming, stale-segment cleanup, re-exports.
+"""The shared-memory ring, seen from Python: segment naming, stale-segment cleanup (and the
+ended record it leaves), re-exports.
 
 The ring itself is native (``hscapture._ring``, built from ``csrc/`` and ``bindings/``); its
 API is specified in docs/ARCHITECTURE.md section 1. This module adds only what is easier in
@@ -10,7 +11,10 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import time
 from typing import Literal, NamedTuple
+
+import msgpack
 
 from ._ring import (  # noqa: F401  (re-exports)
     CACHE_LINE,
@@ -35,6 +39,7 @@ from ._ring import (  # noqa: F401  (re-exports)
     segment_info,
     unlink,
 )
+from .errors import RecordFormatError
 
 __all__ = [
     "Producer",
@@ -54,6 +59,11 @@ __all__ = [
     "leftover_path",
     "leftover_unread",
     "remove_leftover",
+    "ENDED_PREFIX",
+    "ended_path",
+    "encode_ended",
+    "decode_ended",
+    "read_ended",
 ]
 
 #: Where POSIX shared-memory objects appear on Linux.
@@ -66,6 +76,15 @@ DEFAULT_PREFIX = "hscapture-"
 #: segment by a listing of those.
 LEFTOVER_PREFIX = "hscapture.left-"
 
+#: The ended record a removed segment of a dead producer leaves (:func:`write_ended`).
+ENDED_PREFIX = "hscapture.ended-"
+ENDED_VERSION = 1
+#: how long an ended record stays (``HSCAPTURE_ENDED_KEEP_S`` overrides; 1 hour): a
+#: subscriber that learns of the incarnation later than that gets no bound from it
+ENDED_KEEP_S = 3600.0
+_ENDED_KEYS = frozenset({"v", "epoch", "taken"})
+_U64 = (1 << 64) - 1
+
 _ID_RE = re.compile(r"[^A-Za-z0-9_.]+")
 
 
@@ -74,6 +93,107 @@ def leftover_path(segment: str) -> str:
     if not segment or "/" in segment or segment.startswith("."):
         raise ValueError(f"not a segment name: {segment!r}")
     return os.path.join(SHM_DIR, LEFTOVER_PREFIX + segment)
+
+
+def ended_path(segment: str) -> str:
+    """The ended record of ``segment`` (a segment name, no directory)."""
+    if not segment or "/" in segment or segment.startswith("."):
+        raise ValueError(f"not a segment name: {segment!r}")
+    return os.path.join(SHM_DIR, ENDED_PREFIX + segment)
+
+
+def encode_ended(epoch: int, taken: int) -> bytes:
+    """An ended record's bytes (docs/PROTOCOL.md "The ended record"; golden-bytes tested:
+    tests/test_ended_record.py): one msgpack map ``{"v": 1, "epoch": E, "taken": N}``."""
+    return msgpack.packb({"v": ENDED_VERSION, "epoch": epoch, "taken": taken},
+                         use_bin_type=True)
+
+
+def decode_ended(blob: bytes, *, epoch: int) -> int:
+    """The ``taken`` of an ended record written for incarnation ``epoch``. Raises
+    :class:`RecordFormatError` (what was expected, what was found) for any other bytes."""
+    if len(blob) > 256:
+        raise RecordFormatError(f"ended record: expected at most 256 bytes, found {len(blob)}")
+    try:
+        top = msgpack.unpackb(blob, raw=False, strict_map_key=True, max_map_len=8)
+    except Exception as exc:
+        raise RecordFormatError(f"ended record: not msgpack ({type(exc).__name__}: {exc})") \
+            from None
+    if not isinstance(top, dict) or set(top) != _ENDED_KEYS:
+        raise RecordFormatError(f"ended record: expected a map with keys {sorted(_ENDED_KEYS)}, "
+                                f"found {sorted(top) if isinstance(top, dict) else type(top).__name__}")
+    if top["v"] != ENDED_VERSION:
+        raise RecordFormatError(f"ended record: expected version {ENDED_VERSION}, found "
+                                f"{top['v']!r}")
+    for key in ("epoch", "taken"):
+        if type(top[key]) is not int or not 0 <= top[key] <= _U64:
+            raise RecordFormatError(f"ended record: {key}: expected an integer 0..2**64-1, "
+                                    f"found {top[key]!r}")
+    if top["epoch"] != epoch:
+        raise RecordFormatError(f"ended record: epoch: expected {epoch:#x} (the incarnation's), "
+                                f"found {top['epoch']:#x}")
+    return top["taken"]
+
+
+def read_ended(segment: str, *, epoch: int) -> int | None:
+    """The ``taken`` of ``segment``'s ended record (:func:`decode_ended`); None when there is
+    none. Raises :class:`RecordFormatError` for a file that is not one, OSError if
+    unreadable."""
+    try:
+        with open(ended_path(segment), "rb") as f:
+            blob = f.read(257)
+    except FileNotFoundError:
+        return None
+    return decode_ended(blob, epoch=epoch)
+
+
+def write_ended(segment: str, epoch: int, taken: int) -> None:
+    """Leave ``segment``'s ended record (mode 0600, written to a temporary name and renamed
+    into place), before :func:`cleanup_stale` removes the segment of a dead producer.
+
+    Why: a subscriber that knows the incarnation only from its notices (it had not attached
+    to the ring when the producer died: busy elsewhere, or attaching late) finds the ring
+    gone once another subscriber's detach or a cleanup removed it, and the last notices of a
+    SIGKILLed producer die in its socket: their numbers lay above every bound that
+    subscriber had (heartbeats, notices, the leftover file), and those samples were named
+    to it nowhere (fault hunt of 2026-12-05, ``scripts/hunts/restart-2026-12-05/
+    s2_sigkill_late.py``: 1-9 samples in 1 of 6 runs). ``taken`` (the header's: every
+    number below it was taken) bounds what it reports lost; the record stays for
+    :data:`ENDED_KEEP_S`."""
+    path = ended_path(segment)
+    tmp = os.path.join(SHM_DIR, f".{ENDED_PREFIX}{segment}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode_ended(epoch, taken))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def ended_keep_s() -> float:
+    """How long an ended record stays (:data:`ENDED_KEEP_S`, or ``HSCAPTURE_ENDED_KEEP_S``)."""
+    try:
+        return float(os.environ.get("HSCAPTURE_ENDED_KEEP_S") or ENDED_KEEP_S)
+    except ValueError:
+        return ENDED_KEEP_S
+
+
+def _remove_old_ended(segment_prefix: str) -> None:
+    """Remove our ended records of segments named ``segment_prefix*`` older than
+    :func:`ended_keep_s` (by their modification time)."""
+    oldest = time.time() - ended_keep_s()
+    for name in _own_names(ENDED_PREFIX + segment_prefix):
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.stat(path).st_mtime < oldest:
+                os.unlink(path)
+        except OSError:
+            continue
 
 
 def remove_leftover(segment: str) -> None:
@@ -202,6 +322,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
         except Exception:  # vanished meanwhile, or not ours to judge: leave it alone
             continue
         reason = "no live producer"
+        info = None
         try:
             info = segment_info(name)
             unread = _unread_durable(info) + leftover_unread(name, info)
@@ -221,6 +342,11 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
             continue
         if unread:
             reason += "; forced despite: " + "; ".join(unread)
+        if info is not None:
+            try:
+                write_ended(name, int(info["epoch"]), int(info["taken"]))
+            except OSError:   # (a full /dev/shm): the segment goes all the same
+                pass
         try:
             unlink(name)
         except Exception:  # vanished meanwhile
@@ -228,6 +354,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
         remove_leftover(name)
         out.append(CleanupAction(name, "removed", reason))
     _remove_orphan_leftovers(prefix)
+    _remove_old_ended(prefix)
     return out
 
 

@@ -100,14 +100,16 @@ def _env() -> dict[str, str]:
 
 
 class ProducerProc:
-    """A producer process (``produce(spec)``) and its JSON event stream."""
+    """A producer process (``produce(spec)``; ``role="follow"``: a follower, ``follow(spec)``)
+    and its JSON event stream."""
 
-    def __init__(self, spec: dict[str, Any], cwd: str | os.PathLike) -> None:
+    def __init__(self, spec: dict[str, Any], cwd: str | os.PathLike, role: str = "produce"
+                 ) -> None:
         self.spec = spec
         spec_file = Path(cwd) / f"spec-{uuid.uuid4().hex[:8]}.json"   # argv has a size limit
         spec_file.write_text(json.dumps(spec))
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "fault_support.py"), "produce", "@" + str(spec_file)],
+            [sys.executable, str(HERE / "fault_support.py"), role, "@" + str(spec_file)],
             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=_env())
         self.events: list[dict[str, Any]] = []
@@ -374,7 +376,62 @@ def produce(spec: dict[str, Any]) -> None:
     _emit("done", stats=stats)
 
 
+def follow(spec: dict[str, Any]) -> None:
+    """An anonymous subscriber of ``spec['endpoint']`` in a process of its own, so that a
+    test can stop it whole (SIGSTOP: its socket's I/O thread too, so what a producer sends it
+    stays in that producer's queue). It reads until it has every rid of ``spec['first']``
+    and has retired that incarnation, then prints ``followed``; it prints ``heard`` once a
+    message of a new incarnation waits in its socket (it reads none: a trainer in a long
+    step), then waits for a line on stdin, the key (``producer@epoch``) of an incarnation.
+    It then reads until that incarnation was live in its ``stats()`` and is retired, and
+    prints ``report``: the rids it got, those reported (``dropped``, ``incomplete``,
+    ``rejected``) and its ``lost`` ranges."""
+    import logging
+
+    from hscapture import Subscriber
+
+    logging.getLogger("hscapture").setLevel(logging.ERROR)   # (stderr is read at the end)
+    sub = Subscriber(spec["endpoint"], producer_timeout_s=spec.get("producer_timeout_s", 1.0))
+    got: set[str] = set()
+    _emit("ready")
+    first = set(spec["first"])
+    deadline = time.monotonic() + 60
+    while not first <= got or sub.stats()["producers"]:
+        s = sub.poll(0.02)
+        if s is not None:
+            got.add(s.rid)
+        if time.monotonic() > deadline:
+            _emit("error", what="the first incarnation was not read and retired in 60 s")
+            return
+    _emit("followed")
+    while not sub._sock.poll(50):   # (polls the socket for a message; reads none)
+        pass
+    _emit("heard")
+    key = sys.stdin.readline().strip()
+    seen = False
+    deadline = time.monotonic() + 60
+    while True:
+        s = sub.poll(0.02)
+        if s is not None:
+            got.add(s.rid)
+        live = key in sub.stats()["producers"]
+        seen = seen or live
+        if seen and not live:
+            break
+        if time.monotonic() > deadline:
+            _emit("error", what=f"{key} was not heard and retired in 60 s", seen=seen)
+            return
+    st = sub.stats()
+    _emit("report", got=sorted(got), dropped=sorted(st["dropped"]),
+          incomplete=sorted(st["incomplete"]), rejected=sorted(st["rejected"]),
+          lost=[dict(x) for x in st["lost"]])
+    sub.close()
+
+
 if __name__ == "__main__":
+    arg = sys.argv[2]
+    spec_arg = json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg)
     if sys.argv[1] == "produce":
-        arg = sys.argv[2]
-        produce(json.loads(Path(arg[1:]).read_text() if arg.startswith("@") else arg))
+        produce(spec_arg)
+    elif sys.argv[1] == "follow":
+        follow(spec_arg)

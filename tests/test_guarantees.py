@@ -830,6 +830,64 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
         b.close()
 
 
+def test_a_follower_stopped_while_a_killed_incarnations_notices_died_is_told_of_every_sample(
+        endpoint, procs, tmp_path):
+    # B (a process of its own) read incarnation 1 and then is stopped whole (SIGSTOP: a
+    # trainer's long step, its socket's I/O thread included) with incarnation 2's first
+    # heartbeat waiting in its socket. Incarnation 2 captures 6,000 one-row samples, which A
+    # reads from the ring, and is SIGKILLed: the notices still in its queue for B (far more
+    # than a socket buffer holds) die with it. A retires it and the ring goes. B resumes:
+    # what it heard names some samples by rid, and every other one must be reported to it
+    # too (a lost range). Until 2026-12-07 the numbers past the last notice B heard lay
+    # above every bound it had and those samples were named to it nowhere (fault hunt of
+    # 2026-12-05, s2, 1-9 samples in 1 of 6 runs; GUARANTEES gap 11(c)); the ring's removal
+    # now leaves an ended record whose `taken` bounds what B reports lost
+    n = 6000
+    reqs = [[f"k-{i}", 1, 1] for i in range(n)]
+    b = ProducerProc({"endpoint": endpoint, "first": ["w0"]}, tmp_path, role="follow")
+    procs.append(b)
+    b.wait_event("ready")
+    with Producer(endpoint, producer_id="g2k", capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as p1:
+        wait_until(lambda: p1.stats()["ring"]["live_consumers"] >= 1, 30, "B to attach")
+        assert all(_capture(p1, "w0", 2))
+        p1.flush()
+    b.wait_event("followed")            # B read w0 and the bye: it follows g2k
+    a = Subscriber(endpoint, producer_timeout_s=1.0)
+    try:
+        prod = _producer(procs, tmp_path, endpoint=endpoint, requests=reqs, producer_id="g2k",
+                         consumers=1, start_on_stdin=True, capacity=16 << 20, policy="wait",
+                         wait_timeout_s=20.0)
+        ready = prod.wait_event("ready")
+        key = f"g2k@{ready['epoch']:016x}"
+        got_a: dict = {}
+        _take(a, got_a, lambda: key in a.stats()["producers"], "A to attach")
+        b.wait_event("heard")
+        b.kill(signal.SIGSTOP)
+        prod.send()
+        prod.wait_event("captured", timeout=120)
+        prod.kill()
+        prod.wait()
+        _take(a, got_a, lambda: key not in a.stats()["producers"], "A to retire it", timeout=60)
+        assert set(got_a) == {r for r, _, _ in reqs}
+        _take(a, got_a, lambda: not os.path.exists(f"/dev/shm/{ready['segment']}"),
+              "the ring to go")
+    finally:
+        a.close()
+        b.kill(signal.SIGCONT)
+    b.send(key)
+    rep = b.wait_event("report", timeout=120)
+    named = set(rep["dropped"]) | set(rep["incomplete"]) | set(rep["rejected"])
+    lost = {f"k-{i}" for x in rep["lost"] if x["epoch"] == ready["epoch"]
+            for i in range(x["first"], x["first"] + x["count"])}
+    rids = {r for r, _, _ in reqs}
+    assert not rids & set(rep["got"])                 # the ring was gone
+    assert len(rids & named) < n, "every notice reached B: the test did not test"
+    silent = rids - named - lost
+    assert not silent, (len(silent), sorted(silent)[:5], rep["lost"])
+    assert not named & lost, "a sample reported twice"
+
+
 def _chunk(p: Producer, rid: str, tokens: int, start: int, end: int) -> bool:
     tensors, ids = source(rid, tokens)
     return p.capture(rid, [t[start:end] for t in tensors], layers=LAYERS, token_start=start,
