@@ -30,7 +30,6 @@ The file: :func:`hscapture.ring.leftover_path` (``/dev/shm/hscapture.left-<segme
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -39,7 +38,7 @@ import msgpack
 
 from . import record as rec
 from .errors import RecordFormatError
-from .ring import leftover_path
+from .ring import leftover_path, write_private_file
 
 __all__ = ["Leftover", "encode", "decode", "write", "read", "MAX_BYTES"]
 
@@ -119,19 +118,7 @@ def write(segment: str, epoch: int, next_seq: int, unrecorded: int,
           payloads: Sequence[bytes]) -> Path:
     """Write ``segment``'s leftover file (replacing one there); returns its path."""
     path = Path(leftover_path(segment))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    blob = encode(epoch, next_seq, unrecorded, payloads)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_private_file(str(path), encode(epoch, next_seq, unrecorded, payloads))
     return path
 
 

@@ -160,12 +160,20 @@ def write_ended(segment: str, epoch: int, taken: int) -> None:
     s2_sigkill_late.py``: 1-9 samples in 1 of 6 runs). ``taken`` (the header's: every
     number below it was taken) bounds what it reports lost; the record stays for
     :data:`ENDED_KEEP_S`."""
-    path = ended_path(segment)
-    tmp = os.path.join(SHM_DIR, f".{ENDED_PREFIX}{segment}.{os.getpid()}.tmp")
+    write_private_file(ended_path(segment), encode_ended(epoch, taken))
+
+
+def write_private_file(path: str, blob: bytes) -> None:
+    """``blob`` as the whole of ``path`` (mode 0600), replacing what is there at once: written
+    to a temporary name beside it (``.<name>.<pid>.tmp``) and renamed into place, so that a
+    reader finds the old file or the new one, never a part (the leftover file, the ended
+    record)."""
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(encode_ended(epoch, taken))
+            f.write(blob)
         os.replace(tmp, path)
     except BaseException:
         try:

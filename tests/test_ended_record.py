@@ -52,6 +52,17 @@ def test_any_bytes_read_as_a_number_or_a_record_format_error(blob):
     assert 0 <= taken < 1 << 64
 
 
+def _remove(*names: str | None) -> None:
+    """The segments ``names`` and their ended records, whatever the test left."""
+    for n in names:
+        if n:
+            ring.cleanup_stale(n, force=True)
+            try:
+                os.unlink(ring.ended_path(n))
+            except FileNotFoundError:
+                pass
+
+
 def _dead_segment(taken: int) -> str:
     """A segment whose producer ended without removing it, ``taken`` numbers taken."""
     name = f"hscapture-{os.geteuid()}-er{uuid.uuid4().hex[:6]}-01"
@@ -87,13 +98,7 @@ def test_removing_a_dead_producers_segment_leaves_its_epoch_and_taken_for_an_hou
         ring.cleanup_stale(name2)
         assert ring.read_ended(name2, epoch=epoch2) is None
     finally:
-        for n in (name, locals().get("name2")):
-            if n:
-                ring.cleanup_stale(n, force=True)
-                try:
-                    os.unlink(ring.ended_path(n))
-                except FileNotFoundError:
-                    pass
+        _remove(name, locals().get("name2"))
 
 
 def test_a_segment_kept_for_a_durable_place_leaves_a_record_only_once_it_goes():
@@ -112,11 +117,7 @@ def test_a_segment_kept_for_a_durable_place_leaves_a_record_only_once_it_goes():
         assert [a.action for a in ring.cleanup_stale(name)] == ["removed"]
         assert ring.read_ended(name, epoch=epoch) == 5
     finally:
-        ring.cleanup_stale(name, force=True)
-        try:
-            os.unlink(ring.ended_path(name))
-        except FileNotFoundError:
-            pass
+        _remove(name)
 
 
 def test_an_ended_record_is_not_a_segment_name_and_not_a_path_outside_shm():
