@@ -88,18 +88,22 @@ _U64 = (1 << 64) - 1
 _ID_RE = re.compile(r"[^A-Za-z0-9_.]+")
 
 
-def leftover_path(segment: str) -> str:
-    """The leftover file of ``segment`` (a segment name, no directory)."""
+def _beside(prefix: str, segment: str) -> str:
+    """``/dev/shm/<prefix><segment>``: a small file beside ``segment`` (a segment name, no
+    directory; anything else is a ValueError, so no name can lead out of SHM_DIR)."""
     if not segment or "/" in segment or segment.startswith("."):
         raise ValueError(f"not a segment name: {segment!r}")
-    return os.path.join(SHM_DIR, LEFTOVER_PREFIX + segment)
+    return os.path.join(SHM_DIR, prefix + segment)
+
+
+def leftover_path(segment: str) -> str:
+    """The leftover file of ``segment`` (a segment name, no directory)."""
+    return _beside(LEFTOVER_PREFIX, segment)
 
 
 def ended_path(segment: str) -> str:
     """The ended record of ``segment`` (a segment name, no directory)."""
-    if not segment or "/" in segment or segment.startswith("."):
-        raise ValueError(f"not a segment name: {segment!r}")
-    return os.path.join(SHM_DIR, ENDED_PREFIX + segment)
+    return _beside(ENDED_PREFIX, segment)
 
 
 def encode_ended(epoch: int, taken: int) -> bytes:
