@@ -17,7 +17,8 @@ resumer report samples the killed owner had received whole (GUARANTEES gap 14(a)
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+import types
+from typing import Any, Mapping, Protocol
 
 from ._holds import RecordHolds
 from ._ledger import failure_event as _event
@@ -49,12 +50,19 @@ class HeadlessSamples:
     def __init__(self, owner: _Owner) -> None:
         self._owner = owner
         self._held: dict[tuple[int, str], list[Any]] = {}
+        self._view = types.MappingProxyType(self._held)
 
     def __bool__(self) -> bool:
         return bool(self._held)
 
     def __contains__(self, key: object) -> bool:
         return key in self._held
+
+    @property
+    def keys_held(self) -> Mapping[tuple[int, str], Any]:
+        """The keys held, as a live read-only view (for a hot loop's truth test and ``in``,
+        without a call per row)."""
+        return self._view
 
     def row(self, src: Source, record: Any, key: tuple[int, str], rv: Any) -> bool:
         """A resumed durable place read ``rv``, a row continuing a sample whose start it never

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import IncompleteSampleError, SampleDroppedError, SampleMismatchError
 from .record import ENDED, ended_by_abort, parse_event
@@ -74,6 +75,7 @@ class Ledger:
         #: failed it (None: no record did)
         self._failed: collections.OrderedDict[tuple[int, str], int | None] = \
             collections.OrderedDict()
+        self._failed_view = types.MappingProxyType(self._failed)
         #: every failure in the order it was recorded: ``(kind, rid, reason, event)``, kind
         #: one of ``dropped`` / ``incomplete`` / ``rejected``, event ``"epoch:seq"`` of the
         #: ring row or entry that named it (None when no record did: a timeout, a producer
@@ -125,6 +127,12 @@ class Ledger:
 
     def has_failed(self, key: tuple[int, str]) -> bool:
         return key in self._failed
+
+    @property
+    def failed_keys(self) -> Mapping[tuple[int, str], Any]:
+        """The keys :meth:`has_failed` is true of, as a live read-only view (a hot loop's
+        ``key in failed_keys``, without a call per row)."""
+        return self._failed_view
 
     def failed_at(self, key: tuple[int, str]) -> int | None:
         """The number of the row or entry that failed ``key``'s sample (None: unknown): a

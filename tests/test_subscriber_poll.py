@@ -13,6 +13,7 @@ import zmq
 from hscapture import Producer, Subscriber
 from hscapture import notice as nt
 from hscapture.producer import Row
+from hscapture.sample import layer_name
 
 ROWS = 300
 
@@ -216,3 +217,56 @@ def test_a_sample_is_the_same_whichever_way_its_entry_was_read(endpoint, zero_co
         assert sa["incomplete"] == sb["incomplete"] and "cached" in sa["incomplete"]
         for s in [*got["direct"].values(), *got["by_row"].values()]:
             s.release()
+
+
+@pytest.mark.parametrize("layers", [[5], [3, 7, 11]])
+def test_an_owned_sample_equals_the_borrowed_and_the_expected_reading_of_the_same_row(
+        endpoint, layers):
+    # Owned samples of whole rows are built on the entry's fast path (one native copy per
+    # entry, no per-row checks left to make); a zero-copy subscriber and one that expect()s
+    # every rid read the same rows the general way. All three must hand out equal samples:
+    # every field, tensor bytes and dtype, meta, per-token fields, list types
+    hidden, n = 8, 6
+    counts = [1, 3, 2, 5, 1, 4]
+    starts = [sum(counts[:i]) for i in range(n)]
+    tokens = sum(counts)
+    block = torch.randn(tokens, hidden * len(layers)).to(torch.bfloat16)
+    ids = torch.arange(500, 500 + tokens, dtype=torch.int32)
+    maps = [{"rid": f"e{i}", "token_start": 0, "token_count": c, "last": True,
+             "cached_prefix": 0, "extra": {"attempt": 0, "i": i, "ph": "x" * i},
+             "fields": {"loss_mask": bytes((i + k) % 2 for k in range(c))} if i % 2 else {}}
+            for i, c in enumerate(counts)]
+    with Producer(endpoint, producer_id="eqv", capacity=8 << 20) as p, \
+            Subscriber(endpoint) as owned, Subscriber(endpoint, zero_copy=True) as borrowed, \
+            Subscriber(endpoint) as checked:
+        for s in (owned, borrowed, checked):
+            s.wait_ready(10)
+        p.wait_for_consumers(3, 10)
+        for m in maps:
+            checked.expect(m["rid"], m["token_count"])
+        assert p.capture_rows(maps, starts, [block], layers=layers, token_ids=ids,
+                              layer_map=[[0, i * hidden] for i in range(len(layers))],
+                              hidden=hidden)
+        p.flush()
+        for i, m in enumerate(maps):
+            a, b, c = (s.get(m["rid"], timeout=10) for s in (owned, borrowed, checked))
+            assert not a.borrowed and b.borrowed and not c.borrowed
+            rows = slice(starts[i], starts[i] + counts[i])
+            for x in (a, b, c):
+                assert (x.rid, x.producer_id, x.num_tokens, x.dtype, x.hidden) == \
+                    (m["rid"], "eqv", counts[i], "bfloat16", hidden)
+                assert x.layers == layers and type(x.layers) is list
+                assert x.layer_kinds == ["residual"] * len(layers)
+                assert type(x.layer_kinds) is list
+                assert x.token_ids.dtype == torch.int32 and torch.equal(x.token_ids, ids[rows])
+                assert list(x.tensors) == [layer_name(l, "residual") for l in layers]
+                for j, t in enumerate(x.tensors.values()):
+                    assert t.dtype == torch.bfloat16 and t.shape == (counts[i], hidden)
+                    assert torch.equal(t, block[rows, j * hidden:(j + 1) * hidden])
+                assert {k: bytes(v.tolist()) for k, v in x.fields.items()} == m["fields"]
+                assert all(v.dtype == torch.uint8 for v in x.fields.values())
+                assert x.meta == a.meta and x.meta["extra"] == m["extra"]
+                assert x.meta["chunks"] == 1 and x.meta["cached_prefix"] == 0
+                assert x.epoch == a.epoch
+            assert a.layers is not c.layers and a.layers is not b.layers   # each its own
+            b.release()
