@@ -38,7 +38,7 @@ import msgpack
 
 from . import record as rec
 from .errors import RecordFormatError
-from .ring import leftover_path, write_private_file
+from .ring import decode_private_map, leftover_path, write_private_file
 
 __all__ = ["Leftover", "encode", "decode", "write", "read", "MAX_BYTES"]
 
@@ -46,7 +46,6 @@ VERSION = 1
 #: the largest file read (the producer's backlog is bounded: 65,536 rows)
 MAX_BYTES = 64 << 20
 _KEYS = frozenset({"v", "epoch", "next_seq", "unrecorded", "entries"})
-_U64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -70,28 +69,10 @@ def decode(blob: bytes, *, epoch: int, producer: str | None = None) -> Leftover:
     """Parse and validate a leftover file written for incarnation ``epoch`` (and, when
     given, producer id ``producer``). Raises :class:`RecordFormatError` for anything wrong
     (what was expected and what was found), and nothing else, for any bytes."""
-    if len(blob) > MAX_BYTES:
-        raise RecordFormatError(f"leftover file: expected at most {MAX_BYTES} bytes, found "
-                                f"{len(blob)}")
-    try:
-        top = msgpack.unpackb(blob, raw=False, strict_map_key=True,
-                              max_bin_len=MAX_BYTES, max_array_len=1 << 20, max_map_len=16)
-    except Exception as exc:
-        raise RecordFormatError(f"leftover file: not msgpack ({type(exc).__name__}: {exc})") \
-            from None
-    if not isinstance(top, dict) or set(top) != _KEYS:
-        raise RecordFormatError(f"leftover file: expected a map with keys {sorted(_KEYS)}, "
-                                f"found {sorted(top) if isinstance(top, dict) else type(top).__name__}")
-    if top["v"] != VERSION:
-        raise RecordFormatError(f"leftover file: expected version {VERSION}, found {top['v']!r}")
-    for key in ("epoch", "next_seq", "unrecorded"):
-        v = top[key]
-        if type(v) is not int or not 0 <= v <= _U64:
-            raise RecordFormatError(f"leftover file: {key}: expected an integer 0..2**64-1, "
-                                    f"found {v!r}")
-    if top["epoch"] != epoch:
-        raise RecordFormatError(f"leftover file: epoch: expected {epoch:#x} (the segment's), "
-                                f"found {top['epoch']:#x}")
+    top = decode_private_map(blob, what="leftover file", keys=_KEYS, version=VERSION,
+                             numbers=("epoch", "next_seq", "unrecorded"), epoch=epoch,
+                             whose="the segment's", max_bytes=MAX_BYTES,
+                             max_bin_len=MAX_BYTES, max_array_len=1 << 20, max_map_len=16)
     raw = top["entries"]
     if not isinstance(raw, list) or any(type(p) is not bytes for p in raw):
         raise RecordFormatError("leftover file: entries: expected a list of byte strings")

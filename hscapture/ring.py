@@ -113,30 +113,44 @@ def encode_ended(epoch: int, taken: int) -> bytes:
                          use_bin_type=True)
 
 
+def decode_private_map(blob: bytes, *, what: str, keys: frozenset[str], version: int,
+                       numbers: tuple[str, ...], epoch: int, whose: str, max_bytes: int,
+                       **limits: int) -> dict:
+    """The map of one of the small private files beside a segment (the leftover file, the
+    ended record), checked for what they share: at most ``max_bytes``, one msgpack map of
+    exactly ``keys`` (``limits``: msgpack's ``max_*_len``), ``v`` == ``version``, each of
+    ``numbers`` an integer 0..2**64-1, ``epoch`` the expected one (``whose``: where that
+    epoch comes from, for the message). Raises :class:`RecordFormatError` naming ``what``,
+    what was expected and what was found, for any other bytes."""
+    if len(blob) > max_bytes:
+        raise RecordFormatError(f"{what}: expected at most {max_bytes} bytes, found {len(blob)}")
+    try:
+        top = msgpack.unpackb(blob, raw=False, strict_map_key=True, **limits)
+    except Exception as exc:
+        raise RecordFormatError(f"{what}: not msgpack ({type(exc).__name__}: {exc})") \
+            from None
+    if not isinstance(top, dict) or set(top) != keys:
+        raise RecordFormatError(f"{what}: expected a map with keys {sorted(keys)}, "
+                                f"found {sorted(top) if isinstance(top, dict) else type(top).__name__}")
+    if top["v"] != version:
+        raise RecordFormatError(f"{what}: expected version {version}, found {top['v']!r}")
+    for key in numbers:
+        if type(top[key]) is not int or not 0 <= top[key] <= _U64:
+            raise RecordFormatError(f"{what}: {key}: expected an integer 0..2**64-1, "
+                                    f"found {top[key]!r}")
+    if top["epoch"] != epoch:
+        raise RecordFormatError(f"{what}: epoch: expected {epoch:#x} ({whose}), "
+                                f"found {top['epoch']:#x}")
+    return top
+
+
 def decode_ended(blob: bytes, *, epoch: int) -> int:
     """The ``taken`` of an ended record written for incarnation ``epoch``. Raises
     :class:`RecordFormatError` (what was expected, what was found) for any other bytes."""
-    if len(blob) > 256:
-        raise RecordFormatError(f"ended record: expected at most 256 bytes, found {len(blob)}")
-    try:
-        top = msgpack.unpackb(blob, raw=False, strict_map_key=True, max_map_len=8)
-    except Exception as exc:
-        raise RecordFormatError(f"ended record: not msgpack ({type(exc).__name__}: {exc})") \
-            from None
-    if not isinstance(top, dict) or set(top) != _ENDED_KEYS:
-        raise RecordFormatError(f"ended record: expected a map with keys {sorted(_ENDED_KEYS)}, "
-                                f"found {sorted(top) if isinstance(top, dict) else type(top).__name__}")
-    if top["v"] != ENDED_VERSION:
-        raise RecordFormatError(f"ended record: expected version {ENDED_VERSION}, found "
-                                f"{top['v']!r}")
-    for key in ("epoch", "taken"):
-        if type(top[key]) is not int or not 0 <= top[key] <= _U64:
-            raise RecordFormatError(f"ended record: {key}: expected an integer 0..2**64-1, "
-                                    f"found {top[key]!r}")
-    if top["epoch"] != epoch:
-        raise RecordFormatError(f"ended record: epoch: expected {epoch:#x} (the incarnation's), "
-                                f"found {top['epoch']:#x}")
-    return top["taken"]
+    return decode_private_map(blob, what="ended record", keys=_ENDED_KEYS,
+                              version=ENDED_VERSION, numbers=("epoch", "taken"), epoch=epoch,
+                              whose="the incarnation's", max_bytes=256,
+                              max_map_len=8)["taken"]
 
 
 def read_ended(segment: str, *, epoch: int) -> int | None:
