@@ -404,6 +404,7 @@ def child_notice_produce(spec: dict) -> None:
     block = torch.randn(top, spec["hidden"]).to(torch.bfloat16)    # one row per request
     ids = torch.full((top,), 7, dtype=torch.int32)
     n = 0
+    _first_full_collection()
     for line in sys.stdin:
         cmd = line.split()
         if not cmd or cmd[0] == "stop":
@@ -411,6 +412,7 @@ def child_notice_produce(spec: dict) -> None:
         phase, count, rate, k, pace = cmd[0], int(cmd[1]), float(cmd[2]), int(cmd[3]), cmd[4]
         before = p.stats()
         ok: list[bool] = []
+        returned: list[list[int]] = []   # paced: [stamp, ns capture_batch() took] per entry
         gap = k / rate if rate > 0 else 0.0
         t0 = time.time_ns()
         nxt = time.perf_counter()
@@ -424,11 +426,34 @@ def child_notice_produce(spec: dict) -> None:
             rows = [BatchRow(f"n{n + j + 1}", j, 1, extra=extra) for j in range(m)]
             n += m
             ok += [p.capture_batch(rows, [block], layers=[0], token_ids=ids)] * m
+            if gap:
+                returned.append([now, time.time_ns() - now])
         t1 = time.time_ns()
         p.flush(timeout_s=120)
         emit(event="phase_done", phase=phase, t_start_ns=t0, t_issued_ns=t1,
-             committed=committed_rows(ok, before, p.stats()), count=count)
+             committed=committed_rows(ok, before, p.stats()), count=count, returned=returned)
     p.close()
+
+
+_FIRST_GC = ("each process's first full garbage collection (run once before the phases: it "
+             "walks torch's ~170k objects, 100-200 ms, whatever the process runs; later ones "
+             "are inside)")
+
+
+def _first_full_collection() -> None:
+    """Run this process's first full garbage collection now, before anything is timed.
+
+    CPython starts a process's first full collection as soon as a few objects have been
+    promoted to its oldest generation (until a full collection has run, that generation's
+    size counts as 0), and in a process that imported torch it walks ~170k objects: 100-200
+    ms on the CPU machine, once, whatever the process runs (2026-12-07, paced runs of 2,000
+    16-record entries: one pause of 80-180 ms in the subscriber process in each of 6 runs,
+    none with the collector off; after one full collection the subscriber's steady state
+    promoted nothing to the oldest generation over 32,000 samples). Timed, it was one
+    burst's or one repetition's outlier. Later full collections stay inside the timed region
+    (they need a quarter of the heap promoted first)."""
+    import gc
+    gc.collect()
 
 
 def _wait_until(t: float, pace: str) -> None:
@@ -471,10 +496,12 @@ def section_notices(a: argparse.Namespace) -> dict:
         read_event(proc, "ready", timeout=120)
         with Subscriber(ep) as sub:
             sub.wait_ready(timeout=60)
+            _first_full_collection()
             for phase, count, rate, rows, pace in phases:
                 proc.stdin.write(f"{phase} {count} {rate} {rows} {pace}\n")
                 proc.stdin.flush()
                 lat: list[float] = []
+                first_last: dict[int, list[int]] = {}   # entry stamp -> [first, last] poll
                 last = None
                 deadline = time.monotonic() + 120
                 while len(lat) < count and time.monotonic() < deadline:
@@ -486,6 +513,8 @@ def section_notices(a: argparse.Namespace) -> dict:
                     if ex.get("ph") == phase:
                         lat.append((now - ex["t"]) / 1e3)
                         last = now
+                        if rate:
+                            first_last.setdefault(ex["t"], [now, now])[1] = now
                     s.release()
                     deadline = time.monotonic() + 30
                 done = read_event(proc, "phase_done", timeout=120)
@@ -496,12 +525,13 @@ def section_notices(a: argparse.Namespace) -> dict:
                     "end_to_end_per_s": len(lat) / secs if last else 0.0,
                     "producer_issue_per_s": count / ((done["t_issued_ns"] - done["t_start_ns"])
                                                      / 1e9),
-                    "latency_us": _lat(lat), "_lat": lat}
+                    "latency_us": _lat(lat), "_lat": lat,
+                    "latency_parts_us": _latency_parts(done.get("returned") or [], first_last)}
                 print(f"[notices] {phase}: {per_phase[phase]['end_to_end_per_s']:,.0f}/s end to "
                       f"end (producer issued {per_phase[phase]['producer_issue_per_s']:,.0f}/s), "
                       f"latency p50 {per_phase[phase]['latency_us']['p50']:.0f} us p99 "
                       f"{per_phase[phase]['latency_us']['p99']:.0f} us, received "
-                      f"{len(lat)}/{count}", flush=True)
+                      f"{len(lat)}/{count}" + _parts_line(per_phase[phase]), flush=True)
             sub.pump(0.2)
             sst = sub.stats()
         proc.stdin.write("stop\n")
@@ -522,7 +552,12 @@ def section_notices(a: argparse.Namespace) -> dict:
             paced[key] = {"p50_us": _stats.summarize([p["latency_us"]["p50"] for p in phs]),
                           "p99_us": _stats.summarize([p["latency_us"]["p99"] for p in phs]),
                           "received": sum(p["received"] for p in phs),
-                          "count": sum(p["count"] for p in phs)}
+                          "count": sum(p["count"] for p in phs),
+                          # per entry, where the latency goes (one p50 / p99 per repetition)
+                          "parts_us": {part: {q: _stats.summarize(
+                              [p["latency_parts_us"][part][q] for p in phs
+                               if p["latency_parts_us"]["received"]]) for q in ("p50", "p99")}
+                              for part in ("capture", "to_first", "rest")}}
             g = _stats.goal_record(f"latency p99 at {r:,.0f}/s, producer thread waiting by "
                                    f"{pace} (one p99 per repetition)",
                                    [p["latency_us"]["p99"] for p in phs], GOAL_LATENCY_P99_US,
@@ -538,16 +573,19 @@ def section_notices(a: argparse.Namespace) -> dict:
                f"(full_policy=wait), from its first capture", "subscriber process (this one): "
                "Subscriber.poll() with every check on (the Subscriber has no switch to turn "
                "them off) + release, until the last record of the burst"],
-              ["process start", "the warm-up burst (burst-1)"], "time.time_ns (wall clock, "
-                                                                "shared by processes)"),
+              ["process start", "the warm-up burst (burst-1)", _FIRST_GC],
+              "time.time_ns (wall clock, shared by processes)"),
           "latency": _stats.timed_region(
               ["from time.time_ns() taken right before capture_batch() in the producer "
                "(stored in every record's extra; CPU records are copied inside capture_batch(), "
                "so this is at most capture_batch()'s own duration before copy-done) to "
-               "Subscriber.poll() returning the sample in the subscriber process"],
-              ["release()", "the producer's wait between captures (sleep: time.sleep until "
-               "100 us before the next capture, then a spin; spin: a pure-Python spin that "
-               "never releases the GIL)"],
+               "Subscriber.poll() returning the sample in the subscriber process; per entry "
+               "(parts_us) split into capture_batch()'s own call, its return -> the entry's "
+               "first record's poll() (the notice's way, the wake-up, the entry's reading), and "
+               "that -> its last record's poll()"],
+              ["release()", _FIRST_GC, "the producer's wait between captures (sleep: "
+               "time.sleep until 100 us before the next capture, then a spin; spin: a "
+               "pure-Python spin that never releases the GIL)"],
               "time.time_ns (wall clock, shared by processes)")}
     return {"timed_regions": tr, "goals": goals,
             "results": {"records": {"tokens": 1, "hidden": a.notice_hidden, "dtype": "bfloat16",
@@ -568,6 +606,36 @@ def _received_all(goal: dict, phases: list[dict]) -> None:
     if got < want:
         goal["met"] = False
         goal["why_not"] = f"received {got}/{want}"
+
+
+def _parts_line(ph: dict) -> str:
+    parts = ph["latency_parts_us"]
+    if not parts["received"]:
+        return ""
+    return "; per entry p50/p99: " + ", ".join(
+        f"{name} {parts[name]['p50']:.0f}/{parts[name]['p99']:.0f}"
+        for name in ("capture", "to_first", "rest")) + " us"
+
+
+def _latency_parts(returned: list[list[int]], first_last: dict[int, list[int]]) -> dict:
+    """Where a paced entry's latency goes, per entry (p50/p90/p99/max of each, in us):
+    ``capture``, the producer's ``capture_batch()`` call (the rows' copy, the commit and,
+    inline, the notice's send); ``to_first``, from that call's return to the subscriber's
+    ``poll()`` returning the entry's first record (the notice's way through ZeroMQ, the
+    subscriber's wake-up, its reading and checking of the entry; below 0 when that poll()
+    returned before the call did, the notice having gone out inside it); ``rest``, from the first
+    record's ``poll()`` to the last's (the entry's other records, handed out from memory).
+    Entries the subscriber never saw are left out (``received`` says how many)."""
+    cap, first, rest = [], [], []
+    for stamp, took in returned:
+        fl = first_last.get(stamp)
+        if fl is None:
+            continue
+        cap.append(took / 1e3)
+        first.append((fl[0] - stamp - took) / 1e3)
+        rest.append((fl[1] - fl[0]) / 1e3)
+    return {"entries": len(returned), "received": len(cap), "capture": _lat(cap),
+            "to_first": _lat(first), "rest": _lat(rest)}
 
 
 def _lat(xs: list[float]) -> dict:

@@ -260,6 +260,19 @@ def test_bench_gpu_notices_dry_run_delivers_every_record_of_bursts_and_paced_pha
     assert set(r["paced"]) == {"20000/sleep", "20000/spin"}
     for p in r["paced"].values():
         assert p["received"] == p["count"] and p["p99_us"]["n"] == 2
+        # where a paced entry's latency went: every entry's parts, one p50/p99 per repetition
+        assert set(p["parts_us"]) == {"capture", "to_first", "rest"}
+        assert all(p["parts_us"][k]["p99"]["n"] == 2 for k in p["parts_us"])
+    for name, ph in phases.items():
+        parts = ph["latency_parts_us"]
+        if name.startswith("paced"):   # one record a paced entry (the default)
+            assert parts["received"] == parts["entries"] == ph["count"], (name, parts)
+            # each part is within the entry's latency (to_first may be below 0: the notice
+            # goes out inside capture_batch(), which can return after the poll() did)
+            assert 0 < parts["capture"]["max"] <= ph["latency_us"]["max"], (name, parts)
+            assert parts["to_first"]["max"] <= ph["latency_us"]["max"], (name, parts)
+        else:
+            assert parts["entries"] == 0
     sub = r["subscriber"]
     assert sub["dropped"] == sub["lost"] == sub["incomplete"] == sub["errors"] == 0
     assert all("why_not" not in g for g in rec["goals"])   # no goal lost a record
