@@ -116,11 +116,15 @@ class PublishQueue:
         with self._cond:
             return list(self._items)
 
-    def publish_ready(self, block: bool, publish: Callable[[Pending], None]) -> bool:
+    def publish_ready(self, block: bool, publish: Callable[[Pending], None],
+                      wait_s: float = 0.0) -> bool:
         """Hand every entry at the queue's front whose copy completed to ``publish``, in
-        order, under the send lock; with ``block`` false, return False at once when another
-        thread holds that lock (it is publishing), else True. ``publish`` must not raise."""
-        if not self.send_lock.acquire(blocking=block):
+        order, under the send lock; with ``block`` false, return False when another thread
+        holds that lock (it is publishing) and does not give it up within ``wait_s`` (0: at
+        once), else True. ``publish`` must not raise."""
+        if not (self.send_lock.acquire() if block else
+                self.send_lock.acquire(timeout=wait_s) if wait_s > 0 else
+                self.send_lock.acquire(blocking=False)):
             return False
         n = 0
         items = self._items

@@ -72,6 +72,19 @@ def test_the_capturing_thread_does_not_publish_while_another_thread_holds_the_se
     assert got == [0]
 
 
+def test_a_publish_told_to_wait_gives_up_after_wait_s_and_publishes_once_the_lock_is_free():
+    q = PublishQueue()
+    q.put(_entry(0))
+    got: list[int] = []
+    with q.send_lock:
+        t0 = time.monotonic()
+        assert not q.publish_ready(False, lambda e: got.append(e.seq), wait_s=0.02)
+        assert time.monotonic() - t0 >= 0.015   # it waited (bounded), then left the entry
+    assert got == [] and q.pending
+    assert q.publish_ready(False, lambda e: got.append(e.seq), wait_s=0.02)
+    assert got == [0] and not q.pending
+
+
 def test_the_publisher_thread_waits_out_the_grace_then_takes_the_head_and_stops_at_close():
     q = PublishQueue()
     assert q.next_for_publisher(0.0, 0.01) is None            # nothing queued: waited, None
