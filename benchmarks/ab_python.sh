@@ -33,6 +33,20 @@ for f in $changed; do
   else rm -f "$OUT/A/$f"; fi
 done
 echo "baseline $REV, candidate: working tree; modules that differ: ${changed:-none}"
+# PYTHONPATH must win: an editable install (scripts/setup.sh's .venv) puts a finder before
+# sys.path that would give both sides the checkout's modules (2026-12-07: an A/B on the CPU
+# machine compared the working tree with itself). Run it with a Python that has hscapture
+# installed normally, or not at all.
+case "$PY" in /*|"") ;; */*) PY="$(pwd)/$PY" ;; esac   # (checked from / below)
+for side in A B; do
+  got=$(cd / && PYTHONPATH="$OUT/$side" $PY -c 'import hscapture; print(hscapture.__file__)' \
+        2>&1 | tail -1) || true
+  case "$got" in
+    "$OUT/$side/"*) ;;
+    *) echo "side $side imports hscapture from ${got:-nowhere}, not $OUT/$side: an editable" \
+            "install wins over PYTHONPATH; use a Python without it" >&2; exit 2 ;;
+  esac
+done
 for i in $(seq 1 "$PAIRS"); do
   if [ $((i % 2)) = 1 ]; then order="A B"; else order="B A"; fi
   for side in $order; do
