@@ -122,9 +122,13 @@ class PublishQueue:
         order, under the send lock; with ``block`` false, return False when another thread
         holds that lock (it is publishing) and does not give it up within ``wait_s`` (0: at
         once), else True. ``publish`` must not raise."""
-        if not (self.send_lock.acquire() if block else
-                self.send_lock.acquire(timeout=wait_s) if wait_s > 0 else
-                self.send_lock.acquire(blocking=False)):
+        if block:
+            got = self.send_lock.acquire()
+        elif wait_s > 0:
+            got = self.send_lock.acquire(timeout=wait_s)
+        else:
+            got = self.send_lock.acquire(blocking=False)
+        if not got:
             return False
         n = 0
         items = self._items

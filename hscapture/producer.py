@@ -101,9 +101,9 @@ class Producer:
       when a later capture, an abort or :meth:`flush` comes first: the capturing thread
       publishes completed entries itself (waiting at most 0.5 ms for the send lock while the
       publisher thread sends a heartbeat: ``_announcer.INLINE_LOCK_WAIT_S``), and the
-      publisher thread steps in only once no
-      capture came for ``commit_grace_s`` (through captures closer together than that it
-      sleeps, so the engine's thread does not hand it the GIL once per capture). The
+      publisher thread steps in only once no capture came for ``commit_grace_s`` (through
+      captures closer together than that it sleeps, so the engine's thread does not hand it
+      the GIL once per capture). The
       default, 5 ms, keeps an idle producer's latency low. An engine that steps
       continuously wants a grace longer than its step: the SGLang hook uses 50 ms, because
       with 5 ms and ~7 ms steps the woken thread cost the scheduler throughput (H200 runs
