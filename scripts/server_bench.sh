@@ -12,7 +12,7 @@
 # long mixes (8 prompts per HTTP request in the short one), capture on vs off plus the hook
 # modes EXPERIMENTS (default noop: the plugin-absent proxy; also e.g. grace=0.05, a 50 ms
 # commit grace, or nocapture: everything but Producer.capture) as candidates. Environment:
-# PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny), MIX (short,long), LOAD (rounds; steady: windows inside a
+# PAIRS (8), ROUND_S (1.2), SHAPES (1b,tiny; 8b adds the 8B shape, after them), MIX (short,long), LOAD (rounds; steady: windows inside a
 # continuous load, bench_server's SteadyLoad; a measurement then takes ~3 s plus ROUND_S),
 # CONCURRENCY (HTTP requests in flight: 64, with LOAD=steady 16, which keeps 128 short
 # prompts queued and lets a pause drain in well under a second), STEPS (gpu_round.sh steps run
@@ -53,6 +53,7 @@ run() {  # run SHAPE DEADLINE_S MODEL_PATH ("": the bundle's tiny Llama) [SGLang
   local steps=${STEPS:-bench_server}
   [ "$shape" = 1b ] && steps=${STEPS_1B:-$steps}
   [ "$shape" = tiny ] && steps=${STEPS_TINY:-$steps}
+  [ "$shape" = 8b ] && steps=${STEPS_8B:-$steps}
   mkdir -p "$OUT/$shape"
   rm -f "$HSCAPTURE_STATS_FILE" "$HSCAPTURE_EXPERIMENT_FILE" "$HSCAPTURE_FORWARD_LOG"
   echo "=== server bench: $shape"
@@ -83,4 +84,13 @@ run 1b "${DEADLINE_1B:-300}" /tmp/llama1b --return-aux-hidden-state-layer-ids 1 
   --chunked-prefill-size 2048 --mem-fraction-static 0.5
 run tiny "${DEADLINE_TINY:-270}" "" --return-aux-hidden-state-layer-ids 0 1 2 \
   --chunked-prefill-size 256 --mem-fraction-static 0.3
+# 8B shape (Llama-3.1-8B's: hidden 4096, 32 layers, GQA 32/8, 14,336 MLP), only when SHAPES names
+# it: aux layers 1 15 28 (SpecForge's choice for 32 layers: 1, L/2 - 1, L - 4), 2,048-token chunks
+# (a pass ~80 ms on an H100: blocks of passes stay short enough for many pairs), 16 GB of bf16
+# weights written once to /tmp/llama8b (~1 min), ~2 min to /health
+if [[ ",$SHAPES," == *",8b,"* && ! -d /tmp/llama8b ]]; then
+  python3 benchmarks/make_llama.py /tmp/llama8b --shape 8b > "$OUT/make_llama8b.log" 2>&1 || rc=1
+fi
+run 8b "${DEADLINE_8B:-420}" /tmp/llama8b --return-aux-hidden-state-layer-ids 1 15 28 \
+  --chunked-prefill-size 2048 --mem-fraction-static 0.8
 exit $rc
