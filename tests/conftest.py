@@ -23,9 +23,32 @@ def ring_name():
 def _remove_segments_this_session_left_for_durable_subscribers():
     """Tests end durable subscriptions by killing drains, so segments of dead producers that a
     durable slot has not finished reading stay in /dev/shm by design (hscapture keeps them for
-    the subscriber). Remove the ones this session created once it is over."""
+    the subscriber). Remove the ones this session created once it is over, unless another
+    test session is still running beside it (two pytest processes of a developer: what is new
+    in /dev/shm is then theirs too, and removing a kept segment or an ended record under a
+    test that is about to resume it fails that test): every session holds a shared lock on
+    one file while it runs, and cleans up only if it can turn it into an exclusive one."""
+    import fcntl
+
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    yield
+    lock = os.open(_SESSIONS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    try:
+        yield
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return     # another session runs: its segments are among the new ones
+        _remove_new_segments(before)
+    finally:
+        os.close(lock)
+
+
+#: a file every test session holds a shared lock on while it runs (per user: /tmp is shared)
+_SESSIONS_LOCK = f"/tmp/hscapture-test-sessions-{os.getuid()}.lock"
+
+
+def _remove_new_segments(before: set[str]) -> None:
     try:
         from hscapture.ring import cleanup_stale
     except Exception:
