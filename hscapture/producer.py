@@ -103,11 +103,10 @@ class Producer:
       publisher thread sends a heartbeat: ``_announcer.INLINE_LOCK_WAIT_S``), and the
       publisher thread steps in only once no capture came for ``commit_grace_s`` (through
       captures closer together than that it sleeps, so the engine's thread does not hand it
-      the GIL once per capture). The
-      default, 5 ms, keeps an idle producer's latency low. An engine that steps
-      continuously wants a grace longer than its step: the SGLang hook uses 50 ms, because
-      with 5 ms and ~7 ms steps the woken thread cost the scheduler throughput (H200 runs
-      of ``benchmarks/results/h200-2026-12-01g``). With
+      the GIL once per capture). The default, 5 ms, keeps an idle producer's latency low.
+      An engine that steps continuously wants a grace longer than its step: the SGLang hook
+      uses 50 ms, because with 5 ms and ~7 ms steps the woken thread cost the scheduler
+      throughput (H200 runs of ``benchmarks/results/h200-2026-12-01g``). With
       ``inline_publish`` false (settable at any time) only the publisher thread publishes,
       as soon as each copy completed (no grace): the capturing thread then never pays for a
       commit or a notice, at the price of GIL hand-offs.

@@ -86,8 +86,9 @@ run tiny "${DEADLINE_TINY:-270}" "" --return-aux-hidden-state-layer-ids 0 1 2 \
   --chunked-prefill-size 256 --mem-fraction-static 0.3
 # 8B shape (Llama-3.1-8B's: hidden 4096, 32 layers, GQA 32/8, 14,336 MLP), only when SHAPES names
 # it: aux layers 1 15 28 (SpecForge's choice for 32 layers: 1, L/2 - 1, L - 4), 2,048-token chunks
-# (a pass ~80 ms on an H100: blocks of passes stay short enough for many pairs), 16 GB of bf16
-# weights written once to /tmp/llama8b (~1 min), ~2 min to /health
+# (a pass ~50-57 ms on an H100 at the steady load: 4-pass blocks, ALT=4, give ~130-150 pairs in
+# two 30 s windows), 16 GB of bf16 weights written once to /tmp/llama8b (19 s there), 52-114 s to
+# /health (h100-2026-12-07c)
 if [[ ",$SHAPES," == *",8b,"* && ! -d /tmp/llama8b ]]; then
   python3 benchmarks/make_llama.py /tmp/llama8b --shape 8b > "$OUT/make_llama8b.log" 2>&1 || rc=1
 fi
