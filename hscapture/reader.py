@@ -29,12 +29,18 @@ Guarantees:
   to ``DataLoader`` workers.
 * Every read of a sample (``ss[i]``, ``ss.get(rid)``, :class:`ShardDataset`,
   :func:`load_sample`, an export) returns writable tensors in memory of that read's own,
-  which no other read shares: a private (copy-on-write), lazily paged map of the sample's
-  pages for a sample of :data:`MAP_AT_LEAST` (1 MiB) or more, else a copy of its bytes.
-  Writing into one (a transform that normalizes in place) never reaches the file nor any
-  other read, earlier or later, of that sample or any other. (Until 2026-12-05 they were
-  views of one map of the whole shard kept by the set, and such a write changed what later
-  reads of that sample through the same set returned: docs/GUARANTEES.md, gap 9.) Each
+  which no other read shares: for a sample of :data:`MAP_AT_LEAST` (1 MiB) or more, bytes
+  of a private (copy-on-write), lazily paged map of its shard that no other read was served
+  (reads share a shard's map until one would get a byte of it a second time, or until the
+  set has served :data:`MAP_BUDGET` (256 MiB) from its maps; then a fresh map), else a copy
+  of its bytes. Writing into one (a transform that normalizes in place) never reaches the
+  file nor any other read, earlier or later, of that sample or any other. (Until
+  2026-12-05 they were views of one map of the whole shard kept by the set, and such a
+  write changed what later reads of that sample through the same set returned:
+  docs/GUARANTEES.md, gap 9. Until 2026-12-07 each such read had a map of its own: an
+  ``mmap``, a ``munmap`` and the page faults again every read, ~26 us a 2 MiB sample.) A
+  page written in place stays in its map, as private memory, until the set stopped using
+  the map and its last tensor is freed: at most :data:`MAP_BUDGET` of a set's reads. Each
   map counts against the process's ~65,000 (vm.max_map_count) while a tensor of it lives;
   past that, reads are copied.
 * A sample is returned only if every tensor its index line names is in its shard
@@ -55,6 +61,7 @@ import ctypes
 import json
 import mmap
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -63,6 +70,7 @@ import numpy as np
 import torch
 
 from ._fork import GENERATION
+from ._served_ranges import MapBudget, ServedRanges
 from .codec import CODECS, SCALE_PREFIX, decode
 from .errors import ShardError
 from . import shard_index as _index
@@ -160,19 +168,28 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 #: a read of at least this many bytes (a sample's tensors, as they lie in its shard) is
-#: served from a private map of its own; a smaller one is copied into fresh memory with one
-#: ``preadv``, which uses none of the process's ~65,000 maps (vm.max_map_count) and was the
-#: cheaper below ~1 MiB on the 2-core CPU machine (2026-12-05: 32 KiB samples read and
-#: touched 141 us a sample copied, 179 mapped; 512 KiB 172 / 194; 1 MiB 197 / 183; 2 MiB
-#: 284 / 195)
+#: served from a private map of its shard; a smaller one is copied into fresh memory with one
+#: ``preadv``, which was the cheaper below ~1 MiB on the 2-core CPU machine when every read
+#: had a map of its own (2026-12-05: 32 KiB samples read and touched 141 us a sample
+#: copied, 179 mapped; 512 KiB 172 / 194; 1 MiB 197 / 183; 2 MiB 284 / 195). With maps
+#: shared by reads (2026-12-07) small reads mapped measured 0-20 % faster on that machine,
+#: within its noise: not changed
 MAP_AT_LEAST = 1 << 20
 
-#: a read's map reaches from its first byte's offset rounded down to a multiple of this (2
-#: MiB) to its end rounded up (or the file's end). The kernel places a map that holds a whole
-#: aligned 2 MiB of the file at an address congruent to its offset, so the page cache's large
-#: folios map whole, a fault each: a map of just the read's pages took 24 faults a 2 MiB
-#: sample against 14, ~22 us more a sample (same machine and day).
+#: a map reaches from its first byte's offset rounded down to a multiple of this (2 MiB) to
+#: its end rounded up (or the file's end; a shard's map is of the whole file). The kernel
+#: places a map that holds a whole aligned 2 MiB of the file at an address congruent to its
+#: offset, so the page cache's large folios map whole, a fault each: a map of just the
+#: read's pages took 24 faults a 2 MiB sample against 14, ~22 us more a sample (2026-12-05).
 MAP_ALIGN = 2 << 20
+
+#: how many bytes a :class:`ShardSet` serves from its shards' current private maps before it
+#: makes fresh ones (:class:`~hscapture._served_ranges.MapBudget`). A page of a served tensor
+#: written in place stays in its map, as private memory, until the map is unmapped: when the
+#: set stops using it (at this many bytes served, or when the shard is closed) AND its last
+#: tensor is freed. So a loop that writes into every sample it reads and frees it keeps at
+#: most this much of such pages per set; a map of clean pages costs nothing but address space.
+MAP_BUDGET = 256 << 20
 
 
 def _private_map(fd: int, offset: int, size: int, file_size: int) -> tuple[Any, int]:
@@ -234,10 +251,11 @@ class _Handle:
     """One shard file opened with safe_open, plus what its header says.
 
     ``read(rid, names)`` reads the bytes of one sample's tensors (they lie together in the
-    file), or of the named ones, into memory of that read's own: a private (copy-on-write),
-    lazily paged map of their pages (:data:`MAP_AT_LEAST` bytes or more; see
-    :data:`MAP_ALIGN`), else a copy made with one ``preadv``; the file is opened for the
-    read and closed before it returns (a handle holds no descriptor). Its ``get(name)``
+    file), or of the named ones, into memory of that read's own: bytes of the handle's
+    current private (copy-on-write), lazily paged map of the whole file that it never
+    served before (:data:`MAP_AT_LEAST` bytes or more; :meth:`_from_map`), else a copy made
+    with one ``preadv``; the file is opened to make a map or a copy and closed before the
+    read returns (a handle holds no descriptor; a map holds none). Its ``get(name)``
     serves each tensor by one ``torch.frombuffer`` of its bytes (and a ``view`` to its
     shape): ~2.3 us a tensor against ~11 us for ``get_tensor``'s slicing and casting. So no two reads share memory: writing into a
     tensor served changes no other read of that sample or of its shard (until 2026-12-05
@@ -257,7 +275,8 @@ class _Handle:
     opened) is a copy of what ``get_tensor`` returns (safe_open's tensors are views of its
     one map), as is a name the header does not have (which raises there)."""
 
-    __slots__ = ("path", "f", "meta", "_field_map", "_stat", "_spans", "_extents")
+    __slots__ = ("path", "f", "meta", "_field_map", "_stat", "_spans", "_extents", "_budget",
+                 "_lock", "_map", "_map_epoch", "_served")
 
     def codecs(self, rid: str) -> dict[str, dict]:
         """The per-tensor codec records of ``rid`` (``{}``: stored uncompressed)."""
@@ -266,10 +285,15 @@ class _Handle:
             raise ShardError(f"{self.path}: {bad}")
         return recs
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, budget: MapBudget | None = None) -> None:
         from safetensors import safe_open
 
         self.path = path
+        self._budget = MapBudget(MAP_BUDGET) if budget is None else budget
+        self._lock = threading.Lock()
+        self._map: Any = None           # the current private map of the whole file
+        self._map_epoch = -1            # the budget's epoch when it was made
+        self._served = ServedRanges()   # what it has served
         try:
             self._stat = _identity(os.stat(path))
             self.f = safe_open(path, "pt")
@@ -326,6 +350,11 @@ class _Handle:
         """Bytes ``[lo, hi)`` of this shard in memory of their own (see the class docstring):
         ``(buffer, file offset of its first byte)``; None if the file is no longer the one
         opened (or no longer opens)."""
+        mapped = hi - lo >= MAP_AT_LEAST
+        if mapped:
+            got = self._from_map(lo, hi)      # the current map, if it can serve them
+            if got is not None:
+                return got
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -334,16 +363,47 @@ class _Handle:
             st = os.fstat(fd)
             if _identity(st) != self._stat:
                 return None
-            if hi - lo >= MAP_AT_LEAST:
-                try:
-                    return _private_map(fd, lo, hi - lo, st.st_size)
-                except OSError:     # out of maps (vm.max_map_count): a copy needs none
-                    pass
+            if mapped:
+                got = self._from_map(lo, hi, fd, st.st_size)
+                if got is not None:
+                    return got
             return _private_copy(fd, lo, hi - lo)
         except OSError:
             return None
         finally:
             os.close(fd)
+
+    def _from_map(self, lo: int, hi: int, fd: int = -1, size: int = 0
+                  ) -> tuple[Any, int] | None:
+        """Bytes ``[lo, hi)`` as ``(buffer, 0)`` over this handle's current private map of
+        the whole file, if it has one that served none of these bytes (:class:`ServedRanges`:
+        no two reads share a byte of one map) and was made in the set's current
+        :class:`MapBudget` epoch. Else, given ``fd`` (the file, checked to be the one
+        opened, of ``size`` bytes), a fresh map of it becomes the current one and serves
+        them. None when there is no usable map and none is made (no ``fd``, or
+        vm.max_map_count reached: the caller copies)."""
+        budget = self._budget
+        with self._lock:
+            buf = self._map
+            if buf is None or self._map_epoch != budget.epoch or \
+                    not self._served.take(lo, hi):
+                if fd < 0:
+                    return None
+                self._map = None
+                try:
+                    buf = _private_map(fd, 0, size, size)[0]
+                except OSError:     # out of maps: a copy needs none
+                    return None
+                self._map, self._map_epoch, self._served = buf, budget.epoch, ServedRanges()
+                self._served.take(lo, hi)
+            budget.spend(hi - lo)
+        return buf, 0
+
+    def drop_map(self, epoch: int) -> None:
+        """Stop using the current map if it was made before the budget's ``epoch`` (it is
+        unmapped once its last tensor is freed)."""
+        if self._map_epoch < epoch:
+            self._map = None
 
     def _read_spans(self) -> tuple[_Spans, dict[str, tuple[int, int]]]:
         """name -> (dtype, shape, byte offset in the file, element count, end offset) of every
@@ -416,6 +476,10 @@ class ShardSet(Sequence):
         self._handles: collections.OrderedDict[str, _Handle] = collections.OrderedDict()
         self._gen = _FORK_GEN[0]
         self._layout: dict[tuple, tuple] = {}
+        #: the bytes served from the handles' current maps (MAP_BUDGET), and the epoch of
+        #: it the handles were last told of
+        self._budget = MapBudget(MAP_BUDGET)
+        self._epoch = 0
         self.reload()
 
     # -- index ------------------------------------------------------------------------
@@ -499,7 +563,7 @@ class ShardSet(Sequence):
         handles = self._handles
         h = handles.get(shard)
         if h is None:
-            h = _Handle(os.path.join(self.directory, shard))
+            h = _Handle(os.path.join(self.directory, shard), self._budget)
             handles[shard] = h
             limit = max_open_shards()
             while len(handles) > limit:
@@ -589,6 +653,11 @@ class ShardSet(Sequence):
             raise
         except Exception as e:  # safetensors raises SafetensorError for a missing name
             raise ShardError(f"rid {rid!r}: cannot read its tensors from {h.path}: {e}") from e
+        epoch = self._budget.epoch
+        if epoch != self._epoch:       # the budget moved on: every shard's map is dropped
+            self._epoch = epoch
+            for other in list(self._handles.values()):
+                other.drop_map(epoch)
         meta = ent.get("meta") if isinstance(ent.get("meta"), dict) else {}
         return StoredSample(
             rid=rid, token_ids=token_ids, tensors=tensors, fields=flds, meta=meta,
