@@ -89,11 +89,11 @@ def test_every_producer_module_imports_only_modules_below_it():
 
 
 #: the shard directory stack, top first: the writer and the checker, the reader, the index and
-#: journals, the format they all follow
+#: journals (and the reader's record of what each map served), the format they all follow
 SHARD_LAYERS: list[list[str]] = [
     ["shards", "shard_check"],
     ["reader"],
-    ["shard_index"],
+    ["shard_index", "_served_ranges"],
     ["shard_format"],
 ]
 SHARD_FOUNDATIONS = {"errors", "sample", "codec", "notice", "_flock", "_fork"}
