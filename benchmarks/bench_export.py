@@ -266,6 +266,10 @@ def main() -> None:
                     help="isal / zlib: force that CRC-32 in the export's zip writer (what it "
                          "uses without the native module's PCLMUL CRC; the joined tensors then "
                          "go by the bounce path, as they did before writev_rows_crc32)")
+    ap.add_argument("--crc-thread-min", type=int, default=None,
+                    help="bytes from which the native CRC goes to a helper thread beside the "
+                         "write (hscapture._tensor_files.CRC_THREAD_MIN; default: the module's; "
+                         "a huge value: always inline, as before the helper)")
     ap.add_argument("--profile", action="store_true", help="add the per-sample stage profile")
     ap.add_argument("--breakdown", action="store_true",
                     help="add SpecForge's per-part write costs (one thread)")
@@ -292,12 +296,14 @@ def main() -> None:
         from isal.isal_zlib import crc32
 
         T._crc32, T.CRC32_IMPL = crc32, "isal"
+    if a.crc_thread_min is not None:
+        T.CRC_THREAD_MIN = a.crc_thread_min
     nw = a.workers or min(4, os.cpu_count() or 1)
     root = tempfile.mkdtemp(dir=a.dir)
     config = {"samples": a.samples, "tokens": a.tokens, "hidden": a.hidden, "reps": a.reps,
               "warmup": 1, "order": "ABBA", "fsync": a.fsync, "workers": nw,
               "raw_renamed": a.raw_renamed,
-              "crc32": T.CRC32_IMPL,
+              "crc32": T.CRC32_IMPL, "crc_thread_min": T.CRC_THREAD_MIN,
               "bounce_bytes": getattr(T, "BOUNCE_BYTES", None),
               "torch": torch.__version__, "scratch": _stats.fs_info(root)}
     results: dict = {}

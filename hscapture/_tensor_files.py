@@ -52,6 +52,11 @@ else:   # pragma: no cover - depends on the CPU and on what is installed
         from zlib import crc32 as _crc32
         CRC32_IMPL = "zlib"
 
+#: a native CRC of at least this many bytes is taken by a helper thread while the calling thread
+#: writes (``_files.CRC_THREAD_MIN``; below it, batch by batch just before each write): a file
+#: then costs max(write, CRC) rather than their sum, on a machine with a core to spare
+CRC_THREAD_MIN = _files.CRC_THREAD_MIN if _files is not None else 0
+
 #: bytes of the per-thread buffer that joined layers are interleaved into, a slice of tokens at
 #: a time, before each slice is written (reused: no page of it is faulted in twice)
 BOUNCE_BYTES = 4 << 20
@@ -240,7 +245,7 @@ def _write_rows(sink: _Sink, sources: list[torch.Tensor], crc32: bool = False) -
     args = (sink.fd, [_bytes_of(x) for x in sources],
             int(first.shape[1]) * first.element_size(), 0, int(first.shape[0]))
     if crc32:
-        n, crc = _files.writev_rows_crc32(*args)
+        n, crc = _files.writev_rows_crc32(*args, 0, CRC_THREAD_MIN)
     else:
         n, crc = _files.writev_rows(*args), 0
     sink.pos += n

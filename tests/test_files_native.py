@@ -79,9 +79,11 @@ def test_crc32_refuses_an_implementation_this_cpu_lacks_by_name():
 
 @settings(max_examples=40, deadline=None)
 @given(k=st.integers(1, 5), total=st.integers(0, 500), row_bytes=st.integers(1, 300),
-       start=st.integers(0, 2**32 - 1), data=st.data())
+       start=st.integers(0, 2**32 - 1), helper=st.booleans(), data=st.data())
 def test_writev_rows_crc32_returns_the_crc_of_exactly_what_it_wrote(tmp_path_factory, k, total,
-                                                                   row_bytes, start, data):
+                                                                   row_bytes, start, helper,
+                                                                   data):
+    # helper: the CRC taken by the helper thread beside the write (from 0 bytes), else inline
     first = data.draw(st.integers(0, total))
     rows = data.draw(st.integers(0, total - first))
     rng = np.random.default_rng(total * 7 + row_bytes)
@@ -90,12 +92,44 @@ def test_writev_rows_crc32_returns_the_crc_of_exactly_what_it_wrote(tmp_path_fac
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         n, crc = _files.writev_rows_crc32(fd, [s.reshape(-1) for s in srcs], row_bytes, first,
-                                          rows, start)
+                                          rows, start, 0 if helper else 2**62)
     finally:
         os.close(fd)
     got = path.read_bytes()
     assert got == np.stack([s[first:first + rows] for s in srcs], axis=1).tobytes()
     assert n == len(got) and crc == zlib.crc32(got, start)
+
+
+def test_a_crc_past_the_helper_threads_threshold_is_the_crc_of_what_was_written(tmp_path):
+    # the default threshold, crossed by rows of several sources past IOV_MAX iovecs and past
+    # the inline path's ~1 MiB batches; the same bytes and CRC as the inline path
+    k, rows, row_bytes = 3, 1500, 1000
+    assert k * rows * row_bytes > _files.CRC_THREAD_MIN
+    rng = np.random.default_rng(11)
+    srcs = [rng.integers(0, 256, rows * row_bytes, dtype=np.uint8) for _ in range(k)]
+    want = np.stack([s.reshape(rows, row_bytes) for s in srcs], axis=1).tobytes()
+    for name, at in (("helper", _files.CRC_THREAD_MIN), ("inline", 2**62)):
+        path = tmp_path / f"{name}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            n, crc = _files.writev_rows_crc32(fd, srcs, row_bytes, 0, rows, 7, at)
+        finally:
+            os.close(fd)
+        assert path.read_bytes() == want and n == len(want), name
+        assert crc == zlib.crc32(want, 7), name
+
+
+def test_a_failed_write_with_the_crc_helper_running_raises_and_returns_cleanly(tmp_path):
+    # the helper is joined on the error path too (the buffers it reads are released after)
+    fd = os.open(tmp_path / "ro.bin", os.O_RDONLY | os.O_CREAT, 0o644)
+    big = np.zeros(4 << 20, dtype=np.uint8)
+    try:
+        with pytest.raises(OSError) as e:
+            _files.writev_rows_crc32(fd, [big], 1 << 12, 0, 1 << 10, 0, 0)
+        assert e.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+    del big
 
 
 def test_the_specforge_file_is_the_same_through_the_native_writer_and_the_bounce_path(
