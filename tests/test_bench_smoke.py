@@ -162,8 +162,10 @@ def test_bench_export_raw_renamed_renames_every_raw_file_and_says_so(tmp_path):
     # the diagnostic that prices the export's renames: the raw side writes tmp + rename too
     rec = _bench(tmp_path, "bench_export.py", "--samples", "3", "--tokens", "16", "--hidden",
                  "64", "--reps", "5", "--formats", "specforge", "--workers", "2",
-                 "--raw-renamed", "--dir", str(tmp_path), out_flag="--json")
+                 "--raw-renamed", "--crc-thread-min", "0", "--dir", str(tmp_path),
+                 out_flag="--json")
     assert rec["config"]["raw_renamed"] is True
+    assert rec["config"]["crc_thread_min"] == 0      # every CRC by the helper thread
     v = rec["results"]["specforge"]
     # (the script exits non-zero when a raw file is missing or left under its temporary name)
     assert v["export_vs_raw"]["n"] == 5 and v["export_vs_raw"]["min"] > 0
@@ -195,6 +197,16 @@ def test_bench_export_pairs_every_format_with_raw_and_profiles_and_breaks_down_s
     assert "breakdown_us_per_sample" not in r["speculators"]
     assert set(rec["timed_region"]) == {"export", "raw"}
     assert [g["name"] for g in rec["goals"]] == [f"{k} export/raw speed" for k in r]
+
+
+def test_bench_crc_write_times_raw_helper_and_inline_writes_and_cleans_up(tmp_path):
+    rec = _bench(tmp_path, "bench_crc_write.py", "--sources", "2", "--tokens", "64",
+                 "--hidden", "256", "--reps", "5", "--dir", str(tmp_path), out_flag="--json")
+    r = rec["results"]
+    assert set(r) == {"raw", "helper", "inline"} == set(rec["timed_region"])
+    for way, v in r.items():
+        assert len(v["all_us"]) == 5 and v["min_us"] > 0, way
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]   # its scratch removed
 
 
 def _bench_gpu(tmp_path: Path, section: str, *args: str) -> dict:
