@@ -12,8 +12,9 @@
 // With a CRC (writev_rows_crc32: SpecForge's .ckpt is a zip, each record carries the CRC-32 of
 // its bytes): from kCrcThreadMin bytes a helper thread takes the CRC of the rows in file order
 // while the calling thread writes them, so a file costs max(write, CRC) instead of their sum
-// (the write is the kernel's copy, ~5 GB/s a thread into tmpfs; the CRC ~25 GB/s: +14-28 % a
-// file when serial, bench_export --breakdown). Below that, or when no thread can be started,
+// (H100 host, benchmarks/results/h100-2026-12-07e: a write with its CRC took 1.04-1.05 of a raw
+// write's time inline, 0.87-0.89 with the helper, which also takes the source map's page
+// faults ahead of the writer). Below that, or when no thread can be started,
 // each batch of rows is checksummed just before it is written, so the kernel's copy reads it
 // from cache; batches are at most ~1 MiB for that reason. Both read the caller's buffers only:
 // the helper shares nothing with the writer but the buffers (read-only, held by this call) and
@@ -170,9 +171,8 @@ uint64_t write_rows(int fd, nb::handle sources, uint64_t row_bytes, uint64_t fir
                     iov[j].iov_len = size_t(row_bytes);
                     ++j;
                 }
-            if (inline_crc)   // before the write: write_all may advance the iovecs
-                for (size_t i = 0; i < j; ++i)
-                    *crc = hsc::crc32(*crc, iov[i].iov_base, iov[i].iov_len);
+            if (inline_crc)   // this batch's rows, just before the kernel copies them
+                *crc = crc_rows(held, row_bytes, t0, n, *crc);
             err = write_all(fd, iov.data(), int(j), &written);
         }
         if (helper.t.joinable()) {
