@@ -618,14 +618,17 @@ NB_MODULE(_ring, m) {
        "defer"_a = false,
        "Issue one capture's copies (see csrc/hscapture/cuda_copy.h); '' on success, else the error. "
        "defer: queue the device-to-host part until cuda_flush().");
-    m.def("cuda_flush", [](uint64_t after) {
+    m.def("cuda_flush", [](uint64_t after, uint64_t max_bytes) {
         std::string err;
-        int n = hsc::cuda::flush_deferred(&err, after);
+        int n = hsc::cuda::flush_deferred(&err, after, max_bytes);
         if (n < 0) throw std::runtime_error("hscapture: " + err);
         return n;
-    }, "after"_a = 0,
-       "Issue every deferred capture's device-to-host copies, in order; returns how many captures. "
-       "after: a CUevent handle (0: none) the copies also wait for (the engine's read-back done). "
+    }, "after"_a = 0, "max_bytes"_a = 0,
+       "Issue the deferred captures' device-to-host copies, in order; returns how many captures "
+       "were issued whole. after: a CUevent handle (0: none) the copies also wait for (the "
+       "engine's read-back done). max_bytes (0: no bound): stop once that many bytes were "
+       "issued, between two rows of a copy if need be (a capture queued for half the max age "
+       "is issued whole). "
        "A failure raises (the first one), and each failed capture's done event reports it.");
     m.def("cuda_set_defer_max_age", [](double seconds) {
         if (!(seconds >= 0.0)) raise(hsc::ErrorKind::Value, "max age must be >= 0 seconds");

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -150,6 +151,11 @@ struct Deferred {
     CUevent ready, done;
     std::vector<Copy2D> post;
     std::chrono::steady_clock::time_point queued;
+    // A capture a budgeted flush issued in part: the side stream's wait for `ready` is issued
+    // (`started`), `post[0, next)` are issued, and `post[next]` is what is left of that copy
+    // (its first rows or bytes issued: its addresses and height advanced in place).
+    bool started = false;
+    size_t next = 0;
 };
 
 struct DeferQueue {
@@ -267,43 +273,109 @@ static CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent 
 
 namespace {
 
-// Issues every queued capture, in order; the caller holds q.mu. A capture that fails is
-// reported through its `done` (q.failed) and the flush goes on with the next one.
-int flush_locked(const Driver& d, DeferQueue& q, std::string* err, CUevent after = nullptr) {
-    int first_rc = 0;
-    for (const Deferred& x : q.queue) {
+// The part of `c` that fits `budget` bytes, issued on `ss` (to the ring), and `c` advanced past
+// it in place; true when all of `c` was issued. A copy splits between rows, a one-row copy
+// between bytes; at least one row (or, for one row, 1 MiB) is issued, so a flush always
+// makes progress. `*issued` grows by what was issued.
+CUresult copy_part(const Driver& d, Copy2D& c, CUstream ss, uint64_t budget, uint64_t* issued,
+                   bool* all) {
+    const uint64_t bytes = c.width * c.height;
+    *all = budget == 0 || bytes <= budget;
+    if (*all) {
+        *issued += bytes;
+        return copy(d, c, ss, true);
+    }
+    Copy2D part = c;
+    if (c.height > 1) {
+        part.height = std::max<uint64_t>(1, budget / c.width);   // < c.height: bytes > budget
+        c.src += part.height * c.src_pitch;
+        c.dst += part.height * c.dst_pitch;
+        c.height -= part.height;
+    } else {
+        part.width = std::max<uint64_t>(budget, uint64_t(1) << 20);
+        if (part.width >= c.width) {
+            *all = true;
+            *issued += bytes;
+            return copy(d, c, ss, true);
+        }
+        c.src += part.width;
+        c.dst += part.width;
+        c.width -= part.width;
+    }
+    *issued += part.width * part.height;
+    return copy(d, part, ss, true);
+}
+
+// Issues queued captures, in order; the caller holds q.mu. `budget` (bytes; 0: no bound): once
+// this call issued that many bytes of copies it stops, leaving the rest of a capture (a copy
+// split between rows) and the captures after it queued for the next call; a capture queued for
+// `max_age / 2` or longer is issued whole regardless (a budget below the rate captures come in
+// never holds one back for long). A capture whose every copy is issued gets its `done`
+// recorded and leaves the queue (that is the count returned). A capture that fails is reported
+// through its `done` (q.failed), leaves the queue, and the flush goes on with the next one.
+int flush_locked(const Driver& d, DeferQueue& q, std::string* err, CUevent after = nullptr,
+                 uint64_t budget = 0) {
+    int first_rc = 0, n = 0;
+    uint64_t issued = 0;
+    const auto now = std::chrono::steady_clock::now();
+    size_t gone = 0;                  // q.queue[0, gone) issued whole or failed
+    for (; gone < q.queue.size(); ++gone) {
+        Deferred& x = q.queue[gone];
+        const bool whole = budget == 0 || now - x.queued >= q.max_age / 2;
+        if (!whole && issued >= budget) break;
         ContextScope scope(d, x.context);
         CUresult rc = scope.rc();
         std::string why;
-        // `after` (the engine's read-back done): the side stream also waits for it, so the
-        // copies below start only once that read-back completed, never level with it.
-        if (rc == CUDA_SUCCESS && after != nullptr && (rc = d.stream_wait_event(x.side, after, 0)) != CUDA_SUCCESS)
+        bool all = true;
+        if (rc != CUDA_SUCCESS) describe(d, rc, "cuCtxPushCurrent", &why);
+        // `after` (the engine's read-back done): the side stream also waits for it, so what
+        // this call issues starts only once that read-back completed, never level with it.
+        else if (after != nullptr && (rc = d.stream_wait_event(x.side, after, 0)) != CUDA_SUCCESS)
             describe(d, rc, "cuStreamWaitEvent (after)", &why);
-        else if (rc == CUDA_SUCCESS) rc = issue_post(d, x.side, x.ready, x.done, x.post.data(), x.post.size(), &why);
-        else describe(d, rc, "cuCtxPushCurrent", &why);
+        else if (!x.started && (rc = d.stream_wait_event(x.side, x.ready, 0)) != CUDA_SUCCESS)
+            describe(d, rc, "cuStreamWaitEvent", &why);
+        else {
+            x.started = true;
+            for (; x.next < x.post.size(); ++x.next) {
+                if (!whole && issued >= budget) {
+                    all = false;
+                    break;
+                }
+                rc = copy_part(d, x.post[x.next], x.side, whole ? 0 : budget - issued, &issued, &all);
+                if (rc != CUDA_SUCCESS) {
+                    describe(d, rc, "cuMemcpy(2D)Async (to the ring)", &why);
+                    break;
+                }
+                if (!all) break;      // the rest of this copy waits for the next call
+            }
+            if (rc == CUDA_SUCCESS && all && (rc = d.event_record(x.done, x.side)) != CUDA_SUCCESS)
+                describe(d, rc, "cuEventRecord (done)", &why);
+        }
         if (rc != CUDA_SUCCESS) {
             q.failed[x.done] = rc;
             if (first_rc == 0) {
                 first_rc = rc;
                 if (err) *err = why;
             }
+            continue;
         }
+        if (!all) break;              // issued in part: it stays first in the queue
+        ++n;
     }
-    int n = int(q.queue.size());
-    q.queue.clear();
+    q.queue.erase(q.queue.begin(), q.queue.begin() + gone);
     q.flushed.notify_all();
     return first_rc != 0 ? -first_rc : n;
 }
 
 }  // namespace
 
-int flush_deferred(std::string* err, uint64_t after_event) {
+int flush_deferred(std::string* err, uint64_t after_event, uint64_t max_bytes) {
     const Driver& d = driver();
     if (!d.why.empty()) return 0;          // nothing can have been queued
     DeferQueue& q = defer_queue();
     std::lock_guard<std::mutex> lock(q.mu);
     if (q.queue.empty()) return 0;
-    return flush_locked(d, q, err, reinterpret_cast<CUevent>(after_event));
+    return flush_locked(d, q, err, reinterpret_cast<CUevent>(after_event), max_bytes);
 }
 
 void set_defer_max_age_ns(uint64_t ns) {

@@ -253,17 +253,19 @@ class NativeCopier:
         return done, (keepalive, pool)
 
 
-def flush_deferred(after_event: int = 0) -> int:
-    """Issue the device-to-host copies of every deferred capture of this process, in order
-    (:attr:`NativeCopier.defer`); how many captures. ``after_event``: a CUDA event handle
-    (``torch.cuda.Event.cuda_event``; 0: none) the copies also wait for: the engine's own
-    read-back's completion, so they never start level with it. Raises
-    :class:`CaptureConfigError` when the driver refused one (each failed capture's ``done``
-    reports it to its entry)."""
+def flush_deferred(after_event: int = 0, max_bytes: int = 0) -> int:
+    """Issue the device-to-host copies of the deferred captures of this process, in order
+    (:attr:`NativeCopier.defer`); how many captures were issued whole. ``after_event``: a
+    CUDA event handle (``torch.cuda.Event.cuda_event``; 0: none) the copies also wait for: the
+    engine's own read-back's completion, so they never start level with it. ``max_bytes``
+    (0: no bound): stop once that many bytes of copies were issued, between two rows of a copy
+    if need be; the next call goes on from there (a capture queued for half the max age,
+    0.1 s by default, is issued whole regardless). Raises :class:`CaptureConfigError` when the
+    driver refused one (each failed capture's ``done`` reports it to its entry)."""
     from . import _ring
 
     try:
-        return _ring.cuda_flush(after_event)
+        return _ring.cuda_flush(after_event, max(0, int(max_bytes)))
     except RuntimeError as exc:
         raise CaptureConfigError(f"native CUDA copy (deferred): {exc}") from None
 

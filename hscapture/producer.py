@@ -597,17 +597,22 @@ class Producer:
         native.defer = bool(on)
         return native.defer
 
-    def flush_device_copies(self, after_event: int = 0) -> int:
-        """Issue every deferred device-to-host copy (:meth:`defer_device_copies`) of this
-        process now, in capture order; how many captures. Cheap when none is queued.
-        ``after_event``: the handle of a CUDA event recorded behind the engine's own result
-        read-back (``torch.cuda.Event.cuda_event``; 0: none): the copies start only once it
-        completed. Why: deferred, the copies are issued after that read-back but become
-        ready at the same instant (both wait for the forward's end), and the copy engine may
-        still take them first."""
+    def flush_device_copies(self, after_event: int = 0, max_bytes: int = 0) -> int:
+        """Issue the deferred device-to-host copies (:meth:`defer_device_copies`) of this
+        process now, in capture order; how many captures were issued whole. Cheap when none
+        is queued. ``after_event``: the handle of a CUDA event recorded behind the engine's
+        own result read-back (``torch.cuda.Event.cuda_event``; 0: none): the copies start only
+        once it completed. Why: deferred, the copies are issued after that read-back but
+        become ready at the same instant (both wait for the forward's end), and the copy
+        engine may still take them first. ``max_bytes`` (0: every queued copy): issue at most
+        about that many bytes (a copy is split between rows), the rest at the next call; a
+        capture queued for 0.1 s or longer is issued whole. Why: what is queued in the copy
+        engine delays the engine's next read-back by its whole length (a drain of several
+        passes' captures at once: milliseconds); spread over steps, each read-back waits
+        for one step's share at most. A capture is committed once its last copy completed."""
         if self._copier.native is None:
             return 0
-        return flush_deferred(after_event)
+        return flush_deferred(after_event, max_bytes)
 
     def _flush_device_copies_quietly(self) -> None:
         try:

@@ -681,6 +681,52 @@ def test_deferred_device_copies_wait_for_the_flush_then_arrive_exact(pair, copy_
         p.defer_device_copies(False)
 
 
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_a_flush_with_a_byte_budget_issues_the_copies_in_parts_and_every_sample_arrives_exact(
+        pair, copy_path, snapshot):
+    """``flush_device_copies(max_bytes=B)`` (``HSCAPTURE_COPY_STEP_BYTES``): each call issues
+    about B bytes of the queued copies, splitting a copy between rows, and goes on from there at
+    the next call; a capture counts (and its entry can be committed) only once its last copy
+    is issued: after a first call that issued part of one, a synchronized device still has
+    nothing committed. Three forwards of ~2 MB at 64 KiB a call take ~96 calls; every sample
+    then arrives exact, the snapshots' included. A capture queued for half the max age or
+    longer is issued whole whatever the budget."""
+    from hscapture import _ring
+
+    p, sub = pair
+    if not p.defer_device_copies(True):
+        pytest.skip("the torch copy path has nothing to defer")
+    _ring.cuda_set_defer_max_age(60.0)      # no wait may issue them early in this test
+    try:
+        want = {}
+        for f in range(3):
+            want.update(_one_forward(p, 140 + f, f"dfb-{snapshot:d}-{f}", snapshot))
+        assert _ring.cuda_deferred() == 3
+        torch.cuda.synchronize()
+        budget = 64 << 10
+        assert p.flush_device_copies(max_bytes=budget) == 0     # part of the first one
+        torch.cuda.synchronize()                                # that part has landed
+        assert _ring.cuda_deferred() == 3
+        assert sub.poll(timeout=0.0) is None                    # and commits nothing
+        whole, calls = 0, 1
+        while _ring.cuda_deferred():
+            whole += p.flush_device_copies(max_bytes=budget)
+            calls += 1
+            assert calls < 100_000
+        hidden = 3 * 1000 * 4 * 256 * 2                         # the captured rows' bytes
+        assert whole == 3 and calls >= hidden // (budget + 4096), (whole, calls)
+        _assert_packed_samples(sub, want)
+        more = _one_forward(p, 150, f"dfb-age-{snapshot:d}", snapshot)
+        _ring.cuda_set_defer_max_age(0.0)   # every queued capture is past half of it now
+        assert p.flush_device_copies(max_bytes=1) == 1          # whole, budget or not
+        _assert_packed_samples(sub, more)
+        st = p.stats()
+        assert st.get("dropped", 0) == 0 and st.get("native_copies") == 4, st
+    finally:
+        _ring.cuda_set_defer_max_age(0.2)
+        p.defer_device_copies(False)
+
+
 def test_deferred_copies_flushed_after_an_engine_event_start_only_once_it_completed(
         pair, copy_path):
     """``flush_device_copies(after_event)`` (the SGLang hook passes the event SGLang records

@@ -66,7 +66,13 @@ int submit(uint64_t caller, uint64_t side, uint64_t ready, uint64_t done, uint64
 // `copy_done`); every flushed capture's side stream waits for it too. Why: the deferred copies
 // and that read-back wait for the same forward's end; whichever the copy engine takes first,
 // the other waits, so without this the read-back could still wait behind them.
-int flush_deferred(std::string* err, uint64_t after_event = 0);
+// `max_bytes` (0: no bound): a flush that has issued that many bytes of copies stops there,
+// between two rows of a copy if need be, and the next flush goes on from that point (a capture
+// queued for max_age / 2 or longer is issued whole regardless). Why: the engine's read-back
+// waits behind whatever is queued in the copy engine; a drain of several passes' captures
+// issued at one step (~270 MB at SGLang's 1B shape, ~5 ms of the copy engine) could delay the
+// read-backs of the next passes, where spread over steps it stays ahead of them.
+int flush_deferred(std::string* err, uint64_t after_event = 0, uint64_t max_bytes = 0);
 void set_defer_max_age_ns(uint64_t ns);
 // How many captures are queued now.
 size_t deferred_count();

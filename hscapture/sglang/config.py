@@ -283,6 +283,10 @@ class CaptureConfig:
     #: event), not only for the forward both wait on (``HSCAPTURE_COPIES_AFTER_READBACK``;
     #: off by default until a GPU run has measured it: docs/sglang.md)
     copies_after_readback: bool = False
+    #: at most about this many bytes of the deferred copies issued per scheduling step, the
+    #: rest at the next steps (``HSCAPTURE_COPY_STEP_BYTES``; 0: all at once;
+    #: ``Producer.flush_device_copies``'s ``max_bytes``)
+    copy_step_bytes: int = 0
     model: str | None = None
     convention: str = DEFAULT_CONVENTION
     #: per-token fields a request may carry in ``custom_params`` (``hscapture_loss_mask``)
@@ -406,6 +410,8 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         final_norm=_bool(env, "HSCAPTURE_FINAL_NORM", True),
         defer_copies=_bool(env, "HSCAPTURE_DEFER_COPIES", True),
         copies_after_readback=_bool(env, "HSCAPTURE_COPIES_AFTER_READBACK", False),
+        copy_step_bytes=(0 if env.get("HSCAPTURE_COPY_STEP_BYTES", "").strip() in ("", "0")
+                         else _size(env, "HSCAPTURE_COPY_STEP_BYTES", 0)),
         ring_bytes=_size(env, "HSCAPTURE_RING_BYTES", 1 << 30),
         full_policy=policy,
         wait_timeout_s=wait_s,

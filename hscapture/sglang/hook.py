@@ -496,7 +496,8 @@ class SGLangCaptureHook:
             # them in the copy engine (Producer.defer_device_copies). One native call.
             try:
                 producer.flush_device_copies(
-                    _readback_event(args) if self.config.copies_after_readback else 0)
+                    _readback_event(args) if self.config.copies_after_readback else 0,
+                    self.config.copy_step_bytes)
             except Exception as exc:     # each failed capture is reported by its own entry
                 self._log_once("flush_copies", logging.WARNING,
                                "hscapture: deferred copies: %s", exc)

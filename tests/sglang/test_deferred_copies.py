@@ -20,15 +20,16 @@ def spied(monkeypatch):
     methods record their calls."""
     from hscapture.producer import Producer
 
-    calls = {"defer": [], "flush": 0, "after": []}
+    calls = {"defer": [], "flush": 0, "after": [], "max_bytes": []}
 
     def defer(self, on=True):
         calls["defer"].append(on)
         return True
 
-    def flush(self, after_event=0):
+    def flush(self, after_event=0, max_bytes=0):
         calls["flush"] += 1
         calls["after"].append(after_event)
+        calls["max_bytes"].append(max_bytes)
         return 0
 
     monkeypatch.setattr(Producer, "defer_device_copies", defer)
@@ -114,6 +115,29 @@ def test_each_step_flushes_the_copies_behind_the_latest_result_read_back(
         assert spied["after"][-2:] == [0, 0]
     finally:
         hook.close()
+
+
+@pytest.mark.parametrize("env, want", [({"HSCAPTURE_COPY_STEP_BYTES": "48M"}, 48 << 20),
+                                       ({"HSCAPTURE_COPY_STEP_BYTES": "0"}, 0), ({}, 0)])
+def test_each_step_issues_at_most_the_configured_bytes_of_the_deferred_copies(
+        published, sock_dir, unique_id, spied, env, want):
+    """``HSCAPTURE_COPY_STEP_BYTES`` is the budget every step's flush passes (0, the default:
+    everything queued); the native flush's split of the copies is tests/test_gpu.py's."""
+    hook = _hook(published, sock_dir, unique_id, step_hook=True, **env)
+    try:
+        hook.sweep()
+        hook.sweep()
+        assert spied["max_bytes"] == [want, want]
+    finally:
+        hook.close()
+
+
+def test_a_malformed_copy_step_budget_is_refused_by_name():
+    from hscapture.errors import CaptureConfigError
+    from hscapture.sglang.config import load_config
+
+    with pytest.raises(CaptureConfigError, match="HSCAPTURE_COPY_STEP_BYTES.*'lots'"):
+        load_config({"HSCAPTURE_COPY_STEP_BYTES": "lots"})
 
 
 @pytest.mark.parametrize("step_hook, env", [(False, {}), (True, {"HSCAPTURE_DEFER_COPIES": "0"})])
