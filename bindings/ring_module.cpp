@@ -7,12 +7,17 @@
 // mapping, so the segment stays mapped while any view (or numpy/torch array made from one)
 // is alive, even after Producer/Consumer.close().
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <Python.h>
 
+#include <array>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "hscapture/cuda_copy.h"
@@ -630,6 +635,15 @@ NB_MODULE(_ring, m) {
        "issued, between two rows of a copy if need be (a capture queued for half the max age "
        "is issued whole). "
        "A failure raises (the first one), and each failed capture's done event reports it.");
+    m.def("cuda_split_copy", [](std::array<uint64_t, 6> c, uint64_t budget) {
+        using C = hsc::cuda::Copy2D;
+        const hsc::cuda::CopySplit s = hsc::cuda::split_copy(C{c[0], c[1], c[2], c[3], c[4], c[5]}, budget);
+        auto t = [](const C& x) { return std::array<uint64_t, 6>{x.dst, x.dst_pitch, x.src, x.src_pitch, x.width, x.height}; };
+        return std::make_pair(t(s.part), s.all ? std::optional<std::array<uint64_t, 6>>() : t(s.rest));
+    }, "copy"_a, "budget"_a,
+       "How a budgeted flush (cuda_flush's max_bytes) splits one copy (dst, dst_pitch, src, "
+       "src_pitch, width, height): (the part it issues, the rest or None). Pure arithmetic: "
+       "no driver call.");
     m.def("cuda_set_defer_max_age", [](double seconds) {
         if (!(seconds >= 0.0)) raise(hsc::ErrorKind::Value, "max age must be >= 0 seconds");
         hsc::cuda::set_defer_max_age_ns(uint64_t(seconds * 1e9));

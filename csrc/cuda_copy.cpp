@@ -207,6 +207,27 @@ CUresult copy(const Driver& d, const Copy2D& c, CUstream stream, bool to_host) {
 
 }  // namespace
 
+CopySplit split_copy(const Copy2D& c, uint64_t budget) {
+    const uint64_t bytes = c.width * c.height;
+    if (budget == 0 || bytes <= budget) return CopySplit{c, Copy2D{}, true};
+    Copy2D part = c, rest = c;
+    if (c.height > 1) {
+        // whole rows, at least one; fewer than c.height since bytes > budget
+        part.height = std::max<uint64_t>(1, budget / c.width);
+        rest.src += part.height * c.src_pitch;
+        rest.dst += part.height * c.dst_pitch;
+        rest.height -= part.height;
+    } else {
+        // one row (a linear copy): bytes, at least 1 MiB (a part that small is all overhead)
+        part.width = std::max<uint64_t>(budget, MIN_SPLIT_BYTES);
+        if (part.width >= c.width) return CopySplit{c, Copy2D{}, true};
+        rest.src += part.width;
+        rest.dst += part.width;
+        rest.width -= part.width;
+    }
+    return CopySplit{part, rest, false};
+}
+
 bool available(std::string* why) {
     const Driver& d = driver();
     if (why) *why = d.why;
@@ -273,37 +294,15 @@ static CUresult issue_post(const Driver& d, CUstream ss, CUevent ready, CUevent 
 
 namespace {
 
-// The part of `c` that fits `budget` bytes, issued on `ss` (to the ring), and `c` advanced past
-// it in place; true when all of `c` was issued. A copy splits between rows, a one-row copy
-// between bytes; at least one row (or, for one row, 1 MiB) is issued, so a flush always
-// makes progress. `*issued` grows by what was issued.
+// Issues the part of `c` that fits `budget` bytes on `ss` (to the ring) and leaves what is left
+// of it in `c` (split_copy); `*all`: nothing is left. `*issued` grows by what was issued.
 CUresult copy_part(const Driver& d, Copy2D& c, CUstream ss, uint64_t budget, uint64_t* issued,
                    bool* all) {
-    const uint64_t bytes = c.width * c.height;
-    *all = budget == 0 || bytes <= budget;
-    if (*all) {
-        *issued += bytes;
-        return copy(d, c, ss, true);
-    }
-    Copy2D part = c;
-    if (c.height > 1) {
-        part.height = std::max<uint64_t>(1, budget / c.width);   // < c.height: bytes > budget
-        c.src += part.height * c.src_pitch;
-        c.dst += part.height * c.dst_pitch;
-        c.height -= part.height;
-    } else {
-        part.width = std::max<uint64_t>(budget, uint64_t(1) << 20);
-        if (part.width >= c.width) {
-            *all = true;
-            *issued += bytes;
-            return copy(d, c, ss, true);
-        }
-        c.src += part.width;
-        c.dst += part.width;
-        c.width -= part.width;
-    }
-    *issued += part.width * part.height;
-    return copy(d, part, ss, true);
+    const CopySplit s = split_copy(c, budget);
+    *all = s.all;
+    *issued += s.part.width * s.part.height;
+    if (!s.all) c = s.rest;
+    return copy(d, s.part, ss, true);
 }
 
 // Issues queued captures, in order; the caller holds q.mu. `budget` (bytes; 0: no bound): once

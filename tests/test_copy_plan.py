@@ -238,3 +238,49 @@ def test_bad_host_row_ids_are_refused_before_a_byte_is_written(parts, offset, ma
     with pytest.raises((ValueError, TypeError), match=match):
         _ring.write_ids(memoryview(dst), offset, parts)
     assert dst == bytearray(b"\xee" * 16)
+
+
+@st.composite
+def split_cases(draw):
+    if draw(st.booleans()):           # rows of a block: split between rows
+        width = draw(st.integers(1, 300))
+        height = draw(st.integers(2, 60))
+    else:                             # one linear copy: split between bytes, >= 1 MiB a part
+        width = draw(st.integers(1, 3 << 20))
+        height = 1
+    src_pad, dst_pad = draw(st.integers(0, 40)), draw(st.integers(0, 40))
+    budget = draw(st.one_of(st.just(0), st.integers(1, 5_000), st.integers(1, 4 << 20)))
+    return width, height, src_pad, dst_pad, budget
+
+
+@settings(max_examples=200, deadline=None)
+@given(split_cases())
+def test_a_budgeted_flushs_parts_of_a_copy_write_exactly_its_bytes_each_within_the_budget(case):
+    """``cuda_split_copy``: how ``cuda_flush(max_bytes=B)`` (``HSCAPTURE_COPY_STEP_BYTES``)
+    issues a copy over several flushes. Taking a part, then a part of the rest, until nothing
+    is left, and executing them in that order writes exactly what the copy whole writes (the
+    destination's padding untouched); each part holds at most B bytes, or one row where a row
+    is wider, or 1 MiB of a one-row copy; B = 0 (no budget) or a copy within it is one part.
+    tests/test_gpu.py runs the flush itself."""
+    width, height, src_pad, dst_pad, budget = case
+    rng = np.random.default_rng(width * 7 + height)
+    spitch, dpitch = width + src_pad, width + dst_pad
+    src = rng.integers(0, 255, size=spitch * height, dtype=np.uint8)
+    want = np.full(dpitch * height, 0xAB, dtype=np.uint8)
+    got = want.copy()
+    whole = [_addr(want), dpitch, _addr(src), spitch, width, height]
+    _run(whole, want, src)
+    copy = [_addr(got), dpitch, _addr(src), spitch, width, height]
+    parts = 0
+    while copy is not None:
+        part, copy = _ring.cuda_split_copy(copy, budget)
+        parts += 1
+        n = part[4] * part[5]
+        assert n > 0
+        assert budget == 0 or n <= budget or (height > 1 and part[5] == 1) or \
+            (height == 1 and n <= max(budget, 1 << 20)), (part, budget)
+        _run(part, got, src)
+        assert parts <= width * height
+    assert np.array_equal(got, want)
+    if budget == 0 or width * height <= budget:
+        assert parts == 1

@@ -26,6 +26,18 @@ struct Copy2D {
     uint64_t dst, dst_pitch, src, src_pitch, width, height;
 };
 
+// A budgeted flush's split of one copy (flush_deferred's max_bytes): `part`, the first at most
+// `budget` bytes of `c` (0: no bound) in whole rows, at least one; a one-row copy splits between
+// bytes, at least MIN_SPLIT_BYTES; and `rest`, what follows it (its addresses advanced past
+// `part`), unless `all` (`part` is `c`). The parts a copy splits into, one after the other,
+// cover exactly its bytes, in order.
+struct CopySplit {
+    Copy2D part, rest;
+    bool all;
+};
+constexpr uint64_t MIN_SPLIT_BYTES = uint64_t(1) << 20;
+CopySplit split_copy(const Copy2D& c, uint64_t budget);
+
 // True when libcuda.so.1 is loadable and exports every function this path uses; otherwise
 // false and `why` says what is missing. Thread-safe, resolved once.
 bool available(std::string* why);
