@@ -648,6 +648,20 @@ def _one_forward(p, rng_seed: int, tag: str, snapshot: bool, stage: bool = False
     return want
 
 
+def _three_queued_forwards(p, seed: int, tag: str, snapshot: bool) -> dict:
+    """Three forwards (``_one_forward``) captured with their copies queued (the caller turned
+    deferral on), the device synchronized after them: every forward and snapshot is done, no
+    copy into the ring issued. Returns what must arrive."""
+    from hscapture import _ring
+
+    want = {}
+    for f in range(3):
+        want.update(_one_forward(p, seed + f, f"{tag}-{f}", snapshot))
+    assert _ring.cuda_deferred() == 3
+    torch.cuda.synchronize()
+    return want
+
+
 @pytest.mark.parametrize("snapshot", [False, True])
 def test_deferred_device_copies_wait_for_the_flush_then_arrive_exact(pair, copy_path, snapshot):
     """``Producer.defer_device_copies`` (what the SGLang hook turns on where its step hook
@@ -665,12 +679,8 @@ def test_deferred_device_copies_wait_for_the_flush_then_arrive_exact(pair, copy_
         return
     _ring.cuda_set_defer_max_age(60.0)      # no wait may issue them early in this test
     try:
-        want = {}
-        for f in range(3):
-            want.update(_one_forward(p, 40 + f, f"dfr-{snapshot:d}-{f}", snapshot))
-        assert _ring.cuda_deferred() == 3
-        torch.cuda.synchronize()            # every forward and snapshot is done; the copies
-        assert sub.poll(timeout=0.0) is None   # are not issued, so no entry is committed
+        want = _three_queued_forwards(p, 40, f"dfr-{snapshot:d}", snapshot)
+        assert sub.poll(timeout=0.0) is None   # the copies are not issued: nothing committed
         assert p.flush_device_copies() == 3
         assert _ring.cuda_deferred() == 0
         _assert_packed_samples(sub, want)
@@ -698,11 +708,7 @@ def test_a_flush_with_a_byte_budget_issues_the_copies_in_parts_and_every_sample_
         pytest.skip("the torch copy path has nothing to defer")
     _ring.cuda_set_defer_max_age(60.0)      # no wait may issue them early in this test
     try:
-        want = {}
-        for f in range(3):
-            want.update(_one_forward(p, 140 + f, f"dfb-{snapshot:d}-{f}", snapshot))
-        assert _ring.cuda_deferred() == 3
-        torch.cuda.synchronize()
+        want = _three_queued_forwards(p, 140, f"dfb-{snapshot:d}", snapshot)
         budget = 64 << 10
         assert p.flush_device_copies(max_bytes=budget) == 0     # part of the first one
         torch.cuda.synchronize()                                # that part has landed
