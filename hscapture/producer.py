@@ -868,6 +868,12 @@ def _check_rows(rows: list[Row], t_src: int) -> None:
                     f"per token), found {type(value).__name__} of {len(value)}")
 
 
+#: value types :func:`_plain` keeps as they are (``notice.plain_value_problem`` accepts every
+#: one); an int only inside msgpack's range, ``[_I64_MIN, _U64_END)``
+_PLAIN_SCALARS = frozenset((str, bytes, float, bool, type(None)))
+_I64_MIN, _U64_END = -(1 << 63), 1 << 64
+
+
 def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
     """A copy of ``value`` with numpy/torch scalars turned into Python ones, checked by the
     rule every reader applies (:func:`hscapture.notice.plain_value_problem`): a value a
@@ -876,6 +882,14 @@ def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
     subscriber rejects whole, its other rows with it (until 2026-12-05)."""
     out: dict[str, Any] = {}
     for k, v in (value or {}).items():
+        # the common case first, taken as it is: a str key and a value of an exact builtin
+        # leaf type the rule accepts (the general checks below cost the capturing thread
+        # ~0.6 us a row more: capture_batch of 64 one-token rows 0.82x the time with this,
+        # paired runs on the CPU machine, 2026-12-07)
+        t = type(v)
+        if type(k) is str and (t in _PLAIN_SCALARS or (t is int and _I64_MIN <= v < _U64_END)):
+            out[k] = v
+            continue
         if not isinstance(k, str):
             raise CaptureConfigError(f"{what}: keys must be str, found {type(k).__name__}")
         if isinstance(v, (np.generic, torch.Tensor)) and getattr(v, "ndim", 0) == 0:
