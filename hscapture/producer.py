@@ -313,8 +313,7 @@ class Producer:
         rows = list(rows)
         blocks = list(blocks)
         narrowest, dtype, t_src, _ = _check_blocks(blocks, token_ids)
-        _check_rows(rows, t_src)
-        maps = [_row_map(r) for r in rows]
+        maps = _row_maps(rows, t_src)
         if isinstance(token_ids, HostRowIds):
             _check_row_ids(token_ids, maps)
         return self._capture(maps, [r.src_start for r in rows],
@@ -841,8 +840,11 @@ def _check_source_range(rid: str, start: int, count: int, t_src: int) -> None:
             f"[{start}, {start + count})")
 
 
-def _check_rows(rows: list[Row], t_src: int) -> None:
-    """Every row's rid, token range and fields, before a sequence number is taken."""
+def _row_maps(rows: list[Row], t_src: int) -> list[dict[str, Any]]:
+    """Every row's wire map (``record.ROW_KEYS`` order), its rid, token range, fields and
+    ``extra`` checked first, before a sequence number is taken (the first defect raises,
+    naming the row). One pass over the rows: a call per row less than checking and then
+    converting them (``capture_batch`` is on an engine's hot path)."""
     if not rows:
         raise CaptureConfigError("capture_batch: expected at least one row, found none")
     if len(rows) > 1 and len({r.rid for r in rows}) != len(rows):
@@ -850,22 +852,36 @@ def _check_rows(rows: list[Row], t_src: int) -> None:
         dup = next(r.rid for r in rows if r.rid in seen or seen.add(r.rid))
         raise CaptureConfigError(f"row {dup!r}: expected one row per rid in a batch (a reader "
                                  f"rejects the whole entry), found it twice")
+    check_rid = nt.check_rid
+    maps = []
     for r in rows:
-        nt.check_rid(r.rid)   # InvalidRidError
-        _check_source_range(r.rid, r.src_start, r.token_count, t_src)
-        if r.token_start < 0 or not 0 <= r.cached_prefix <= r.token_start + r.token_count:
+        rid = r.rid
+        check_rid(rid)   # InvalidRidError
+        start, count = r.src_start, r.token_count
+        if start < 0 or count <= 0 or start + count > t_src:
+            _check_source_range(rid, start, count, t_src)    # raises, naming the range
+        token_start, cached = r.token_start, r.cached_prefix
+        if token_start < 0 or not 0 <= cached <= token_start + count:
             raise CaptureConfigError(
-                f"row {r.rid!r}: token_start={r.token_start}, cached_prefix="
-                f"{r.cached_prefix}: expected 0 <= cached_prefix <= token_start + count")
-        for name, value in (r.fields or {}).items():
-            if not isinstance(name, str) or nt.FIELD_NAME.fullmatch(name) is None:
-                raise CaptureConfigError(
-                    f"row {r.rid!r} field name: expected {nt.FIELD_NAME_RULE}, found "
-                    f"{name!r}")
-            if not isinstance(value, (bytes, bytearray)) or len(value) != r.token_count:
-                raise CaptureConfigError(
-                    f"row {r.rid!r} field {name!r}: expected {r.token_count} bytes (uint8 "
-                    f"per token), found {type(value).__name__} of {len(value)}")
+                f"row {rid!r}: token_start={token_start}, cached_prefix={cached}: expected "
+                f"0 <= cached_prefix <= token_start + count")
+        fields = r.fields
+        if fields:
+            for name, value in fields.items():
+                if not isinstance(name, str) or nt.FIELD_NAME.fullmatch(name) is None:
+                    raise CaptureConfigError(
+                        f"row {rid!r} field name: expected {nt.FIELD_NAME_RULE}, found "
+                        f"{name!r}")
+                if not isinstance(value, (bytes, bytearray)) or len(value) != count:
+                    raise CaptureConfigError(
+                        f"row {rid!r} field {name!r}: expected {count} bytes (uint8 "
+                        f"per token), found {type(value).__name__} of {len(value)}")
+        extra = r.extra
+        maps.append({"rid": rid, "token_start": int(token_start), "token_count": int(count),
+                     "last": bool(r.last), "cached_prefix": int(cached),
+                     "extra": _plain(extra, f"row {rid!r} extra") if extra else {},
+                     "fields": dict(fields) if fields else {}})
+    return maps
 
 
 #: value types :func:`_plain` keeps as they are (``notice.plain_value_problem`` accepts every
@@ -899,13 +915,6 @@ def _plain(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
             raise CaptureConfigError(f"{what} {k!r}: expected msgpack's builtin kinds, found {why}")
         out[k] = v
     return out
-
-
-def _row_map(r: Row) -> dict[str, Any]:
-    return {"rid": r.rid, "token_start": int(r.token_start), "token_count": int(r.token_count),
-            "last": bool(r.last), "cached_prefix": int(r.cached_prefix),
-            "extra": _plain(r.extra, f"row {r.rid!r} extra") if r.extra else {},
-            "fields": dict(r.fields) if r.fields else {}}
 
 
 def field_values(name: Any, value: Any, count: int) -> np.ndarray:
