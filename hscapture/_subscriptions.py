@@ -26,11 +26,13 @@ subscriber process is gone and which no subscriber attached for longer than
 future ring. A live subscriber is always kept.
 
 The files, mode 0600, each rewritten whole under an ``flock`` of ``<file>.lock``, keyed by
-the endpoint (:func:`endpoint_key`): ``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``)
-``/hscapture.subs-<uid>-ep-<key>``, one line per name: ``name<TAB>pid<TAB>unix time of the
-last attach``; ``/dev/shm/hscapture.rings-<uid>-ep-<key>`` (beside the segments), one segment
-name per line (a segment that no longer exists is dropped at the next write). Per durable
-name (PROTOCOL.md): ``hscapture.who-``, what it is; ``hscapture.acked-``, the failures its
+the endpoint (:func:`endpoint_key`), both in ``/dev/shm`` beside the segments whatever
+``HSCAPTURE_SUBS_DIR`` says (the files a server and its trainers share):
+``hscapture.subs-<uid>-ep-<key>``, one line per name: ``name<TAB>pid<TAB>unix time of the
+last attach``; ``hscapture.rings-<uid>-ep-<key>``, one segment name per line (a segment that
+no longer exists is dropped at the next write). Per durable name (PROTOCOL.md), in
+``$HSCAPTURE_SUBS_DIR`` (default ``/dev/shm``; only the trainer's side reads them):
+``hscapture.who-``, what it is; ``hscapture.acked-``, the failures its
 subscribers acknowledged (:func:`record_acknowledged`) and the samples they acknowledged out
 of queue order (:func:`record_acknowledged_ahead`); ``hscapture.pending-``, those read
 and not acknowledged when the bounds on the ring gave their records back
@@ -162,8 +164,12 @@ def endpoint_key(endpoint: str) -> str:
 
 def endpoint_registry_path(endpoint: str) -> Path:
     """The durable names recorded at an endpoint (by subscribers, before or after they
-    attached), read by every producer that binds it."""
-    return _dir() / f"{_FILE_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
+    attached), read by every producer that binds it: in ``/dev/shm`` beside the rings file,
+    whatever ``HSCAPTURE_SUBS_DIR`` says. Why: it is the one file a server reads from its
+    trainers' side; in that folder, a trainer and a server that disagreed on it (one set, the
+    other not) lost every sample committed while the trainer was away, without a word
+    (GUARANTEES gap 8, open from 2026-12-05 to 2026-12-07)."""
+    return Path(SHM_DIR) / f"{_FILE_PREFIX}{os.geteuid()}-ep-{endpoint_key(endpoint)}"
 
 
 def segments_path(endpoint: str) -> Path:

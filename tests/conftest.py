@@ -70,10 +70,21 @@ def _remove_new_segments(before: set[str]) -> None:
 
 @pytest.fixture(autouse=True)
 def _durable_subscriptions_of_this_test_only(tmp_path_factory, monkeypatch):
-    """Each test's durable subscriptions are recorded in its own folder (hscapture.
-    _subscriptions): tests reuse producer ids, and a later test's producer would otherwise
-    keep places in its ring for an earlier test's drains (which never come back)."""
+    """Each test's durable subscriptions stay its own (hscapture._subscriptions): the files
+    per durable name go into a folder of the test's own (``HSCAPTURE_SUBS_DIR``), and the
+    names recorded per endpoint, which live in /dev/shm whatever that folder (GUARANTEES gap
+    8), are removed after the test when it made them. Tests reuse endpoints (tcp ports above
+    all), and a later test's producer would otherwise keep places in its ring for an earlier
+    test's drains (which never come back)."""
     monkeypatch.setenv("HSCAPTURE_SUBS_DIR", str(tmp_path_factory.mktemp("subs")))
+    prefix = f"hscapture.subs-{os.geteuid()}-ep-"
+    before = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    yield
+    for name in {n for n in os.listdir("/dev/shm") if n.startswith(prefix)} - before:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
 
 
 @pytest.fixture

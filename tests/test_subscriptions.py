@@ -8,6 +8,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+import uuid
 
 import pytest
 from hypothesis import given
@@ -36,7 +37,8 @@ def _add(args: tuple[str, str, str]) -> None:
 
 
 def test_names_recorded_by_concurrent_processes_are_all_kept_and_forgotten_one_by_one():
-    ep, other = "ipc:///tmp/hsc-concurrent.sock", "ipc:///tmp/hsc-other.sock"
+    tag = uuid.uuid4().hex[:8]      # (the names per endpoint are in /dev/shm: a fresh one)
+    ep, other = f"ipc:///tmp/hsc-concurrent-{tag}.sock", f"ipc:///tmp/hsc-other-{tag}.sock"
     names = [f"drain-{i}" for i in range(12)]
     with mp.get_context("spawn").Pool(4) as pool:
         pool.map(_add, [(os.environ["HSCAPTURE_SUBS_DIR"], ep, n) for n in names])
@@ -191,6 +193,10 @@ def test_a_durable_name_that_the_files_or_a_ring_slot_cannot_hold_is_refused_bef
     assert subs.entries(endpoint) == {}
 
 
+#: an endpoint no other test or run uses (the names per endpoint are in /dev/shm)
+_PROPERTY_EP = f"ipc:///tmp/hsc-names-property-{uuid.uuid4().hex[:8]}.sock"
+
+
 @given(st.text(min_size=1, max_size=70))
 def test_every_name_the_rule_accepts_is_recorded_and_read_back_as_itself(name):
     from hscapture.errors import CaptureConfigError
@@ -199,7 +205,7 @@ def test_every_name_the_rule_accepts_is_recorded_and_read_back_as_itself(name):
         subs.check_name(name)
     except CaptureConfigError:
         return
-    ep = "ipc:///tmp/hsc-names-property.sock"
+    ep = _PROPERTY_EP
     subs.remember(name, endpoint=ep)
     try:
         assert list(subs.entries(ep)) == [name]      # one name, itself: no phantom
@@ -210,9 +216,11 @@ def test_every_name_the_rule_accepts_is_recorded_and_read_back_as_itself(name):
 
 def test_a_subscriptions_folder_that_does_not_exist_yet_is_made(tmp_path, monkeypatch):
     # it only warned, on every write (newcomer walk 2, 2026-12-05)
+    # (the per-name files live there; the names per endpoint in /dev/shm since 2026-12-07)
     monkeypatch.setenv("HSCAPTURE_SUBS_DIR", str(tmp_path / "not" / "yet"))
-    subs.remember("trainer", endpoint="ipc:///tmp/hsc-made.sock")
-    assert list(subs.entries("ipc:///tmp/hsc-made.sock")) == ["trainer"]
+    subs.describe("trainer", out_dir="x", endpoints=["ipc:///tmp/hsc-made.sock"])
+    assert subs.who("trainer") == {"name": "trainer", "out_dir": "x",
+                                   "endpoints": ["ipc:///tmp/hsc-made.sock"]}
     assert (tmp_path / "not" / "yet").stat().st_mode & 0o777 == 0o700
 
 
@@ -338,3 +346,42 @@ def test_the_acknowledged_files_cut_keeps_the_newest_failures_and_samples_each(m
     subs._keep_newest_of_each_kind(lines)
     assert [json.loads(x).get("rid") for x in lines] == \
         ["f8", "f12", "f16", "s17", "s18", "s19"]
+
+
+_PRODUCE_FIVE = """
+import sys, torch
+from hscapture import Producer
+with Producer(sys.argv[1], producer_id="gap8", capacity=1 << 20) as p:
+    for i in range(5):
+        assert p.capture(f"s{i}", [torch.full((3, 8), float(i)).to(torch.bfloat16)],
+                         layers=[0], token_ids=torch.arange(3))
+    p.flush(timeout_s=10)
+"""
+
+
+def test_a_server_keeps_a_place_for_a_trainer_whose_subscriptions_folder_is_another(
+        endpoint, tmp_path, monkeypatch):
+    """GUARANTEES gap 8 (fault hunt 6, 2026-12-05; fixed 2026-12-07): ``HSCAPTURE_SUBS_DIR``
+    set for the trainer and not for the server (or to another folder). The names a durable
+    subscriber records at an endpoint are the one file a server reads from its trainers'
+    side: it lives in ``/dev/shm`` beside the rings file, whatever either side's folder, so a
+    server started after the trainer went away keeps a place for it from its first capture
+    and the trainer, back, gets every sample. Until then the server read another folder,
+    kept no place, and removed its ring at its close: all five samples were neither
+    delivered nor reported. The producer runs in a process of its own, with its own folder."""
+    import subprocess
+    import sys
+
+    import hscapture
+
+    monkeypatch.setenv("HSCAPTURE_SUBS_DIR", str(tmp_path / "trainer"))
+    hscapture.Subscriber(endpoint, name="trainer").close()   # records the name, then away
+    env = {**os.environ, "HSCAPTURE_SUBS_DIR": str(tmp_path / "server")}
+    subprocess.run([sys.executable, "-c", _PRODUCE_FIVE, endpoint], env=env, check=True,
+                   timeout=120)
+    with hscapture.Subscriber(endpoint, name="trainer") as sub:
+        for i in range(5):
+            s = sub.get(f"s{i}", timeout=20)
+            assert s.num_tokens == 3 and s.token_ids.tolist() == [0, 1, 2]
+            s.release()
+    hscapture.Subscriber(endpoint, name="trainer").unsubscribe()
