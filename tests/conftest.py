@@ -59,9 +59,11 @@ def _remove_new_segments(before: set[str]) -> None:
                 cleanup_stale(name, force=True)
             except Exception:
                 pass
-    # and the ended records those removals left (hscapture.ring.write_ended)
+    # and the ended records those removals left (hscapture.ring.write_ended), and the durable
+    # names per endpoint (in /dev/shm whatever HSCAPTURE_SUBS_DIR says) of drains that a
+    # module-scoped fixture ran, before any test's own clean-up began
     for name in set(os.listdir("/dev/shm")) - before:
-        if name.startswith("hscapture.ended-"):
+        if name.startswith(("hscapture.ended-", f"hscapture.subs-{os.geteuid()}-ep-")):
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:
