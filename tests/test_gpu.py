@@ -6,6 +6,7 @@ CUDA. Whole file: well under 2 minutes on one H200.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -648,6 +649,22 @@ def _one_forward(p, rng_seed: int, tag: str, snapshot: bool, stage: bool = False
     return want
 
 
+@contextlib.contextmanager
+def _deferring(p, max_age: float):
+    """Deferred device copies on for the block (skips the test on the torch copy path, which
+    has nothing to defer), with the queue's max age set to ``max_age``; both set back after."""
+    from hscapture import _ring
+
+    if not p.defer_device_copies(True):
+        pytest.skip("the torch copy path has nothing to defer")
+    _ring.cuda_set_defer_max_age(max_age)
+    try:
+        yield
+    finally:
+        _ring.cuda_set_defer_max_age(0.2)
+        p.defer_device_copies(False)
+
+
 def _three_queued_forwards(p, seed: int, tag: str, snapshot: bool) -> dict:
     """Three forwards (``_one_forward``) captured with their copies queued (the caller turned
     deferral on), the device synchronized after them: every forward and snapshot is done, no
@@ -704,10 +721,7 @@ def test_a_flush_with_a_byte_budget_issues_the_copies_in_parts_and_every_sample_
     from hscapture import _ring
 
     p, sub = pair
-    if not p.defer_device_copies(True):
-        pytest.skip("the torch copy path has nothing to defer")
-    _ring.cuda_set_defer_max_age(60.0)      # no wait may issue them early in this test
-    try:
+    with _deferring(p, 60.0):
         want = _three_queued_forwards(p, 140, f"dfb-{snapshot:d}", snapshot)
         budget = 64 << 10
         assert p.flush_device_copies(max_bytes=budget) == 0     # part of the first one
@@ -728,9 +742,6 @@ def test_a_flush_with_a_byte_budget_issues_the_copies_in_parts_and_every_sample_
         _assert_packed_samples(sub, more)
         st = p.stats()
         assert st.get("dropped", 0) == 0 and st.get("native_copies") == 4, st
-    finally:
-        _ring.cuda_set_defer_max_age(0.2)
-        p.defer_device_copies(False)
 
 
 def test_deferred_copies_flushed_after_an_engine_event_start_only_once_it_completed(
@@ -740,13 +751,8 @@ def test_deferred_copies_flushed_after_an_engine_event_start_only_once_it_comple
     recorded ~0.4 s late, on a stream of its own; until then the capture's ``done`` stays
     pending and nothing is committed, though its forward finished long before; then the
     sample arrives exact."""
-    from hscapture import _ring
-
     p, sub = pair
-    if not p.defer_device_copies(True):
-        pytest.skip("the torch copy path has nothing to defer")
-    _ring.cuda_set_defer_max_age(60.0)
-    try:
+    with _deferring(p, 60.0):
         want = _one_forward(p, 90, "dfr-after", False)
         torch.cuda.synchronize()                 # the forward and its snapshot are done
         engine = torch.cuda.Stream()
@@ -761,9 +767,6 @@ def test_deferred_copies_flushed_after_an_engine_event_start_only_once_it_comple
         assert readback.query()
         st = p.stats()
         assert st.get("dropped", 0) == 0 and st.get("native_copies") == 1, st
-    finally:
-        _ring.cuda_set_defer_max_age(0.2)
-        p.defer_device_copies(False)
 
 
 def test_deferred_captures_from_two_streams_each_wait_for_their_own_forward(pair, copy_path):
@@ -772,13 +775,8 @@ def test_deferred_captures_from_two_streams_each_wait_for_their_own_forward(pair
     The first capture's values land ~0.3 s late on stream A; the second capture, on stream
     B, is ready at once. Without that flush the first capture's copies would wait for B's
     point and read A's sources before they were written. Both samples exact."""
-    from hscapture import _ring
-
     p, sub = pair
-    if not p.defer_device_copies(True):
-        pytest.skip("the torch copy path has nothing to defer")
-    _ring.cuda_set_defer_max_age(60.0)
-    try:
+    with _deferring(p, 60.0):
         cycles = int(_cycles_per_second() * 0.3)
         dev = torch.device("cuda")
         k, h, lens, offs = 3, 256, [300, 5, 700], [0, 300, 305]
@@ -807,9 +805,6 @@ def test_deferred_captures_from_two_streams_each_wait_for_their_own_forward(pair
             keep.append((aux, last, truth_aux, truth_last, ids))
         assert p.flush_device_copies() >= 1
         _assert_packed_samples(sub, want)
-    finally:
-        _ring.cuda_set_defer_max_age(0.2)
-        p.defer_device_copies(False)
 
 
 def test_a_deferred_copy_nobody_flushes_is_issued_by_the_publishers_wait_after_max_age(pair,
@@ -821,10 +816,7 @@ def test_a_deferred_copy_nobody_flushes_is_issued_by_the_publishers_wait_after_m
     from hscapture import _ring
 
     p, sub = pair
-    if not p.defer_device_copies(True):
-        pytest.skip("the torch copy path has nothing to defer")
-    _ring.cuda_set_defer_max_age(0.1)
-    try:
+    with _deferring(p, 0.1):
         want = _one_forward(p, 60, "dfr-age", snapshot=True)
         t0 = time.monotonic()
         _assert_packed_samples(sub, want)      # get() waits; nobody calls flush_device_copies
@@ -833,9 +825,6 @@ def test_a_deferred_copy_nobody_flushes_is_issued_by_the_publishers_wait_after_m
         staged = _one_forward(p, 61, "dfr-stage", snapshot=True, stage=True)
         p.flush(timeout_s=30)                  # writes the stage, flushes its copies, waits
         _assert_packed_samples(sub, staged)
-    finally:
-        _ring.cuda_set_defer_max_age(0.2)
-        p.defer_device_copies(False)
 
 
 def test_through_steady_captures_the_publisher_thread_sleeps_and_takes_the_last(endpoint):
