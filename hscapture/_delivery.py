@@ -16,13 +16,8 @@ import collections
 import dataclasses
 import itertools
 import time
-import warnings
 from typing import Any, Callable
 
-import numpy as np
-import torch
-
-from . import notice as nt
 from . import record as rec
 from ._assembly import Assembler, Chunk, Partial
 from ._headless import HeadlessSamples, gone
@@ -30,24 +25,14 @@ from ._holds import RecordHolds
 from ._unread_rows import UnreadRows
 from ._ledger import MAX_SKIPPED, Ledger
 from ._ledger import failure_event as _event
+from ._sample_tensors import (Shape, copy_view, field_tensors, from_dlpack, joined, row_tensors,
+                              sample_meta)
 from ._settlement import Settlement
 from ._source import Source
 from .errors import SampleMismatchError
-from .sample import Sample, layer_name
+from .sample import Sample
 
 __all__ = ["Delivery"]
-
-_TORCH_DTYPES = {name: getattr(torch, name) for name in nt.DTYPES}
-#: the torch dtype ``torch.from_numpy`` gives a view of ``record.NUMPY_DTYPES[name]``: where it
-#: is not the sample's dtype (bf16, fp8 travel as raw ints), the tensor is reinterpreted
-_FROM_NUMPY = {name: torch.from_numpy(np.zeros(1, dt)).dtype
-               for name, dt in rec.NUMPY_DTYPES.items()}
-
-#: a tensor that owns a DLPack capsule's memory (record.Entry.row_capsules). For a capsule
-#: ``torch.from_dlpack`` only calls ``torch._C._from_dlpack`` after a ``hasattr`` test; calling
-#: it directly saves ~0.9 us a sample (two tensors each) on the subscriber's hot path
-#: (benchmarks/bench_delivery.py); the public function where a torch build lacks it
-_from_dlpack = getattr(torch._C, "_from_dlpack", torch.from_dlpack)
 
 Holds = list[tuple[Source, int]]
 
@@ -56,39 +41,6 @@ Holds = list[tuple[Source, int]]
 assert [f.name for f in dataclasses.fields(Sample)] == [
     "rid", "producer_id", "epoch", "num_tokens", "token_ids", "tensors", "layers",
     "layer_kinds", "dtype", "hidden", "meta", "fields", "_release", "borrowed"]
-
-
-def _sample_meta(common: tuple[Any, Any, Any], cached_prefix: int, extra: dict[str, Any],
-                 seq: int) -> dict[str, Any]:
-    """``Sample.meta`` of a sample that came in one row (``seq``); ``common``: the entry's
-    ``(convention, model, dp_rank)``."""
-    return {"convention": common[0], "model": common[1], "cached_prefix": cached_prefix,
-            "dp_rank": common[2], "extra": extra, "chunks": 1, "seqs": [seq]}
-
-
-def _field_tensors(fields: dict[str, bytes]) -> dict[str, torch.Tensor]:
-    """A row's per-token fields as owned uint8 tensors."""
-    return {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in
-            fields.items()} if fields else {}
-
-
-class _Shape:
-    """What every row of the entries of one ``schema`` (layers, kinds, dtype, hidden) shares:
-    made once per schema (:meth:`Delivery._shape`), not per entry or row."""
-
-    __slots__ = ("schema", "layers", "kinds", "dtype", "hidden", "names", "torch_dtype",
-                 "reinterpret", "token_bytes")
-
-    def __init__(self, schema: tuple) -> None:
-        self.schema = schema
-        self.layers, self.kinds, self.dtype, self.hidden = schema
-        #: the tensor names, in layer order
-        self.names = tuple(layer_name(l, k) for l, k in zip(self.layers, self.kinds))
-        self.torch_dtype = _TORCH_DTYPES[self.dtype]
-        #: a tensor over a numpy array of the ring's dtype needs a .view(torch_dtype)
-        self.reinterpret = _FROM_NUMPY[self.dtype] != self.torch_dtype
-        #: hidden-state payload bytes per token (a sample's nbytes per token)
-        self.token_bytes = self.hidden * len(self.names) * nt.DTYPES[self.dtype]
 
 
 class Delivery:
@@ -151,8 +103,8 @@ class Delivery:
         #: durable, resumed: samples met without their start below the inherited
         #: ``delivered``, decided by their last row (GUARANTEES gap 14(a))
         self.headless = HeadlessSamples(self)
-        #: :class:`_Shape` by schema (an engine has one or two; bounded all the same)
-        self._shapes: dict[tuple, _Shape] = {}
+        #: :class:`Shape` by schema (an engine has one or two; bounded all the same)
+        self._shapes: dict[tuple, Shape] = {}
 
     # -- entries -------------------------------------------------------------------------
 
@@ -246,14 +198,14 @@ class Delivery:
         self.fail(key, reason, "incomplete", _event(src, entry.seq))
         return True
 
-    def _shape(self, meta: dict[str, Any]) -> _Shape:
+    def _shape(self, meta: dict[str, Any]) -> Shape:
         schema = (tuple(meta["layers"]), tuple(meta["layer_kinds"]), meta["dtype"],
                   meta["hidden"])
         shape = self._shapes.get(schema)
         if shape is None:
             if len(self._shapes) >= 64:
                 self._shapes.clear()
-            shape = self._shapes[schema] = _Shape(schema)
+            shape = self._shapes[schema] = Shape(schema)
         return shape
 
     def _on_batch(self, src: Source, record: Any, entry: Any) -> None:
@@ -306,12 +258,12 @@ class Delivery:
                         (not headless or (epoch, rid) not in headless):
                     if lean and slot is not None:
                         ready_append(Sample(
-                            rid, producer, epoch, count, _from_dlpack(caps[slot]),
-                            {one_layer: _from_dlpack(caps[slot + 1])} if one_layer is not None else
-                            {n: _from_dlpack(caps[slot + 1 + i]) for i, n in enumerate(names)},
+                            rid, producer, epoch, count, from_dlpack(caps[slot]),
+                            {one_layer: from_dlpack(caps[slot + 1])} if one_layer is not None else
+                            {n: from_dlpack(caps[slot + 1 + i]) for i, n in enumerate(names)},
                             list(layer_list), list(kinds), dtype, hidden,
-                            _sample_meta(common, cached[r], extras[r], seq + r),
-                            _field_tensors(fields[r]), None, False))
+                            sample_meta(common, cached[r], extras[r], seq + r),
+                            field_tensors(fields[r]), None, False))
                         delivered += 1
                         nbytes += count * token_bytes
                         r0 += count
@@ -334,7 +286,7 @@ class Delivery:
                 self._count_samples(delivered, nbytes)
 
     def _owned_copies(self, src: Source, record: Any, entry: Any,
-                      shape: _Shape) -> tuple[list[Any] | None, Any]:
+                      shape: Shape) -> tuple[list[Any] | None, Any]:
         """The owned copies of an entry's rows that may become whole samples (from token 0,
         ``last``, not acknowledged by an earlier owner), made in one native call
         (:meth:`Entry.row_capsules <hscapture.record.Entry.row_capsules>`): ``(capsules,
@@ -369,7 +321,7 @@ class Delivery:
         return (self.rid_filter is None or self.rid_filter(rid)) and \
             (self.skip_rid is None or not self.skip_rid(rid))
 
-    def _on_row(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape,
+    def _on_row(self, src: Source, record: Any, meta: dict[str, Any], shape: Shape,
                 rv: Any) -> None:
         """One row of a batch entry (``rv``: its :class:`~hscapture.record.RowView`)."""
         if not self._turned_away(rv.rid):
@@ -389,7 +341,7 @@ class Delivery:
             return True
         return False
 
-    def _on_kept_row(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape,
+    def _on_kept_row(self, src: Source, record: Any, meta: dict[str, Any], shape: Shape,
                      rv: Any) -> None:
         """A row that neither ``rid_filter`` nor ``skip_rid`` turned away."""
         counts = self.ledger.counts
@@ -475,8 +427,8 @@ class Delivery:
             self.reject(key, f"token positions [{start}, {end}) were delivered twice",
                         _event(src, rv.seq))
             return
-        # numpy copies (single-threaded memcpy), see _copy
-        tensors = [_copy(rv.layer(i)) for i in range(len(schema[0]))]
+        # numpy copies (single-threaded memcpy), see copy_view
+        tensors = [copy_view(rv.layer(i)) for i in range(len(schema[0]))]
         self.asm.add(p, Chunk(start, rv.token_count, tensors, rv.token_ids.copy(),
                               dict(rv.fields), rv.seq))
         held = self.durable and (not p.holds or p.holds[-1][1] != record.position)
@@ -512,7 +464,7 @@ class Delivery:
 
     # -- samples ---------------------------------------------------------------------------
 
-    def _whole(self, src: Source, record: Any, meta: dict[str, Any], shape: _Shape, rid: str,
+    def _whole(self, src: Source, record: Any, meta: dict[str, Any], shape: Shape, rid: str,
                seq: int, total: int, cached_prefix: int, extra: dict[str, Any],
                fields: dict[str, bytes], views: tuple[Any, ...] | None, r0: int,
                caps: list[Any] | None = None, slot: int | None = None) -> int:
@@ -531,43 +483,16 @@ class Delivery:
         if src.settlement.was_acknowledged(seq):   # an earlier owner acknowledged it
             self.ledger.counts["acknowledged_before"] += 1
             return 0
-        end = r0 + total
         borrow = self.zero_copy
-        dtype = shape.torch_dtype
-        if slot is None:
-            ids, layers = views[0], views[1]
-        if borrow:
-            token_ids = _torch_view(ids[r0:end], None)
-            tensors = {n: _torch_view(a[r0:end], dtype) for n, a in zip(shape.names, layers)}
-        elif slot is not None:
-            # owned copies made natively for the whole entry: each capsule already holds the
-            # sample's dtype (bf16 too), so one tensor creation each
-            token_ids = _from_dlpack(caps[slot])
-            if len(shape.names) == 1:
-                tensors = {shape.names[0]: _from_dlpack(caps[slot + 1])}
-            else:
-                tensors = {n: _from_dlpack(caps[slot + 1 + i])
-                           for i, n in enumerate(shape.names)}
-        elif len(layers) == 1:
-            # owned, writable copies (_copy's, inline): torch.from_numpy has nothing to warn
-            # about
-            t = torch.from_numpy(layers[0][r0:end].copy())
-            tensors = {shape.names[0]: t.view(dtype) if shape.reinterpret else t}
-            token_ids = torch.from_numpy(ids[r0:end].copy())
-        else:
-            tensors = {}
-            for n, a in zip(shape.names, layers):
-                t = torch.from_numpy(a[r0:end].copy())
-                tensors[n] = t.view(dtype) if shape.reinterpret else t
-            token_ids = torch.from_numpy(ids[r0:end].copy())
-        # positionally (see the assert by _Shape): rid, producer_id, epoch, num_tokens,
+        token_ids, tensors = row_tensors(shape, views, r0, r0 + total, borrow, caps, slot)
+        # positionally (see the assert by Shape): rid, producer_id, epoch, num_tokens,
         # token_ids, tensors, layers, layer_kinds, dtype, hidden, meta, fields, _release,
         # borrowed
         sample = Sample(rid, src.producer or "", src.epoch, total, token_ids, tensors,
                         list(shape.layers), list(shape.kinds), shape.dtype, shape.hidden,
-                        _sample_meta((meta["convention"], meta["model"], meta["dp_rank"]),
+                        sample_meta((meta["convention"], meta["model"], meta["dp_rank"]),
                                      cached_prefix, extra, seq),
-                        _field_tensors(fields), None, borrow)
+                        field_tensors(fields), None, borrow)
         if borrow or self.durable:
             # zero-copy: the views need the record; durable: release() is the acknowledgement
             # (an unreleased sample is delivered again after a restart)
@@ -602,17 +527,7 @@ class Delivery:
             release()
             release = None
         layers, kinds, dtype, hidden = p.schema
-        names = [layer_name(l, k) for l, k in zip(layers, kinds)]
-        tdtype = _TORCH_DTYPES[dtype]
-        tensors = {n: _torch_view(_concat([c.tensors[i] for c in chunks]), tdtype)
-                   for i, n in enumerate(names)}
-        ids = torch.from_numpy(np.concatenate([c.token_ids for c in chunks]))
-        fields = {}
-        for name in chunks[0].fields:
-            if all(name in c.fields for c in chunks):
-                fields[name] = torch.frombuffer(bytearray(b"".join(c.fields[name]
-                                                                   for c in chunks)),
-                                                dtype=torch.uint8)
+        ids, tensors, fields = joined(chunks, p.schema)
         meta = dict(p.meta)
         meta.update(chunks=len(chunks), seqs=[c.seq for c in chunks])
         meta.pop("producer", None)
@@ -796,57 +711,3 @@ class Delivery:
         parts = [f"[{c.start}, {c.start + c.count})" for k, p in self.asm.partials.items()
                  if k[1] == rid for c in p.chunks]
         return ", ".join(parts) or "none"
-
-
-def _copy(arr: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``arr`` (a view of the ring), made by numpy on this thread.
-
-    Not ``torch.clone`` / ``torch.cat``: torch runs copies of this size on its intra-op
-    OpenMP pool, and next to a busy server (every core taken) a parallel copy waits at the
-    pool's barrier for descheduled threads, spinning: a 6 MB copy that takes 0.2 ms alone
-    took up to 270 ms wall (90 ms CPU) on a loaded 2-core host, while the same copy on one
-    thread stayed under 6 ms. A subscriber shares its host with the engine, so it copies on
-    one thread (memory bandwidth, not threads, bounds a copy). ``ndarray.copy()`` (C order
-    by default) rather than ``np.array(arr, order="C", copy=True)``: the same copy, without
-    the argument parsing that cost a third of a one-token row's."""
-    return arr.copy()
-
-
-def _concat(arrs: list[np.ndarray]) -> np.ndarray:
-    """The chunks of one layer end to end, by numpy on this thread (see :func:`_copy`)."""
-    return np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
-
-
-def _torch_view(arr: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
-    """A torch tensor over a (read-only) numpy view of the ring, reinterpreted as ``dtype``.
-    torch warns that it cannot protect read-only memory; that is the documented contract of
-    a borrowed sample (the mapping itself is read-only), so the warning is silenced, for
-    this call only, as long as torch would issue it at all (see :func:`_numpy_warning_gone`:
-    torch warns once per process, and a ``catch_warnings`` per view cost more than the rest
-    of a 1-token sample's delivery)."""
-    if _numpy_warning_gone():
-        t = torch.from_numpy(arr)
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.from_numpy(arr)
-    return t.view(dtype) if dtype is not None and t.dtype != dtype else t
-
-
-_WARNING_GONE: list[bool] = []
-
-
-def _numpy_warning_gone() -> bool:
-    """True once ``torch.from_numpy`` of a read-only array can no longer warn in this
-    process. Probed once, on a read-only array of our own, with the warning swallowed: if a
-    second call stays silent, torch has used up its warn-once and every later call is silent
-    too; if torch warns every time, this stays False and each call silences its own."""
-    if not _WARNING_GONE:
-        probe = np.frombuffer(bytes(8), dtype=np.uint8)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.from_numpy(probe)
-            first = len(seen)
-            torch.from_numpy(probe)
-            _WARNING_GONE.append(len(seen) == first)
-    return _WARNING_GONE[0]

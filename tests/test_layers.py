@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     ["_settlement", "_ledger"],
 ]
 #: what the stack stands on; none of these may import any module of the stack
-FOUNDATIONS = {"_assembly", "_sequence", "record", "notice", "sample", "endpoint", "errors",
+FOUNDATIONS = {"_assembly", "_sample_tensors", "_sequence", "record", "notice", "sample", "endpoint", "errors",
                "ring", "_ring", "pinning", "_flock", "_subscriptions", "_leftover", "_fork"}
 
 #: the producer stack, top first (the public API, the announcing side, the entry writer, and
