@@ -79,6 +79,9 @@ captured (:func:`partial`): a sample that arrives must be exact, one that does n
 ``--alt-log MS,...``: instead of that one window, ``--alt-repeat`` rounds of one window per
 value, in turn, in the mode ``alt=N,log=MS`` (the hook's pass log interval MS ms, 0 = none):
 the on/off ratio with and without the pass log, inside one server, their windows alternating.
+``--alt-step BYTES,...`` the same for the deferred copies' per-step budget (the mode's
+``step=BYTES``, instead of ``HSCAPTURE_COPY_STEP_BYTES``; ``0``: none): with ``--alt-log``, one
+window per pair of values, in turn.
 
 The client: ``--concurrency`` threads, each posting ``--batch`` prompts per HTTP request
 (SGLang's batch ``/generate``). With one prompt per request the short mix measures the HTTP
@@ -107,6 +110,7 @@ import concurrent.futures as cf
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -650,8 +654,12 @@ def main() -> int:
                     help="comma-separated pass log intervals (ms; 0 = none): with --alt, one "
                          "window per value in the mode alt=N,log=MS, in turn, --alt-repeat "
                          "times, each of --alt-s seconds")
+    ap.add_argument("--alt-step", default="",
+                    help="comma-separated per-step budgets of the deferred copies (bytes, "
+                         "K/M/G; 0 = none): with --alt, one window per value (per --alt-log "
+                         "value and value) in the mode alt=N[,log=MS],step=BYTES, in turn")
     ap.add_argument("--alt-repeat", type=int, default=1,
-                    help="rounds of the --alt-log windows")
+                    help="rounds of the --alt-log / --alt-step windows")
     ap.add_argument("--goal", type=float, default=0.98, help="goal: on/off >= this")
     ap.add_argument("--drain-s", type=float, default=120.0)
     ap.add_argument("--out", required=True)
@@ -679,6 +687,10 @@ def main() -> int:
             v.isdigit() for v in args.alt_log.split(","))):
         ap.error(f"--alt-log: expected comma-separated whole milliseconds with --alt, found "
                  f"{args.alt_log!r}")
+    if args.alt_step and not (args.alt and all(
+            re.fullmatch(r"\d+[KMG]?", v) for v in args.alt_step.split(","))):
+        ap.error(f"--alt-step: expected comma-separated byte counts (0, 65536, 48M) with "
+                 f"--alt, found {args.alt_step!r}")
     nreq = dict(kv.split("=") for kv in args.requests.split(","))
     batch = {**{m: "1" for m in MIXES}, **dict(kv.split("=") for kv in args.batch.split(","))}
     rng = random.Random(args.seed)
@@ -788,9 +800,9 @@ def main() -> int:
         return True
 
     def alt_side(mix: str, windows: list[dict[str, Any]], res: dict[str, Any],
-                 log: str = "") -> None:
-        """The ``--alt`` windows of one setting (``log``: its ``--alt-log`` value, "" for
-        plain ``alt=N``) judged from the forward log (:func:`interleaved`, the windows'
+                 setting: str = "") -> None:
+        """The ``--alt`` windows of one setting (``setting``: its mode options, e.g.
+        ``log=50`` or ``log=50,step=48M``; "" for plain ``alt=N``) judged from the forward log (:func:`interleaved`, the windows'
         ratios pooled) into ``res["interleaved"]`` (``res["interleaved, log=MS"]``) and
         ``res["pairs"]["on/off [interleaved]"]`` (the goal's verdict; ``[interleaved,
         log=MS]``) and ``["on/off [interleaved, unshifted]"]`` (``[interleaved, log=MS,
@@ -798,7 +810,7 @@ def main() -> int:
         set_mode(current_mode[0] or "")       # a fresh report: the hook flushed its log
         from hscapture.sglang.timing import read_forward_log
 
-        label = "interleaved" + (f", log={log}" if log else "")
+        label = "interleaved" + (f", {setting}" if setting else "")
         forwards = read_forward_log(forward_log)
         gots = []
         for window in windows:
@@ -894,7 +906,7 @@ def main() -> int:
             return measure_window(mode, args.round_s)
 
         rounds: list[dict[str, Any]] = []
-        alt_windows: dict[str, list[dict[str, Any]]] = {}    # --alt-log value -> windows
+        alt_windows: dict[str, list[dict[str, Any]]] = {}    # setting ("log=MS,...") -> windows
         try:
             for m in modes:
                 measure(m)
@@ -913,12 +925,17 @@ def main() -> int:
                       f"{cand}/off {ratio:.3f} ({rounds[-2]['requests']} / "
                       f"{rounds[-1]['requests']} requests answered)", flush=True)
             if args.alt:
-                logs = args.alt_log.split(",") if args.alt_log else [""]
-                for _ in range(args.alt_repeat if args.alt_log else 1):
-                    for log in logs:
-                        name = f"alt={args.alt}" + (f",log={log}" if log else "")
+                # one window per setting (its options: log=MS, step=BYTES), in turn
+                settings = [",".join(o for o in (f"log={log}" if log else "",
+                                                  f"step={step}" if step else "") if o)
+                            for log in (args.alt_log.split(",") if args.alt_log else [""])
+                            for step in (args.alt_step.split(",") if args.alt_step else [""])]
+                several = bool(args.alt_log or args.alt_step)
+                for _ in range(args.alt_repeat if several else 1):
+                    for setting in settings:
+                        name = f"alt={args.alt}" + (f",{setting}" if setting else "")
                         w = measure_window(f"on:{name}", args.alt_s)
-                        alt_windows.setdefault(log, []).append(w)
+                        alt_windows.setdefault(setting, []).append(w)
                         print(f"[bench_server] {mix}: {args.alt_s:g} s in mode {name} "
                               f"({w['requests']} requests answered)", flush=True)
             if args.profile_dir:
@@ -944,8 +961,8 @@ def main() -> int:
             res["profiles"] = profiles
         if rounds:
             summarize(mix, rounds, res)
-        for log, windows in alt_windows.items():
-            alt_side(mix, windows, res, log)
+        for setting, windows in alt_windows.items():
+            alt_side(mix, windows, res, setting)
         return res
 
     for mix in args.mix.split(","):

@@ -20,7 +20,7 @@
 # same server, after the bench; STEPS_1B / STEPS_TINY for one shape alone), ALT (0; N: after
 # the pairs of a steady load, ALT_S seconds (60) in the hook mode alt=N, capture on and off
 # interleaved in blocks of N passes inside one window, bench_server --alt; ALT_LOG=0,50 and
-# ALT_REPEAT=R: R rounds of one such window per pass log interval, bench_server --alt-log). With two candidates the tiny shape did not finish both mixes in
+# ALT_REPEAT=R: R rounds of one such window per pass log interval, bench_server --alt-log; ALT_STEP=0,48M: the same per budget of the deferred copies, --alt-step). With two candidates the tiny shape did not finish both mixes in
 # its 270 s twice (one mix each time): SHAPES=tiny alone, or fewer PAIRS, for it.
 # OUT/<shape>/ gets server.json, bench_server.log, serve.out, hook-final.json, forwards.bin.
 # PACK=1: each shape's folder becomes OUT/<shape>.tar.xz once its run ends (forwards.bin
@@ -43,7 +43,7 @@ export HSCAPTURE_FORWARD_LOG=/tmp/hsc-bench-forwards.bin
 export SERVER_LIMIT_S=${SERVER_LIMIT_S:-200}
 LOAD=${LOAD:-rounds}
 [ "$LOAD" = steady ] && CONCURRENCY=${CONCURRENCY:-16}
-export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --mix ${MIX:-short,long} --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64} --alt ${ALT:-0} --alt-s ${ALT_S:-60} --alt-log=${ALT_LOG:-} --alt-repeat ${ALT_REPEAT:-1}"
+export BENCH_SERVER_ARGS="--pairs ${PAIRS:-8} --round-s ${ROUND_S:-1.2} --drain-s 30 --batch short=8,long=1 --mix ${MIX:-short,long} --experiments $EXPERIMENTS --load $LOAD --concurrency ${CONCURRENCY:-64} --alt ${ALT:-0} --alt-s ${ALT_S:-60} --alt-log=${ALT_LOG:-} --alt-step=${ALT_STEP:-} --alt-repeat ${ALT_REPEAT:-1}"
 COMMON=(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache)
 mkdir -p "$OUT"
 rc=0

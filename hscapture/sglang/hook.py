@@ -495,9 +495,10 @@ class SGLangCaptureHook:
             # stream, so that read-back (which the next turn waits for) is not queued behind
             # them in the copy engine (Producer.defer_device_copies). One native call.
             try:
+                step = None if self._bench is None else self._bench.step_bytes
                 producer.flush_device_copies(
                     _readback_event(args) if self.config.copies_after_readback else 0,
-                    self.config.copy_step_bytes)
+                    self.config.copy_step_bytes if step is None else step)
             except Exception as exc:     # each failed capture is reported by its own entry
                 self._log_once("flush_copies", logging.WARNING,
                                "hscapture: deferred copies: %s", exc)

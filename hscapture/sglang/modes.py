@@ -62,6 +62,9 @@ class BenchModes:
         #: ``alt=N,log=MS``: MS / 1000, the pass log's interval for this mode; None: the
         #: configured one
         self.log_s: float | None = None
+        #: ``alt=N,step=BYTES``: the deferred copies' per-step budget for this mode; None:
+        #: the configured one (``HSCAPTURE_COPY_STEP_BYTES``)
+        self.step_bytes: int | None = None
 
     def read(self, now: int) -> str:
         """The mode in the file: its status is looked at once per 100 ms at most, its content
@@ -87,9 +90,14 @@ class BenchModes:
         mode = self.name
         if self._heartbeat_s is None:
             self._heartbeat_s = producer.heartbeat_interval_s
-        base, _, option = mode.partition(",")
+        base, _, options = mode.partition(",")
         alt = _mode_int(base, "alt=")
-        log_ms = _mode_seconds(option, "log=", -1.0) if alt else -1.0
+        log_ms, self.step_bytes = -1.0, None
+        for option in options.split(",") if alt and options else ():
+            if option.startswith("log="):
+                log_ms = _mode_seconds(option, "log=", -1.0)
+            elif option.startswith("step="):
+                self.step_bytes = _mode_bytes(option[len("step="):])
         self.log_s = log_ms / 1e3 if log_ms >= 0.0 else None
         if alt != self.alt:
             self.alt, self._alt_count = alt, 0
@@ -121,6 +129,18 @@ def _mode_seconds(mode: str, key: str, default: float) -> float:
         if got >= 0.0:
             return got
     return default
+
+
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _mode_bytes(text: str) -> int | None:
+    """A byte count ``N[K|M|G]`` of a benchmark mode's option, or None when malformed."""
+    digits = text.rstrip("KMGkmg")
+    unit = text[len(digits):].upper()
+    if not digits.isdigit() or unit not in _BYTE_UNITS:
+        return None
+    return int(digits) * _BYTE_UNITS[unit]
 
 
 def _mode_int(mode: str, key: str) -> int:

@@ -132,6 +132,34 @@ def test_each_step_issues_at_most_the_configured_bytes_of_the_deferred_copies(
         hook.close()
 
 
+def test_the_benchmark_mode_alt_with_step_sets_the_budget_for_that_mode_alone(
+        published, sock_dir, unique_id, spied, tmp_path, monkeypatch):
+    """``alt=N,step=BYTES`` (bench_server --alt-step): every step's flush passes BYTES for as
+    long as the mode lasts, so windows with and without a budget compare inside one server;
+    ``alt=N`` alone, another mode, or a malformed BYTES keeps the configured one. Read at the
+    forward hook, as every mode is."""
+    from sglang_support import FakeModelServer
+    from test_sglang_hook import set_mode
+
+    mode = tmp_path / "mode"
+    monkeypatch.setenv("HSCAPTURE_EXPERIMENT_FILE", str(mode))
+    hook = _hook(published, sock_dir, unique_id, step_hook=True,
+                 HSCAPTURE_COPY_STEP_BYTES="8M")
+    try:
+        srv = FakeModelServer(hook)
+        for k, (name, want) in enumerate((("alt=1,log=0,step=48M", 48 << 20),
+                                          ("alt=1,step=0", 0), ("alt=1,step=2K", 2048),
+                                          ("alt=1", 8 << 20), ("alt=1,step=lots", 8 << 20),
+                                          ("grace=1,step=48M", 8 << 20), ("", 8 << 20))):
+            set_mode(hook, mode, name)
+            r = srv.new_req(f"hscap-step-{k}", 4)
+            srv.extend([(r, 0, 4)])
+            hook.sweep()
+            assert spied["max_bytes"][-1] == want, name
+    finally:
+        hook.close()
+
+
 def test_a_malformed_copy_step_budget_is_refused_by_name():
     from hscapture.errors import CaptureConfigError
     from hscapture.sglang.config import load_config
