@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import CaptureConfigError
-from ..producer import Producer, field_values
+from ..producer import Producer, Row, field_values
 
 __all__ = ["HiddenStateCapture", "CONVENTION", "decoder_layers"]
 
@@ -121,9 +121,24 @@ class HiddenStateCapture:
         missing = [k for k in keys if k not in outputs]
         if missing:
             raise CaptureConfigError(f"no forward pass inside request() produced layers {missing}")
-        for b, rid in enumerate(rids):
-            if rid is None:
+        live = [b for b, rid in enumerate(rids)
+                if rid is not None and ids_host[b, rows[b]].numel() > 0]
+        # Rows whose real tokens are one span of their batch row (right or left padding):
+        # one ring entry per chunk index for all of them (one reservation, one encode, one
+        # copy submission a forward, as an engine adapter does), read straight from the
+        # layer outputs. A batch holds a rid once: with two rows of one rid, each row goes
+        # alone, as do rows with holes in their mask (gathered on the device first).
+        spans = [b for b in live if isinstance(rows[b], slice)]
+        if len({rids[b] for b in spans}) != len(spans):
+            spans = []
+        if spans:
+            self._capture_spans(spans, rids, rows, outputs, keys, ids_host, row_fields, extra,
+                                chunk_size)
+        in_spans = set(spans)
+        for b in live:
+            if b in in_spans:
                 continue
+            rid = rids[b]
             index = rows[b]
             ids = ids_host[b, index]
             if isinstance(index, torch.Tensor):   # holes in the mask: gather on the device
@@ -132,8 +147,6 @@ class HiddenStateCapture:
             else:
                 states = [outputs[k][b, index] for k in keys]
             total = ids.numel()
-            if total == 0:
-                continue          # an all-padding row has no hidden states to capture
             step = chunk_size or total
             for start in range(0, total, step):
                 end = min(total, start + step)
@@ -143,6 +156,37 @@ class HiddenStateCapture:
                     token_ids=ids[start:end],
                     fields={k: v[start:end] for k, v in row_fields[b].items()} or None,
                     extra=extra[b] if extra is not None else None)
+
+    def _capture_spans(self, spans: list[int], rids: Sequence[str | None],
+                       rows: list[slice | torch.Tensor], outputs: dict[int | str, torch.Tensor],
+                       keys: list[int | str], ids_host: torch.Tensor,
+                       row_fields: list[dict[str, np.ndarray]],
+                       extra: Sequence[Mapping[str, Any] | None] | None,
+                       chunk_size: int | None) -> None:
+        """Capture batch rows ``spans`` (each a slice of its row) as one entry per chunk
+        index: chunk ``k`` of every row long enough, from the layer outputs viewed as
+        ``[B * S, H]`` blocks (no copy for contiguous outputs) and the host token ids."""
+        first = outputs[keys[0]]
+        if first.dim() != 3:
+            raise CaptureConfigError(f"layer outputs: expected [batch, tokens, hidden], found "
+                                     f"{tuple(first.shape)}")
+        width = first.shape[1]
+        blocks = [outputs[k].reshape(first.shape[0] * width, -1) for k in keys]
+        flat_ids = ids_host.reshape(-1)
+        bounds = [(b, rows[b].start, rows[b].stop - rows[b].start) for b in spans]
+        step = chunk_size or max(total for _, _, total in bounds)
+        for start in range(0, max(total for _, _, total in bounds), step):
+            batch = []
+            for b, lo, total in bounds:
+                if start >= total:
+                    continue
+                end = min(total, start + step)
+                fields = {k: v[start:end].tobytes() for k, v in row_fields[b].items()}
+                batch.append(Row(rids[b], b * width + lo + start, end - start, start,
+                                 end == total, 0, extra[b] if extra is not None else None,
+                                 fields or None))
+            self.producer.capture_batch(batch, blocks, layers=self.layer_ids,
+                                        layer_kinds=self.kinds, token_ids=flat_ids)
 
     @staticmethod
     def _row_index(b: int, width: int, mask: torch.Tensor | None) -> slice | torch.Tensor:
