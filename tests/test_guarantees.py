@@ -830,6 +830,18 @@ def test_a_subscriber_that_read_a_producer_gets_each_sample_of_its_next_incarnat
         b.close()
 
 
+def _read_a_first_incarnation(endpoint: str, sub, got: dict, producer_id: str,
+                              tokens: int) -> None:
+    """Incarnation 1 of ``producer_id`` captures one sample, "first", which ``sub`` reads
+    (into ``got``) before the incarnation closes: ``sub`` follows that producer id."""
+    with Producer(endpoint, producer_id=producer_id, capacity=1 << 20,
+                  heartbeat_interval_s=0.05) as p:
+        sub.wait_ready(timeout=20)
+        assert all(_capture(p, "first", tokens))
+        p.flush()
+        _take(sub, got, lambda: "first" in got, "the subscriber to read incarnation 1")
+
+
 def test_an_idle_follower_is_told_of_incarnations_that_lived_a_few_tens_of_milliseconds(endpoint):
     # Gap 11(d): an anonymous follower that makes no call hears of a restarted producer only
     # once its socket has reconnected to the new publisher. With ZeroMQ's default reconnect
@@ -841,12 +853,7 @@ def test_an_idle_follower_is_told_of_incarnations_that_lived_a_few_tens_of_milli
     got: dict = {}
     b = Subscriber(endpoint)
     try:
-        with Producer(endpoint, producer_id="sl", capacity=1 << 20,
-                      heartbeat_interval_s=0.05) as p:
-            b.wait_ready(timeout=20)
-            assert all(_capture(p, "first", 4))
-            p.flush()
-            _take(b, got, lambda: "first" in got, "the follower to read incarnation 1")
+        _read_a_first_incarnation(endpoint, b, got, "sl", 4)
         _take(b, got, lambda: not b._sock.poll(0) and not b._sources, "the follower to read "
               "the bye")     # then no call into it until every short incarnation has ended
         incarnations = []
@@ -1945,12 +1952,7 @@ def test_a_follower_that_missed_the_notices_of_a_restart_gets_names_not_lost_num
     got: dict = {}
     b = Subscriber(endpoint)
     try:
-        with Producer(endpoint, producer_id="g2g", capacity=1 << 20,
-                      heartbeat_interval_s=0.05) as p:
-            b.wait_ready(timeout=20)
-            assert all(_capture(p, "first", 3))
-            p.flush()
-            _take(b, got, lambda: "first" in got, "B to get incarnation 1's sample")
+        _read_a_first_incarnation(endpoint, b, got, "g2g", 3)
         _take(b, got, lambda: not b._sources, "B to retire incarnation 1")
         with Producer(endpoint, producer_id="g2g", capacity=1 << 20,
                       heartbeat_interval_s=0.05) as p:
