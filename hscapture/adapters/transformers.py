@@ -121,8 +121,7 @@ class HiddenStateCapture:
         missing = [k for k in keys if k not in outputs]
         if missing:
             raise CaptureConfigError(f"no forward pass inside request() produced layers {missing}")
-        live = [b for b, rid in enumerate(rids)
-                if rid is not None and ids_host[b, rows[b]].numel() > 0]
+        live = [b for b, rid in enumerate(rids) if rid is not None and _tokens(rows[b]) > 0]
         # Rows whose real tokens are one span of their batch row (right or left padding):
         # one ring entry per chunk index for all of them (one reservation, one encode, one
         # copy submission a forward, as an engine adapter does), read straight from the
@@ -174,13 +173,13 @@ class HiddenStateCapture:
         blocks = [outputs[k].reshape(first.shape[0] * width, -1) for k in keys]
         flat_ids = ids_host.reshape(-1)
         bounds = [(b, rows[b].start, rows[b].stop - rows[b].start) for b in spans]
-        step = chunk_size or max(total for _, _, total in bounds)
-        for start in range(0, max(total for _, _, total in bounds), step):
+        longest = max(total for _, _, total in bounds)
+        for start in range(0, longest, chunk_size or longest):
             batch = []
             for b, lo, total in bounds:
                 if start >= total:
                     continue
-                end = min(total, start + step)
+                end = min(total, start + (chunk_size or longest))
                 fields = {k: v[start:end].tobytes() for k, v in row_fields[b].items()}
                 batch.append(Row(rids[b], b * width + lo + start, end - start, start,
                                  end == total, 0, extra[b] if extra is not None else None,
@@ -206,6 +205,11 @@ class HiddenStateCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def _tokens(index: slice | torch.Tensor) -> int:
+    """How many real tokens a row index (:meth:`HiddenStateCapture._row_index`) selects."""
+    return index.stop - index.start if isinstance(index, slice) else int(index.numel())
 
 
 def _row_fields(rid: str | None, fields: Mapping[str, Any] | None, count: int
