@@ -231,6 +231,15 @@ def _size(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def step_bytes(raw: str, name: str) -> int:
+    """The deferred copies' per-step budget ``raw`` (``48M``, ``64M``, ...; empty or ``0``:
+    none, 0), by the one byte-count rule (:func:`_size`); ``name`` says where it came from in
+    the :class:`CaptureConfigError` a malformed value raises."""
+    if raw.strip() in ("", "0"):
+        return 0
+    return _size({name: raw}, name, 0)
+
+
 def parse_layers(raw: str | None) -> tuple[int, ...] | None:
     """``"2,16,29"`` / ``"2 16 29"`` → ``(2, 16, 29)`` (sorted: SGLang packs ascending)."""
     if raw is None or not raw.strip():
@@ -410,8 +419,8 @@ def load_config(env: Mapping[str, str] | None = None) -> CaptureConfig:
         final_norm=_bool(env, "HSCAPTURE_FINAL_NORM", True),
         defer_copies=_bool(env, "HSCAPTURE_DEFER_COPIES", True),
         copies_after_readback=_bool(env, "HSCAPTURE_COPIES_AFTER_READBACK", False),
-        copy_step_bytes=(0 if env.get("HSCAPTURE_COPY_STEP_BYTES", "").strip() in ("", "0")
-                         else _size(env, "HSCAPTURE_COPY_STEP_BYTES", 0)),
+        copy_step_bytes=step_bytes(env.get("HSCAPTURE_COPY_STEP_BYTES", ""),
+                                   "HSCAPTURE_COPY_STEP_BYTES"),
         ring_bytes=_size(env, "HSCAPTURE_RING_BYTES", 1 << 30),
         full_policy=policy,
         wait_timeout_s=wait_s,

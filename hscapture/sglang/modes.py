@@ -27,6 +27,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import CaptureConfigError
+from .config import step_bytes
+
 __all__ = ["ALT_QUIET_S", "BenchModes"]
 
 #: during ``alt=N``: the producer's commit grace and heartbeat interval, longer than any block,
@@ -131,16 +134,13 @@ def _mode_seconds(mode: str, key: str, default: float) -> float:
     return default
 
 
-_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
 def _mode_bytes(text: str) -> int | None:
-    """A byte count ``N[K|M|G]`` of a benchmark mode's option, or None when malformed."""
-    digits = text.rstrip("KMGkmg")
-    unit = text[len(digits):].upper()
-    if not digits.isdigit() or unit not in _BYTE_UNITS:
+    """A byte count of a benchmark mode's option (``step=48M``; config's rule,
+    :func:`~hscapture.sglang.config.step_bytes`), or None when malformed."""
+    try:
+        return step_bytes(text, "the benchmark mode's step=")
+    except CaptureConfigError:
         return None
-    return int(digits) * _BYTE_UNITS[unit]
 
 
 def _mode_int(mode: str, key: str) -> int:
